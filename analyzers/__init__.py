@@ -1,0 +1,15 @@
+"""Analyzers: one module each, registered here in report order.
+
+Each module exposes ``SPEC`` (:class:`~stallscope.analyzers.base.AnalyzerSpec`).
+"""
+
+from __future__ import annotations
+
+from stallscope.analyzers import utilization
+from stallscope.analyzers.base import AnalyzerSpec
+
+REGISTRY: dict[str, AnalyzerSpec] = {spec.id: spec for spec in (utilization.SPEC,)}
+
+
+def all_specs() -> list[AnalyzerSpec]:
+    return list(REGISTRY.values())

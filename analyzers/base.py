@@ -1,0 +1,129 @@
+"""What every analyzer declares and returns.
+
+An analyzer is one module with a module-level :data:`SPEC` (:class:`AnalyzerSpec`)
+whose ``run(job, params)`` is pure: it reads the job's canonical tables
+through SQL and returns an :class:`AnalyzerResult`. Thresholds are declared
+once in ``SPEC.thresholds``; the CLI turns them into flags and the dashboard
+into widgets, so both read the same declaration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("critical", "high", "medium", "low", "info")
+SEVERITY_RANK = {
+    name: rank for rank, name in enumerate(reversed(SEVERITIES))
+}  # info=0 ... critical=4
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A tunable number of an analyzer: name, default, unit and help text."""
+
+    name: str
+    default: float
+    unit: str
+    help: str
+    minimum: float = 0.0
+    maximum: float | None = None
+
+
+@dataclass
+class Metric:
+    """One number about one trace (and device, where it is per device)."""
+
+    trace: str
+    rank: int
+    device: int | None
+    name: str
+    value: float | int | None
+    unit: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trace": self.trace,
+            "rank": self.rank,
+            "device": self.device,
+            "name": self.name,
+            "value": self.value,
+            "unit": self.unit,
+        }
+
+
+@dataclass
+class Finding:
+    """A problem (or notable fact) with its evidence and the fix.
+
+    ``impact_ns`` is the GPU time lost (0 when not a time loss); ``windows``
+    are [start_ns, end_ns] intervals on the trace's clock that show it.
+    """
+
+    analyzer: str
+    trace: str
+    rank: int
+    device: int | None
+    severity: str
+    title: str
+    detail: str
+    recommendation: str
+    impact_ns: int = 0
+    evidence: dict[str, Any] = field(default_factory=dict)
+    windows: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"unknown severity {self.severity!r}")
+
+    @property
+    def id(self) -> str:
+        device = "-" if self.device is None else str(self.device)
+        key = self.evidence.get("key", "")
+        return f"{self.analyzer}:{self.trace}:{device}" + (f":{key}" if key else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "trace": self.trace,
+            "rank": self.rank,
+            "device": self.device,
+            "analyzer": self.analyzer,
+            "severity": self.severity,
+            "title": self.title,
+            "detail": self.detail,
+            "recommendation": self.recommendation,
+            "impact_ns": int(self.impact_ns),
+            "evidence": self.evidence,
+            "windows": [[int(a), int(b)] for a, b in self.windows],
+        }
+
+
+@dataclass
+class AnalyzerResult:
+    findings: list[Finding] = field(default_factory=list)
+    metrics: list[Metric] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AnalyzerSpec:
+    """Declaration of one analyzer: id, what it does, thresholds, entry point."""
+
+    id: str
+    title: str
+    description: str
+    run: Callable[[Any, dict[str, float]], AnalyzerResult]
+    thresholds: tuple[Threshold, ...] = ()
+
+    def params(self, overrides: dict[str, float] | None = None) -> dict[str, float]:
+        """Defaults merged with overrides keyed by threshold name."""
+        values = {t.name: t.default for t in self.thresholds}
+        for key, value in (overrides or {}).items():
+            if key in values and value is not None:
+                values[key] = float(value)
+        return values
+
+
+def severity_at_least(severity: str, floor: str) -> bool:
+    return SEVERITY_RANK[severity] >= SEVERITY_RANK[floor]

@@ -1,0 +1,65 @@
+"""Ingest: sniff and parse trace files into the canonical tables of the store.
+
+Entry point: :func:`ingest_paths`. One module per format (``kineto_*``);
+``reader`` handles compression and archives, ``job`` publishes atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from stallscope.ingest.job import IngestResult, Progress, ingest_job
+from stallscope.ingest.reader import Source, expand_path
+
+from stallscope.store import Store
+
+
+def plan_jobs(paths: Iterable[str], *, each: bool = False) -> list[tuple[str, list[Source]]]:
+    """Group user arguments into jobs.
+
+    Each directory or zip is one job. Plain files given together form one job
+    (the ranks of one run) unless ``each`` is set, in which case every file
+    is its own job.
+    """
+    jobs: list[tuple[str, list[Source]]] = []
+    loose: list[Source] = []
+    for arg in paths:
+        name, sources = expand_path(arg)
+        is_container = len(sources) != 1 or sources[0].name != arg
+        if is_container or each:
+            jobs.append((name, sources))
+        else:
+            loose.append(sources[0])
+    if loose:
+        name = loose[0].name.rsplit("/", 1)[-1] if len(loose) == 1 else _common_name(loose)
+        jobs.insert(0, (name, loose))
+    return jobs
+
+
+def _common_name(sources: list[Source]) -> str:
+    import os.path
+
+    prefix = os.path.commonprefix([s.name.rsplit("/", 1)[-1] for s in sources]).rstrip("._-")
+    return prefix or f"{len(sources)} files"
+
+
+def ingest_paths(
+    store: Store,
+    paths: Iterable[str],
+    *,
+    each: bool = False,
+    uploaded_by: str | None = None,
+    tags: list[str] | None = None,
+    notes: str = "",
+    progress: Progress | None = None,
+) -> list[IngestResult]:
+    """Ingest files, directories and zips; see :func:`plan_jobs` for grouping."""
+    return [
+        ingest_job(
+            store, name, sources, uploaded_by=uploaded_by, tags=tags, notes=notes, progress=progress
+        )
+        for name, sources in plan_jobs(paths, each=each)
+    ]
+
+
+__all__ = ["IngestResult", "Source", "ingest_job", "ingest_paths", "plan_jobs"]

@@ -1,0 +1,89 @@
+"""The canonical tables every ingest format produces (see docs/schema.md).
+
+Times are int64 nanoseconds on the trace's own clock; names are interned in
+``names`` (``name_id`` columns elsewhere). One :class:`CanonicalTrace` is one
+rank of one job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+TABLES = ("gpu", "host", "ranges", "collectives", "names", "threads", "devices")
+
+DEVICE_COLUMNS: dict[str, tuple[str, pa.DataType]] = {
+    # canonical column: (Kineto deviceProperties key, type)
+    "name": ("name", pa.string()),
+    "compute_major": ("computeMajor", pa.int32()),
+    "compute_minor": ("computeMinor", pa.int32()),
+    "sm_count": ("numSms", pa.int32()),
+    "regs_per_sm": ("regsPerMultiprocessor", pa.int32()),
+    "regs_per_block": ("regsPerBlock", pa.int32()),
+    "smem_per_sm": ("sharedMemPerMultiprocessor", pa.int64()),
+    "smem_per_block": ("sharedMemPerBlock", pa.int64()),
+    "smem_per_block_optin": ("sharedMemPerBlockOptin", pa.int64()),
+    "max_threads_per_sm": ("maxThreadsPerMultiprocessor", pa.int32()),
+    "max_threads_per_block": ("maxThreadsPerBlock", pa.int32()),
+    "max_blocks_per_sm": ("maxBlocksPerMultiprocessor", pa.int32()),
+    "warp_size": ("warpSize", pa.int32()),
+    "total_mem_bytes": ("totalGlobalMem", pa.int64()),
+}
+
+
+@dataclass
+class CanonicalTrace:
+    """One rank's data in canonical form, ready for the store."""
+
+    gpu: pa.Table
+    host: pa.Table
+    ranges: pa.Table
+    collectives: pa.Table
+    names: pa.Table
+    threads: pa.Table
+    devices: pa.Table
+    event_count: int = 0
+    dropped_events: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {name: getattr(self, name) for name in TABLES}
+
+
+def devices_table(trace_id: str, properties: Any) -> pa.Table:
+    """Device limits from a list of Kineto-style ``deviceProperties`` dicts."""
+    rows = [p for p in properties or [] if isinstance(p, dict)]
+    columns: dict[str, list[Any]] = {"trace_id": [], "device": []}
+    for col in DEVICE_COLUMNS:
+        columns[col] = []
+    for index, prop in enumerate(rows):
+        columns["trace_id"].append(trace_id)
+        columns["device"].append(_as_int(prop.get("id", index)))
+        for col, (key, dtype) in DEVICE_COLUMNS.items():
+            value = prop.get(key)
+            if dtype == pa.string():
+                columns[col].append(value if isinstance(value, str) and value else None)
+            else:
+                columns[col].append(_as_int(value))
+    schema = pa.schema(
+        [("trace_id", pa.string()), ("device", pa.int32())]
+        + [(col, dtype) for col, (_, dtype) in DEVICE_COLUMNS.items()]
+    )
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and -(1 << 63) <= value < (1 << 63):
+        return value
+    if isinstance(value, float) and value == value and abs(value) < 9e18:
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None

@@ -1,0 +1,251 @@
+"""Turn decoded Kineto events into the canonical tables (docs/schema.md).
+
+All the per-event work is SQL over the Arrow table from ``kineto_decode``
+(DuckDB, columnar): category mapping across the 2021 and current schemas,
+exact text -> integer-nanosecond conversion, name interning, memcpy kinds,
+communication detection and the collectives table. Python only handles the
+small header (devices, rank).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from stallscope.ingest.canonical import CanonicalTrace, devices_table
+from stallscope.ingest.comm import COMM_NAME_REGEX, MACROS_SQL
+
+# Lower-cased Kineto category -> canonical kind.
+GPU_KINDS = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memset": "memset",
+    "cuda_sync": "sync",
+}
+HOST_KINDS = {
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "cuda_runtime": "runtime",
+    "runtime": "runtime",
+    "cuda_driver": "driver",
+    "python_function": "python",
+    "user_annotation": "annotation",
+    "overhead": "overhead",
+    "mtia_runtime": "runtime",
+}
+# Categories that are neither activities nor ranges (flows, instants, overlays).
+IGNORED_CATS = (
+    "ac2g",
+    "async",
+    "async_cpu_to_gpu",
+    "async_gpu",
+    "fwdbwd",
+    "critical_path",
+    "trace",
+    "cpu_instant_event",
+)
+
+
+def _map_sql(column: str, mapping: dict[str, str]) -> str:
+    cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in mapping.items())
+    return f"CASE {column} {cases} ELSE NULL END"
+
+
+def _ns_sql(column: str) -> str:
+    """Exact µs text -> int64 ns; falls back to double for exotic spellings."""
+    txt = f"trim({column}, '\" ')"
+    return (
+        f"coalesce(TRY_CAST(round(TRY_CAST({txt} AS DECIMAL(38,6)) * 1000) AS BIGINT),"
+        f" TRY_CAST(round(TRY_CAST({txt} AS DOUBLE) * 1000) AS BIGINT))"
+    )
+
+
+def _id_sql(column: str) -> str:
+    """pid/tid text -> BIGINT; non-numeric labels get a stable 62-bit hash."""
+    return f"coalesce(TRY_CAST({column} AS BIGINT), CAST(hash({column}) % 4611686018427387903 AS BIGINT))"
+
+
+def to_canonical(
+    events: pa.Table, header: dict[str, Any], trace_id: str, rank: int
+) -> CanonicalTrace:
+    """Canonical tables for one Kineto trace; ``events`` follows kineto_decode.RAW_COLUMNS."""
+    con = duckdb.connect(config={"threads": 2})
+    try:
+        con.execute(MACROS_SQL)
+        con.register("raw_events", events)
+        con.execute(_BASE_SQL)
+        names = con.sql(
+            "SELECT CAST(row_number() OVER (ORDER BY name) - 1 AS INTEGER) AS name_id, name "
+            "FROM (SELECT DISTINCT name FROM ev WHERE name IS NOT NULL)"
+        ).to_arrow_table()
+        con.register("names_t", names)
+        con.execute(
+            "CREATE TEMP TABLE evn AS SELECT ev.*, n.name_id FROM ev LEFT JOIN names_t n USING (name)"
+        )
+        tid = trace_id.replace("'", "")
+        gpu = con.sql(_GPU_SQL.format(trace_id=tid)).to_arrow_table()
+        host = con.sql(_HOST_SQL.format(trace_id=tid)).to_arrow_table()
+        ranges = con.sql(_RANGES_SQL.format(trace_id=tid)).to_arrow_table()
+        collectives = con.sql(
+            _COLLECTIVES_SQL.format(trace_id=tid, rank=int(rank))
+        ).to_arrow_table()
+        threads = con.sql(_THREADS_SQL.format(trace_id=tid)).to_arrow_table()
+        counts = con.execute(
+            "SELECT count(*) FILTER (WHERE ph IS DISTINCT FROM 'M'),"
+            " count(*) FILTER (WHERE ph = 'X' AND start_ns IS NULL)"
+            " FROM ev"
+        ).fetchone()
+    finally:
+        con.close()
+    names = names.append_column("trace_id", pa.array([trace_id] * names.num_rows, pa.string()))
+    return CanonicalTrace(
+        gpu=gpu,
+        host=host,
+        ranges=ranges,
+        collectives=collectives,
+        names=names.select(["trace_id", "name_id", "name"]),
+        threads=threads,
+        devices=devices_table(trace_id, header.get("deviceProperties")),
+        event_count=int(counts[0]),
+        dropped_events=int(counts[1]),
+    )
+
+
+_BASE_SQL = f"""
+CREATE TEMP TABLE ev AS
+SELECT
+  ph,
+  lower(coalesce(cat, '')) AS cat,
+  name,
+  pid, tid,
+  {_ns_sql("ts_txt")} AS start_ns,
+  coalesce({_ns_sql("dur_txt")}, 0) AS dur_ns,
+  device, stream, correlation, external_id,
+  grid_x, grid_y, grid_z, block_x, block_y, block_z,
+  registers, shared_memory, blocks_per_sm, warps_per_sm, est_occupancy,
+  bytes, kind, sync_kind, wait_on_stream,
+  collective, in_nelems, out_nelems, group_size, dtype, pg_name, pg_desc, pg_ranks, seq,
+  meta_name
+FROM raw_events
+"""
+
+_GPU_SQL = f"""
+SELECT
+  '{{trace_id}}' AS trace_id,
+  CAST(coalesce(device, TRY_CAST(pid AS BIGINT), -1) AS INTEGER) AS device,
+  coalesce(TRY_CAST(stream AS BIGINT), TRY_CAST(regexp_extract(tid, '(-?\\d+)', 1) AS BIGINT), -1) AS stream,
+  {_map_sql("cat", GPU_KINDS)} AS kind,
+  start_ns,
+  start_ns + greatest(dur_ns, 0) AS end_ns,
+  name_id,
+  correlation,
+  external_id,
+  CAST(grid_x AS INTEGER) AS grid_x, CAST(grid_y AS INTEGER) AS grid_y, CAST(grid_z AS INTEGER) AS grid_z,
+  CAST(block_x AS INTEGER) AS block_x, CAST(block_y AS INTEGER) AS block_y, CAST(block_z AS INTEGER) AS block_z,
+  CAST(registers AS INTEGER) AS registers_per_thread,
+  shared_memory AS shared_mem_bytes,
+  CAST(NULL AS BIGINT) AS static_shared_mem_bytes,
+  CAST(NULL AS BIGINT) AS dynamic_shared_mem_bytes,
+  bytes,
+  CASE WHEN cat IN ('gpu_memcpy', 'memcpy') THEN
+    nullif(coalesce(nullif(regexp_extract(name, 'Memcpy (\\w+)', 1), ''), kind), '') END AS copy_kind,
+  CASE WHEN cat IN ('gpu_memcpy', 'memcpy') THEN
+    nullif(lower(regexp_extract(name, '\\((\\w+) -> (\\w+)\\)', 1)), '') END AS src_kind,
+  CASE WHEN cat IN ('gpu_memcpy', 'memcpy') THEN
+    nullif(lower(regexp_extract(name, '\\((\\w+) -> (\\w+)\\)', 2)), '')
+       WHEN cat IN ('gpu_memset', 'memset') THEN
+    nullif(lower(regexp_extract(name, 'Memset \\((\\w+)\\)', 1)), '') END AS dst_kind,
+  CASE WHEN cat = 'cuda_sync' THEN
+    replace(lower(coalesce(sync_kind, name)), ' ', '_') END AS sync_kind,
+  est_occupancy AS est_occupancy_pct,
+  blocks_per_sm,
+  warps_per_sm,
+  (cat = 'kernel' AND (collective IS NOT NULL OR regexp_matches(name, '{COMM_NAME_REGEX}'))) AS is_comm
+FROM evn
+WHERE ph = 'X' AND cat IN ({", ".join(f"'{c}'" for c in GPU_KINDS)}) AND start_ns IS NOT NULL
+ORDER BY device, start_ns
+"""
+
+_HOST_SQL = f"""
+SELECT
+  '{{trace_id}}' AS trace_id,
+  {_id_sql("pid")} AS pid,
+  {_id_sql("tid")} AS tid,
+  {_map_sql("cat", HOST_KINDS)} AS kind,
+  start_ns,
+  start_ns + greatest(dur_ns, 0) AS end_ns,
+  name_id,
+  correlation,
+  external_id
+FROM evn
+WHERE ph = 'X' AND cat IN ({", ".join(f"'{c}'" for c in HOST_KINDS)}) AND start_ns IS NOT NULL
+ORDER BY pid, tid, start_ns
+"""
+
+_RANGES_SQL = """
+SELECT
+  '{trace_id}' AS trace_id,
+  CASE WHEN cat = 'gpu_user_annotation' THEN 'gpu_annotation'
+       WHEN regexp_matches(name, '^ProfilerStep#\\d+$') THEN 'step'
+       ELSE 'annotation' END AS kind,
+  name_id,
+  CAST(NULL AS VARCHAR) AS domain,
+  CASE WHEN cat = 'gpu_user_annotation' THEN NULL ELSE coalesce(TRY_CAST(pid AS BIGINT), CAST(hash(pid) % 4611686018427387903 AS BIGINT)) END AS pid,
+  CASE WHEN cat = 'gpu_user_annotation' THEN NULL ELSE coalesce(TRY_CAST(tid AS BIGINT), CAST(hash(tid) % 4611686018427387903 AS BIGINT)) END AS tid,
+  CASE WHEN cat = 'gpu_user_annotation' THEN CAST(coalesce(device, TRY_CAST(pid AS BIGINT)) AS INTEGER) END AS device,
+  CASE WHEN cat = 'gpu_user_annotation' THEN coalesce(TRY_CAST(stream AS BIGINT), TRY_CAST(tid AS BIGINT)) END AS stream,
+  start_ns,
+  start_ns + greatest(dur_ns, 0) AS end_ns,
+  TRY_CAST(regexp_extract(name, '^ProfilerStep#(\\d+)$', 1) AS BIGINT) AS step,
+  external_id
+FROM evn
+WHERE ph = 'X' AND start_ns IS NOT NULL AND (
+  cat = 'gpu_user_annotation'
+  OR cat = 'user_annotation'
+  OR (cat IN ('cpu_op', 'operator') AND regexp_matches(name, '^ProfilerStep#\\d+$')))
+ORDER BY start_ns
+"""
+
+_COLLECTIVES_SQL = f"""
+SELECT
+  '{{trace_id}}' AS trace_id,
+  {{rank}} AS rank,
+  CAST(coalesce(device, TRY_CAST(pid AS BIGINT), -1) AS INTEGER) AS device,
+  coalesce(TRY_CAST(stream AS BIGINT), TRY_CAST(regexp_extract(tid, '(-?\\d+)', 1) AS BIGINT), -1) AS stream,
+  pg_name,
+  pg_desc,
+  pg_ranks,
+  CAST(group_size AS INTEGER) AS group_size,
+  seq,
+  CAST(row_number() OVER (PARTITION BY coalesce(pg_name, ''), device ORDER BY start_ns) - 1 AS BIGINT) AS order_in_group,
+  stallscope_coll_op(collective, name) AS op,
+  in_nelems,
+  out_nelems,
+  dtype,
+  in_nelems * stallscope_dtype_bytes(dtype) AS in_bytes,
+  out_nelems * stallscope_dtype_bytes(dtype) AS out_bytes,
+  start_ns,
+  start_ns + greatest(dur_ns, 0) AS end_ns,
+  name_id,
+  correlation,
+  external_id,
+  collective IS NOT NULL AS from_metadata
+FROM evn
+WHERE ph = 'X' AND cat = 'kernel' AND start_ns IS NOT NULL
+  AND (collective IS NOT NULL OR regexp_matches(name, '{COMM_NAME_REGEX}'))
+ORDER BY start_ns
+"""
+
+_THREADS_SQL = f"""
+SELECT DISTINCT
+  '{{trace_id}}' AS trace_id,
+  {_id_sql("pid")} AS pid,
+  CASE WHEN name = 'thread_name' THEN {_id_sql("tid")} END AS tid,
+  CASE WHEN name = 'process_name' THEN 'process' ELSE 'thread' END AS kind,
+  meta_name AS name
+FROM ev
+WHERE ph = 'M' AND name IN ('process_name', 'thread_name') AND meta_name IS NOT NULL
+"""

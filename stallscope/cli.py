@@ -1,0 +1,90 @@
+"""The ``stallscope`` command line (a thin front end over the core).
+
+Exit codes (documented API, see docs/cli.md):
+  0 success; 1 a finding at or above ``--fail-on``; 2 usage error;
+  3 input error (unreadable or unsupported trace, unknown id); 70 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from stallscope import __version__
+from stallscope.errors import StallscopeError
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3, 70
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.handler(args)
+    except StallscopeError as exc:
+        print(f"stallscope: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("stallscope: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001 (last-resort: one line, never a traceback)
+        if os.environ.get("STALLSCOPE_DEBUG"):
+            raise
+        print(
+            f"stallscope: internal error: {type(exc).__name__}: {exc} (set STALLSCOPE_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from stallscope.commands import analyze, ingest, listing, remove, serve
+
+    parser = argparse.ArgumentParser(
+        prog="stallscope",
+        description="Find where GPU training and inference jobs lose time, from PyTorch profiler traces.",
+        epilog="Exit codes: 0 ok, 1 findings at or above --fail-on, 2 usage error, 3 input error, 70 internal error.",
+    )
+    parser.add_argument("--version", action="version", version=f"stallscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (ingest, listing, analyze, serve, remove):
+        module.register(sub)
+    return parser
+
+
+def add_store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store",
+        metavar="DIR",
+        default=None,
+        help="store folder (default: $STALLSCOPE_STORE, else ~/.stallscope/store)",
+    )
+
+
+def open_store(args: argparse.Namespace):
+    from stallscope.store import Store
+
+    return Store(args.store).ensure()
+
+
+def print_json(value: object) -> None:
+    json.dump(value, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def checkout_root() -> Path:
+    """The source checkout this package runs from (editable installs)."""
+    return Path(__file__).resolve().parent.parent
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""``stallscope ingest``: add traces to the store."""
+
+from __future__ import annotations
+
+import argparse
+
+from stallscope.cli import EXIT_OK, add_store_option, open_store, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ingest",
+        help="add trace files, directories or zips to the store",
+        description=(
+            "Add PyTorch profiler (Kineto) traces to the store. Files given together form one job "
+            "(the ranks of one run; use --each for unrelated files); each directory or .zip is one job. "
+            "Re-ingesting the same files finds the stored job instead of duplicating it."
+        ),
+    )
+    p.add_argument(
+        "paths", nargs="+", metavar="PATH", help="trace file (.json, .json.gz), directory or .zip"
+    )
+    p.add_argument("--each", action="store_true", help="ingest every file as its own job")
+    p.add_argument(
+        "--tag", action="append", default=[], metavar="TAG", help="tag the job (repeatable)"
+    )
+    p.add_argument("--notes", default="", help="free-text notes for the job")
+    p.add_argument(
+        "--user",
+        default=None,
+        help="uploader name (default: $STALLSCOPE_USER, else the login name)",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_store_option(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stallscope.ingest import ingest_paths
+    from stallscope.progress import Progress
+
+    store = open_store(args)
+    progress = Progress(enabled=None if not args.json else False)
+    try:
+        results = ingest_paths(
+            store,
+            args.paths,
+            each=args.each,
+            uploaded_by=args.user,
+            tags=args.tag,
+            notes=args.notes,
+            progress=progress,
+        )
+    finally:
+        progress.done()
+    if args.json:
+        print_json([r.__dict__ for r in results])
+        return EXIT_OK
+    for r in results:
+        state = "already in store" if r.existed else "ingested"
+        print(
+            f"{state}: job {r.job_id} '{r.job_name}' ({len(r.trace_ids)} trace(s): {', '.join(r.trace_ids)})"
+        )
+        for warning in r.warnings:
+            print(f"  warning: {warning}")
+    return EXIT_OK

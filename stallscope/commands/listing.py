@@ -1,0 +1,48 @@
+"""``stallscope ls``: list the store's jobs and traces."""
+
+from __future__ import annotations
+
+import argparse
+
+from stallscope.cli import EXIT_OK, add_store_option, open_store, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ls",
+        help="list stored traces",
+        description="List the traces in the store, one line per trace.",
+    )
+    p.add_argument("--json", action="store_true", help="print the catalog as JSON")
+    add_store_option(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    refs = store.traces()
+    if args.json:
+        print_json([r.meta for r in refs])
+        return EXIT_OK
+    if not refs:
+        print(f"No traces in {store.root}. Add some with: stallscope ingest PATH")
+        return EXIT_OK
+    header = ("trace", "job", "rank", "source", "kernels", "span ms", "uploaded", "name")
+    rows = [
+        (
+            r.trace_id,
+            r.job_id,
+            f"{r.meta.get('rank')}/{r.meta.get('world_size')}",
+            r.meta.get("source", ""),
+            str(r.meta.get("kernel_count", "")),
+            f"{(r.meta.get('span_ns') or 0) / 1e6:.1f}",
+            (r.meta.get("uploaded_at") or "")[:16].replace("T", " "),
+            r.meta.get("name", ""),
+        )
+        for r in refs
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK

@@ -1,0 +1,87 @@
+"""``stallscope serve``: start the dashboard on a store."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from stallscope.cli import add_store_option, open_store
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="start the dashboard (Streamlit) on the store",
+        description=(
+            "Start the web dashboard on the store. On an empty store the sample traces are ingested first "
+            "(unless --no-samples)."
+        ),
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 for a team server)",
+    )
+    p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
+    p.add_argument(
+        "--no-samples",
+        action="store_true",
+        help="do not preload the sample traces into an empty store",
+    )
+    add_store_option(p)
+    p.set_defaults(handler=run)
+
+
+def sample_traces_dir() -> Path | None:
+    """$STALLSCOPE_SAMPLES, else the checkout's sample_traces/ folder."""
+    env = os.environ.get("STALLSCOPE_SAMPLES")
+    candidates = [Path(env)] if env else []
+    candidates.append(Path(__file__).resolve().parents[2] / "sample_traces")
+    return next((c for c in candidates if c.is_dir()), None)
+
+
+def preload_samples(store) -> int:
+    """Ingest every sample job (one per folder under sample_traces/kineto) into an empty store."""
+    from stallscope.ingest import ingest_paths
+
+    if store.traces():
+        return 0
+    root = sample_traces_dir()
+    if root is None:
+        return 0
+    folders = (
+        sorted(p for p in (root / "kineto").glob("*") if p.is_dir())
+        if (root / "kineto").is_dir()
+        else []
+    )
+    count = 0
+    for folder in folders:
+        traces = sorted(
+            str(p) for p in folder.glob("*.json*") if not p.name.endswith(".truth.json")
+        )
+        if traces:
+            ingest_paths(store, traces, uploaded_by="samples", tags=["sample"])
+            count += 1
+    return count
+
+
+def run(args: argparse.Namespace) -> int:
+    store = open_store(args)
+    if not args.no_samples:
+        loaded = preload_samples(store)
+        if loaded:
+            print(f"loaded {loaded} sample job(s) into {store.root}")
+    import stallscope.pages
+
+    app = Path(stallscope.pages.__file__).resolve().parent / "main.py"
+    env = dict(os.environ, STALLSCOPE_STORE=str(store.root))
+    cmd = [
+        sys.executable, "-m", "streamlit", "run", str(app),
+        "--server.address", args.host, "--server.port", str(args.port),
+        "--server.headless", "true", "--browser.gatherUsageStats", "false",
+    ]  # fmt: skip
+    print(f"stallscope dashboard on http://{args.host}:{args.port} (store {store.root})")
+    return subprocess.call(cmd, env=env)

@@ -1,0 +1,300 @@
+"""The team-shared trace store: immutable Parquet per trace, DuckDB to query.
+
+Layout under the store root (see docs/store.md)::
+
+    STORE_VERSION
+    jobs/<job_id>/job.json                 job catalog row (immutable)
+    jobs/<job_id>/annotations.json         tags and notes (replaced atomically)
+    jobs/<job_id>/<trace_id>/meta.json     trace catalog row (immutable)
+    jobs/<job_id>/<trace_id>/<table>.parquet
+    staging/<pid>-<random>/                ingests in progress (never read)
+    trash/                                 deletions in progress (never read)
+
+Concurrency contract: a job becomes visible by one ``rename`` of a complete
+staging directory, so readers never see half a job, any number of processes
+may ingest at once, and a process killed mid-ingest leaves only a staging
+directory that later ingests remove. Nothing is ever modified in place except
+``annotations.json``, which is replaced with ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from stallscope.errors import NotFoundError
+
+STORE_FORMAT = "stallscope-store/1"
+TABLES = ("gpu", "host", "ranges", "collectives", "names", "threads", "devices")
+
+
+def default_store_path() -> Path:
+    """``$STALLSCOPE_STORE``, else ``~/.stallscope/store``."""
+    env = os.environ.get("STALLSCOPE_STORE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".stallscope" / "store"
+
+
+@dataclass(frozen=True)
+class TraceRef:
+    """Where one trace lives, with its catalog row (``meta.json``)."""
+
+    trace_id: str
+    job_id: str
+    path: Path
+    meta: dict[str, Any]
+
+    def table_path(self, table: str) -> Path:
+        return self.path / f"{table}.parquet"
+
+
+class Store:
+    """A store folder. Cheap to construct; every call reads the folder afresh."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None):
+        self.root = Path(root).expanduser() if root else default_store_path()
+        self.jobs_dir = self.root / "jobs"
+        self.staging_dir = self.root / "staging"
+        self.trash_dir = self.root / "trash"
+
+    # -- creation and housekeeping -------------------------------------------------
+    def ensure(self) -> Store:
+        for folder in (self.jobs_dir, self.staging_dir, self.trash_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        marker = self.root / "STORE_VERSION"
+        if not marker.exists():
+            _atomic_write_text(marker, STORE_FORMAT + "\n")
+        return self
+
+    def new_staging(self) -> Path:
+        """A fresh private folder for one ingest; removed by publish or on failure."""
+        self.ensure()
+        self.clean_stale()
+        path = self.staging_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        path.mkdir()
+        return path
+
+    def clean_stale(self, max_age_s: float = 6 * 3600) -> None:
+        """Remove staging folders of dead processes (or very old ones) and the trash."""
+        now = time.time()
+        for folder in _children(self.staging_dir):
+            pid_text = folder.name.split("-", 1)[0]
+            alive = pid_text.isdigit() and _pid_alive(int(pid_text))
+            try:
+                old = now - folder.stat().st_mtime > max_age_s
+            except OSError:
+                continue
+            if not alive or old:
+                shutil.rmtree(folder, ignore_errors=True)
+        for folder in _children(self.trash_dir):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def publish(self, staging: Path, job_id: str) -> bool:
+        """Make a complete staging folder visible as ``jobs/<job_id>``.
+
+        Returns False (and discards the staging folder) when that job already
+        exists, e.g. because another process ingested the same files first.
+        """
+        target = self.jobs_dir / job_id
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if target.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+                return False
+            raise
+        return True
+
+    def discard(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    # -- catalog -------------------------------------------------------------------
+    def has_job(self, job_id: str) -> bool:
+        return (self.jobs_dir / job_id / "job.json").is_file()
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Job catalog rows with their annotations, newest first."""
+        rows = []
+        for folder in _children(self.jobs_dir):
+            job = _read_json(folder / "job.json")
+            if job is None:
+                continue
+            job.update(_read_json(folder / "annotations.json") or {})
+            rows.append(job)
+        rows.sort(key=lambda j: (j.get("uploaded_at", ""), j.get("job_id", "")), reverse=True)
+        return rows
+
+    def traces(self, job_id: str | None = None) -> list[TraceRef]:
+        """Every visible trace (of one job when given), by job then rank."""
+        folders = [self.jobs_dir / job_id] if job_id else _children(self.jobs_dir)
+        refs = []
+        for job_folder in folders:
+            if not (job_folder / "job.json").is_file():
+                continue
+            for folder in _children(job_folder):
+                meta = _read_json(folder / "meta.json")
+                if meta is not None:
+                    refs.append(TraceRef(meta["trace_id"], job_folder.name, folder, meta))
+        refs.sort(key=lambda r: (r.meta.get("uploaded_at", ""), r.job_id, r.meta.get("rank", 0)))
+        return refs
+
+    def resolve(self, ref: str) -> list[TraceRef]:
+        """Traces named by a trace id, a job id, or a unique prefix of either."""
+        ref = ref.strip()
+        if not ref or not all(c.isalnum() or c in "-_" for c in ref):
+            raise NotFoundError(f"{ref!r} is not a trace or job id")
+        all_refs = self.traces()
+        exact = [r for r in all_refs if r.trace_id == ref] or [
+            r for r in all_refs if r.job_id == ref
+        ]
+        if exact:
+            return exact
+        by_trace = [r for r in all_refs if r.trace_id.startswith(ref)]
+        by_job = sorted({r.job_id for r in all_refs if r.job_id.startswith(ref)})
+        if len(by_trace) == 1 and not by_job:
+            return by_trace
+        if len(by_job) == 1 and not by_trace:
+            return [r for r in all_refs if r.job_id == by_job[0]]
+        if by_trace or by_job:
+            raise NotFoundError(f"{ref!r} is ambiguous: it starts several trace or job ids")
+        raise NotFoundError(f"no trace or job {ref!r} in store {self.root}")
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        job = _read_json(self.jobs_dir / job_id / "job.json")
+        if job is None:
+            raise NotFoundError(f"no job {job_id!r} in store {self.root}")
+        job.update(_read_json(self.jobs_dir / job_id / "annotations.json") or {})
+        return job
+
+    def annotate(
+        self, job_id: str, tags: list[str] | None = None, notes: str | None = None
+    ) -> None:
+        """Replace a job's tags and/or notes (last writer wins)."""
+        folder = self.jobs_dir / job_id
+        if not (folder / "job.json").is_file():
+            raise NotFoundError(f"no job {job_id!r} in store {self.root}")
+        current = _read_json(folder / "annotations.json") or {}
+        if tags is not None:
+            current["tags"] = sorted({t.strip() for t in tags if t.strip()})
+        if notes is not None:
+            current["notes"] = notes
+        _atomic_write_text(folder / "annotations.json", json.dumps(current, indent=1))
+
+    def delete_job(self, job_id: str) -> None:
+        """Remove a job: it vanishes atomically, its files are removed after."""
+        folder = self.jobs_dir / job_id
+        if not (folder / "job.json").is_file():
+            raise NotFoundError(f"no job {job_id!r} in store {self.root}")
+        self.ensure()
+        doomed = self.trash_dir / f"{job_id}-{uuid.uuid4().hex[:8]}"
+        os.rename(folder, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    # -- querying ------------------------------------------------------------------
+    def connect(self, traces: list[TraceRef] | None = None) -> duckdb.DuckDBPyConnection:
+        """In-memory DuckDB with one view per canonical table over ``traces``.
+
+        With no argument the views cover the whole store. Views read the
+        immutable Parquet files directly, so this never blocks a writer.
+        """
+        refs = self.traces() if traces is None else traces
+        con = duckdb.connect(config={"threads": max(1, min(4, os.cpu_count() or 1))})
+        for table in TABLES:
+            files = [str(r.table_path(table)) for r in refs if r.table_path(table).is_file()]
+            if files:
+                listing = ", ".join(_sql_str(f) for f in files)
+                con.execute(
+                    f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)"
+                )
+            else:
+                con.execute(f"CREATE VIEW {table} AS SELECT * FROM {_EMPTY[table]} WHERE false")
+        _create_catalog(con, refs)
+        return con
+
+
+_EMPTY = {
+    "gpu": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER device, NULL::BIGINT stream, NULL::VARCHAR kind,"
+    " NULL::BIGINT start_ns, NULL::BIGINT end_ns, NULL::INTEGER name_id, NULL::BOOLEAN is_comm)",
+    "host": "(SELECT NULL::VARCHAR trace_id, NULL::BIGINT pid, NULL::BIGINT tid, NULL::VARCHAR kind,"
+    " NULL::BIGINT start_ns, NULL::BIGINT end_ns, NULL::INTEGER name_id)",
+    "ranges": "(SELECT NULL::VARCHAR trace_id, NULL::VARCHAR kind, NULL::INTEGER name_id,"
+    " NULL::BIGINT start_ns, NULL::BIGINT end_ns, NULL::BIGINT step)",
+    "collectives": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER rank, NULL::VARCHAR op,"
+    " NULL::BIGINT start_ns, NULL::BIGINT end_ns)",
+    "names": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER name_id, NULL::VARCHAR name)",
+    "threads": "(SELECT NULL::VARCHAR trace_id, NULL::BIGINT pid, NULL::BIGINT tid, NULL::VARCHAR name)",
+    "devices": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER device, NULL::VARCHAR name, NULL::INTEGER sm_count)",
+}
+
+_CATALOG_COLUMNS = (
+    ("trace_id", "VARCHAR"), ("job_id", "VARCHAR"), ("name", "VARCHAR"), ("source", "VARCHAR"),
+    ("source_version", "VARCHAR"), ("rank", "INTEGER"), ("world_size", "INTEGER"),
+    ("file_name", "VARCHAR"), ("file_hash", "VARCHAR"), ("file_bytes", "BIGINT"),
+    ("uploaded_by", "VARCHAR"), ("uploaded_at", "VARCHAR"), ("event_count", "BIGINT"),
+    ("kernel_count", "BIGINT"), ("span_ns", "BIGINT"),
+)  # fmt: skip
+
+
+def _create_catalog(con: duckdb.DuckDBPyConnection, refs: list[TraceRef]) -> None:
+    cols = ", ".join(f"{name} {typ}" for name, typ in _CATALOG_COLUMNS)
+    con.execute(f"CREATE TEMP TABLE catalog ({cols})")
+    rows = [tuple(r.meta.get(name) for name, _ in _CATALOG_COLUMNS) for r in refs]
+    if rows:
+        marks = ", ".join("?" for _ in _CATALOG_COLUMNS)
+        con.executemany(f"INSERT INTO catalog VALUES ({marks})", rows)
+
+
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_dir())
+    except OSError:
+        return []
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_json(path: Path, value: dict[str, Any]) -> None:
+    """Write a catalog file inside a staging folder (not yet visible)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(value, fh, indent=1, sort_keys=True)
