@@ -50,7 +50,10 @@ def kineto(path):
         n = e.get("name", "")
         cats[c] = cats.get(c, 0) + 1
         if n.startswith("ProfilerStep#") and e.get("ph") == "X":
-            steps[n] = float(e.get("dur", 0))
+            # CPU range (user_annotation) and its GPU projection
+            # (gpu_user_annotation: first to last kernel of that step)
+            key = "gpu" if c == "gpu_user_annotation" else "cpu"
+            steps.setdefault(n, {})[key] = round(float(e.get("dur", 0)) / 1e3, 2)
         if "DataLoader" in n and e.get("ph") == "X":
             dl.append(float(e.get("dur", 0)))
         if c == "kernel":
@@ -86,8 +89,8 @@ def kineto(path):
         span = max(e for _, e in gpu_ts) - gpu_ts[0][0]
     f.update({
         "cats": {k: v for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
-        "profiler_steps": {k: round(v / 1e3, 2) for k, v in
-                           sorted(steps.items(), key=lambda kv: int(kv[0].split("#")[1]))},
+        "profiler_steps_ms": {k: v for k, v in
+                              sorted(steps.items(), key=lambda kv: int(kv[0].split("#")[1]))},
         "dataloader_ranges": len(dl),
         "dataloader_ms_mean": round(sum(dl) / len(dl) / 1e3, 3) if dl else None,
         "kernels": kern,
