@@ -19,9 +19,9 @@ One finding per device whose idle share reaches a threshold.
 from __future__ import annotations
 
 import numpy as np
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
 
 from stallscope import intervals
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (

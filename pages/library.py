@@ -7,9 +7,9 @@ import tempfile
 from pathlib import Path
 
 import streamlit as st
-from stallscope.pages.state import get_store
 
 from stallscope.errors import StallscopeError
+from stallscope.pages.state import get_store
 
 
 def render() -> None:

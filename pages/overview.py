@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
-from stallscope.pages.state import get_store, report_for
 
 from stallscope.errors import StallscopeError
+from stallscope.pages.state import get_store, report_for
 
 
 def render() -> None:

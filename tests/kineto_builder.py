@@ -31,7 +31,16 @@ class KinetoTrace:
     events: list[str] = field(default_factory=list)
     _corr: int = 1000
 
-    def _event(self, cat: str, name: str, pid: Any, tid: Any, start: int, dur: int, args: dict | None = None) -> None:
+    def _event(
+        self,
+        cat: str,
+        name: str,
+        pid: Any,
+        tid: Any,
+        start: int,
+        dur: int,
+        args: dict | None = None,
+    ) -> None:
         parts = [
             '"ph": "X"',
             f'"cat": {json.dumps(cat)}',
@@ -49,42 +58,125 @@ class KinetoTrace:
         self._corr += 1
         return self._corr
 
-    def kernel(self, name: str, start: int, dur: int, *, device: int = 0, stream: int = 7, corr: int | None = None,
-               grid=(1, 1, 1), block=(128, 1, 1), regs: int = 32, smem: int = 0, extra: dict | None = None) -> int:
+    def kernel(
+        self,
+        name: str,
+        start: int,
+        dur: int,
+        *,
+        device: int = 0,
+        stream: int = 7,
+        corr: int | None = None,
+        grid=(1, 1, 1),
+        block=(128, 1, 1),
+        regs: int = 32,
+        smem: int = 0,
+        extra: dict | None = None,
+    ) -> int:
         corr = corr if corr is not None else self.next_corr()
-        args = {"External id": corr, "device": device, "stream": stream, "correlation": corr,
-                "registers per thread": regs, "shared memory": smem, "grid": list(grid), "block": list(block),
-                "blocks per SM": 0.5, "warps per SM": 2.0, "est. achieved occupancy %": 25}
+        args = {
+            "External id": corr,
+            "device": device,
+            "stream": stream,
+            "correlation": corr,
+            "registers per thread": regs,
+            "shared memory": smem,
+            "grid": list(grid),
+            "block": list(block),
+            "blocks per SM": 0.5,
+            "warps per SM": 2.0,
+            "est. achieved occupancy %": 25,
+        }
         args.update(extra or {})
         self._event("kernel", name, device, stream, start, dur, args)
         return corr
 
-    def memcpy(self, kind: str, src: str, dst: str, start: int, dur: int, nbytes: int, *, device: int = 0,
-               stream: int = 7) -> int:
+    def memcpy(
+        self,
+        kind: str,
+        src: str,
+        dst: str,
+        start: int,
+        dur: int,
+        nbytes: int,
+        *,
+        device: int = 0,
+        stream: int = 7,
+    ) -> int:
         corr = self.next_corr()
-        self._event("gpu_memcpy", f"Memcpy {kind} ({src} -> {dst})", device, stream, start, dur,
-                    {"device": device, "stream": stream, "correlation": corr, "bytes": nbytes})
+        self._event(
+            "gpu_memcpy",
+            f"Memcpy {kind} ({src} -> {dst})",
+            device,
+            stream,
+            start,
+            dur,
+            {"device": device, "stream": stream, "correlation": corr, "bytes": nbytes},
+        )
         return corr
 
-    def memset(self, start: int, dur: int, nbytes: int, *, device: int = 0, stream: int = 7) -> None:
-        self._event("gpu_memset", "Memset (Device)", device, stream, start, dur,
-                    {"device": device, "stream": stream, "correlation": self.next_corr(), "bytes": nbytes})
+    def memset(
+        self, start: int, dur: int, nbytes: int, *, device: int = 0, stream: int = 7
+    ) -> None:
+        self._event(
+            "gpu_memset",
+            "Memset (Device)",
+            device,
+            stream,
+            start,
+            dur,
+            {"device": device, "stream": stream, "correlation": self.next_corr(), "bytes": nbytes},
+        )
 
     def sync(self, kind: str, start: int, dur: int, *, device: int = 0, stream: int = 7) -> None:
-        self._event("cuda_sync", kind, device, stream, start, dur,
-                    {"cuda_sync_kind": kind, "device": device, "stream": stream, "correlation": self.next_corr()})
+        self._event(
+            "cuda_sync",
+            kind,
+            device,
+            stream,
+            start,
+            dur,
+            {
+                "cuda_sync_kind": kind,
+                "device": device,
+                "stream": stream,
+                "correlation": self.next_corr(),
+            },
+        )
 
-    def runtime(self, name: str, start: int, dur: int, *, corr: int | None = None, pid: int = 100, tid: int = 100,
-                cat: str = "cuda_runtime") -> None:
+    def runtime(
+        self,
+        name: str,
+        start: int,
+        dur: int,
+        *,
+        corr: int | None = None,
+        pid: int = 100,
+        tid: int = 100,
+        cat: str = "cuda_runtime",
+    ) -> None:
         args = {"correlation": corr if corr is not None else self.next_corr(), "External id": 1}
         self._event(cat, name, pid, tid, start, dur, args)
 
-    def cpu_op(self, name: str, start: int, dur: int, *, pid: int = 100, tid: int = 100, cat: str = "cpu_op",
-               args: dict | None = None) -> None:
-        self._event(cat, name, pid, tid, start, dur, args if args is not None else {"External id": 1})
+    def cpu_op(
+        self,
+        name: str,
+        start: int,
+        dur: int,
+        *,
+        pid: int = 100,
+        tid: int = 100,
+        cat: str = "cpu_op",
+        args: dict | None = None,
+    ) -> None:
+        self._event(
+            cat, name, pid, tid, start, dur, args if args is not None else {"External id": 1}
+        )
 
     def step(self, number: int, start: int, dur: int, *, pid: int = 100, tid: int = 100) -> None:
-        self._event("user_annotation", f"ProfilerStep#{number}", pid, tid, start, dur, {"External id": 1})
+        self._event(
+            "user_annotation", f"ProfilerStep#{number}", pid, tid, start, dur, {"External id": 1}
+        )
 
     def render(self, *, bare_array: bool = False) -> str:
         body = "[\n" + ",\n".join(self.events) + "\n]"
@@ -92,7 +184,11 @@ class KinetoTrace:
             return body
         header: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": self.device_props}
         if self.rank is not None:
-            header["distributedInfo"] = {"backend": "nccl", "rank": self.rank, "world_size": self.world_size or 1}
+            header["distributedInfo"] = {
+                "backend": "nccl",
+                "rank": self.rank,
+                "world_size": self.world_size or 1,
+            }
         head = json.dumps(header)[:-1]
         return head + ', "traceEvents": ' + body + "}"
 

@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                 dest=f"threshold__{spec.id}__{t.name}",
                 type=float,
                 metavar=t.unit.upper() if t.unit.isalpha() else "N",
-                help=f"{t.help} (default {t.default:g} {t.unit})",
+                help=f"{t.help} (default {t.default:g} {t.unit})".replace("%", "%%"),
             )
     p.set_defaults(handler=run)
 

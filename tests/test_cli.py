@@ -1,0 +1,121 @@
+"""The CLI as users run it: report contract, formats, exit codes, help."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallscope.analyzers import all_specs
+from tests.kineto_builder import KinetoTrace
+
+TRACE_KEYS = {"id", "name", "source", "source_version", "job", "rank", "world_size", "devices", "span_ns",
+              "event_count", "kernel_count"}  # fmt: skip
+METRIC_KEYS = {"trace", "rank", "device", "name", "value", "unit"}
+FINDING_KEYS = {"id", "trace", "rank", "device", "analyzer", "severity", "title", "detail", "recommendation",
+                "impact_ns", "evidence", "windows"}  # fmt: skip
+
+
+@pytest.fixture
+def idle_trace(tmp_path):
+    """GPU busy 30 of 100 µs: 70 % idle -> a high utilization finding."""
+    t = KinetoTrace(rank=0, world_size=1)
+    t.kernel("a", 0, 10_000)
+    t.kernel("b", 50_000, 10_000)
+    t.kernel("c", 90_000, 10_000)
+    t.step(1, 0, 100_000)
+    return t.write(tmp_path / "idle.pt.trace.json")
+
+
+def test_json_report_contract(cli, idle_trace):
+    out = cli("analyze", str(idle_trace), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["schema"] == "stallscope.report/1"
+    (trace,) = report["traces"]
+    assert set(trace) == TRACE_KEYS
+    assert (trace["kernel_count"], trace["span_ns"], trace["rank"], trace["source"]) == (
+        3,
+        100_000,
+        0,
+        "kineto",
+    )
+    assert all(set(m) == METRIC_KEYS for m in report["metrics"])
+    metrics = {(m["device"], m["name"]): m["value"] for m in report["metrics"]}
+    assert metrics[(0, "gpu_busy_pct")] == 30.0 and metrics[(0, "gpu_idle_pct")] == 70.0
+    assert metrics[(None, "step_time_ms_median")] == 0.1
+    (finding,) = report["findings"]
+    assert set(finding) == FINDING_KEYS
+    assert (finding["severity"], finding["analyzer"], finding["impact_ns"]) == (
+        "high",
+        "utilization",
+        70_000,
+    )
+    assert finding["windows"] == [[10_000, 50_000], [60_000, 90_000]]
+
+
+def test_fail_on_exit_code(cli, idle_trace):
+    assert cli("analyze", str(idle_trace), "--fail-on", "high").returncode == 1
+    assert cli("analyze", str(idle_trace), "--fail-on", "critical").returncode == 0
+    # a threshold flag generated from the analyzer's declaration lowers the severity
+    relaxed = cli(
+        "analyze", str(idle_trace), "--fail-on", "high", "--utilization-idle-pct-high", "80"
+    )
+    assert relaxed.returncode == 0
+
+
+def test_text_and_markdown_and_output_file(cli, idle_trace, tmp_path):
+    text = cli("analyze", str(idle_trace))
+    assert "[HIGH] GPU 0 idle 70.0% of the profiled span" in text.stdout
+    md_path = tmp_path / "r.md"
+    md = cli("analyze", str(idle_trace), "--format", "markdown", "--output", str(md_path))
+    assert md.returncode == 0 and md.stdout == ""
+    assert md_path.read_text().startswith("## stallscope report")
+    assert "| trace | name | rank | gpu |" in md_path.read_text()
+
+
+def test_ingest_ls_analyze_by_id_and_rm(cli, idle_trace):
+    ingest = cli("ingest", str(idle_trace), "--tag", "nightly", "--json")
+    (result,) = json.loads(ingest.stdout)
+    listing = json.loads(cli("ls", "--json").stdout)
+    assert [m["trace_id"] for m in listing] == result["trace_ids"]
+    by_prefix = json.loads(cli("analyze", result["trace_ids"][0][:6], "--format", "json").stdout)
+    assert by_prefix["traces"][0]["id"] == result["trace_ids"][0]
+    assert (
+        json.loads(cli("analyze", result["job_id"], "--format", "json").stdout)["traces"][0]["job"]
+        == result["job_id"]
+    )
+    assert cli("rm", result["job_id"]).returncode == 0
+    assert json.loads(cli("ls", "--json").stdout) == []
+
+
+def test_unknown_id_is_an_input_error(cli):
+    out = cli("analyze", "deadbeef0000")
+    assert out.returncode == 3
+    assert out.stderr.strip().splitlines() == [
+        "stallscope: error: no trace or job 'deadbeef0000' in store " + str(cli.store_dir)
+    ]
+
+
+def test_usage_errors_exit_2(cli):
+    assert cli().returncode == 2
+    assert cli("analyze").returncode == 2
+    assert cli("analyze", "x", "--format", "yaml").returncode == 2
+
+
+@pytest.mark.parametrize("command", ["", "ingest", "ls", "analyze", "serve", "rm"])
+def test_help_everywhere(cli, command):
+    out = cli(*([command] if command else []), "--help")
+    assert out.returncode == 0 and "usage: stallscope" in out.stdout
+
+
+def test_every_threshold_has_a_flag(cli):
+    help_text = cli("analyze", "--help").stdout
+    for spec in all_specs():
+        for t in spec.thresholds:
+            assert f"--{spec.id}-{t.name}".replace("_", "-") in help_text
+
+
+def test_progress_is_silent_when_not_a_terminal(cli, idle_trace):
+    out = cli("ingest", str(idle_trace))
+    assert out.stderr == ""

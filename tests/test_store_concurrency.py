@@ -1,0 +1,125 @@
+"""The store's sharing contract, with real processes.
+
+* two ingests may run at the same time;
+* a reader (what the dashboard does) sees only complete jobs while an ingest runs;
+* a process killed mid-ingest leaves nothing visible, and the next ingest cleans up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.store import Store
+from tests.kineto_builder import KinetoTrace
+
+
+def big_trace(path: Path, kernels: int, rank: int) -> Path:
+    t = KinetoTrace(rank=rank, world_size=2)
+    for i in range(kernels):
+        t.kernel(f"kernel_{i % 97}", i * 2_000, 1_500, stream=7 + i % 3)
+    return t.write(path)
+
+
+def spawn(*args: str, store: Path) -> subprocess.Popen:
+    env = dict(os.environ, STALLSCOPE_STORE=str(store))
+    return subprocess.Popen(
+        [sys.executable, "-m", "stallscope.cli", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def test_two_ingests_at_once(tmp_path):
+    store_dir = tmp_path / "store"
+    a = big_trace(tmp_path / "a.json", 40_000, 0)
+    b = big_trace(tmp_path / "b.json", 40_000, 1)
+    procs = [spawn("ingest", str(p), store=store_dir) for p in (a, b)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    refs = Store(store_dir).traces()
+    assert len(refs) == 2 and all(r.meta["kernel_count"] == 40_000 for r in refs)
+    assert not list((store_dir / "staging").iterdir())
+
+
+READER = textwrap.dedent(
+    """
+    import json, sys, time
+    from stallscope.store import Store
+    from stallscope.jobdata import JobData
+    store, deadline, seen, bad = Store(sys.argv[1]), time.time() + float(sys.argv[2]), set(), []
+    while time.time() < deadline:
+        for job in store.jobs():
+            refs = store.traces(job["job_id"])
+            if len(refs) != len(job["trace_ids"]):
+                bad.append(("ranks", job["job_id"], len(refs)))
+            data = JobData(store, refs)
+            for ref in refs:
+                n = data.sql("SELECT count(*) FROM gpu WHERE trace_id = ? AND kind = 'kernel'", [ref.trace_id]).fetchone()[0]
+                if n != ref.meta["kernel_count"]:
+                    bad.append(("rows", ref.trace_id, n))
+                seen.add(ref.trace_id)
+            data.close()
+        if len(seen) >= int(sys.argv[3]):
+            break
+        time.sleep(0.01)
+    print(json.dumps({"seen": sorted(seen), "bad": bad}))
+    """
+)
+
+
+def test_reader_sees_only_complete_jobs_while_ingest_runs(tmp_path):
+    store_dir = tmp_path / "store"
+    Store(store_dir).ensure()
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in range(2):
+        big_trace(job / f"rank{rank}.json", 30_000, rank)
+    single = big_trace(tmp_path / "single.json", 30_000, 0)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(store_dir), "240", "3"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ingests = [
+        spawn("ingest", str(job), store=store_dir),
+        spawn("ingest", str(single), store=store_dir),
+    ]
+    for proc in ingests:
+        proc.communicate(timeout=300)
+        assert proc.returncode == 0
+    out, _ = reader.communicate(timeout=300)
+    result = json.loads(out)
+    assert result["bad"] == []
+    assert len(result["seen"]) == 3
+
+
+def test_killed_ingest_leaves_nothing_visible(tmp_path):
+    store_dir = tmp_path / "store"
+    trace = big_trace(tmp_path / "big.json", 150_000, 0)
+    proc = spawn("ingest", str(trace), store=store_dir)
+    staging = store_dir / "staging"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (staging.is_dir() and any(staging.iterdir())):
+        time.sleep(0.005)
+    if proc.poll() is not None:
+        pytest.fail("ingest finished before it could be killed; make the trace bigger")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    store = Store(store_dir)
+    assert store.traces() == [] and store.jobs() == []
+    assert any(staging.iterdir())  # the dead process's leftovers are still there...
+    small = KinetoTrace()
+    small.kernel("k", 0, 10)
+    done = spawn("ingest", str(small.write(tmp_path / "small.json")), store=store_dir)
+    done.communicate(timeout=120)
+    assert done.returncode == 0
+    assert not any(staging.iterdir())  # ...until the next ingest removes them
+    assert len(store.traces()) == 1

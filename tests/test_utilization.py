@@ -1,0 +1,82 @@
+"""utilization metrics on a trace whose answers are worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallscope.analyzers import utilization
+from stallscope.ingest import ingest_paths
+from stallscope.jobdata import JobData
+from tests.kineto_builder import KinetoTrace
+
+
+def hand_trace() -> KinetoTrace:
+    """GPU 0 timeline in µs (span 0..100):
+
+    kernels  [0,20) [10,30)      -> compute union [0,30)        = 30
+    nccl     [25,45)             -> comm [25,45)                = 20
+    memcpy   [60,70), memset [68,80) -> copies [60,80)          = 20
+    sync     [80,100)            -> not busy, not in the span
+    kernel   [90,100)            -> compute [90,100)            = 10
+    busy = [0,45) + [60,80) + [90,100) = 45 + 20 + 10 = 75 of span 100
+    """
+    t = KinetoTrace()
+    t.kernel("gemm_a", 0, 20_000)
+    t.kernel("gemm_b", 10_000, 20_000, stream=8)
+    t.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 25_000, 20_000, stream=20)
+    t.memcpy("HtoD", "Pinned", "Device", 60_000, 10_000, 4096)
+    t.memset(68_000, 12_000, 4096)
+    t.sync("Event Sync", 80_000, 20_000)
+    t.kernel("relu", 90_000, 10_000)
+    t.kernel("other_gpu", 0, 5_000, device=1)
+    for i, (start, dur) in enumerate(
+        [(0, 10_000_000), (10_000_000, 30_000_000), (40_000_000, 20_000_000)]
+    ):
+        t.step(i, start, dur)
+    return t
+
+
+@pytest.fixture
+def metrics(store, tmp_path):
+    (res,) = ingest_paths(store, [str(hand_trace().write(tmp_path / "t.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    result = utilization.run(job, utilization.SPEC.params())
+    job.close()
+    return {(m.device, m.name): m.value for m in result.metrics}, result.findings
+
+
+def test_shares_of_span(metrics):
+    values, _ = metrics
+    assert values[(0, "gpu_span_ns")] == 100_000
+    assert values[(0, "gpu_busy_pct")] == 75.0
+    assert values[(0, "gpu_idle_pct")] == 25.0
+    assert values[(0, "compute_pct")] == 40.0
+    assert values[(0, "comm_pct")] == 20.0
+    assert values[(0, "memcpy_pct")] == 20.0
+    assert values[(0, "kernel_count")] == 4
+
+
+def test_per_device_and_steps(metrics):
+    values, _ = metrics
+    assert values[(1, "gpu_busy_pct")] == 100.0
+    assert values[(1, "kernel_count")] == 1
+    assert values[(None, "step_time_ms_median")] == 20.0  # steps of 10, 30, 20 ms
+    assert values[(None, "step_count")] == 3
+
+
+def test_idle_finding_severity_and_windows(metrics):
+    _, findings = metrics
+    (finding,) = findings  # GPU 1 is fully busy: no finding there
+    assert finding.device == 0
+    assert finding.severity == "medium"  # 25 % idle reaches the medium threshold (25)
+    assert finding.impact_ns == 25_000
+    assert finding.windows[0][1] - finding.windows[0][0] == 15_000  # [45,60) is the longest gap
+    assert sorted(b - a for a, b in finding.windows) == [10_000, 15_000]
+
+
+def test_thresholds_change_severity(store, tmp_path):
+    (res,) = ingest_paths(store, [str(hand_trace().write(tmp_path / "t.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    result = utilization.run(job, utilization.SPEC.params({"idle_pct_high": 20}))
+    job.close()
+    assert [f.severity for f in result.findings] == ["high"]

@@ -1,0 +1,54 @@
+"""Regenerate docs/cli.md from the CLI's own --help (CI checks it is current).
+
+Usage: python tools/gen_cli_docs.py [--check]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+
+INTRO = """# Command-line reference
+
+Generated from `stallscope --help` by `tools/gen_cli_docs.py`; do not edit by hand.
+
+Exit codes (all commands): `0` success; `1` a finding at or above `--fail-on`
+(`analyze`); `2` usage error; `3` input error (unreadable, unsupported or
+malformed trace, unknown id; one line on stderr, store unchanged); `70`
+internal error (one line; set `STALLSCOPE_DEBUG=1` for the traceback).
+
+Environment: `STALLSCOPE_STORE` (store folder), `STALLSCOPE_USER` (uploader
+name), `STALLSCOPE_MAX_TRACE_BYTES` (largest decompressed trace, default
+16 GiB), `STALLSCOPE_SAMPLES` (sample traces folder for `serve`).
+"""
+
+
+def render() -> str:
+    os.environ["COLUMNS"] = "100"
+    from stallscope.cli import build_parser
+
+    parser = build_parser()
+    parts = [INTRO, "## stallscope\n", "```\n" + parser.format_help() + "```\n"]
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, command in sub.choices.items():
+        parts.append(f"## stallscope {name}\n")
+        parts.append("```\n" + command.format_help() + "```\n")
+    return "\n".join(parts)
+
+
+def main() -> int:
+    text = render()
+    if "--check" in sys.argv:
+        if not DOC.exists() or DOC.read_text() != text:
+            print("docs/cli.md is out of date: run python tools/gen_cli_docs.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
