@@ -5,10 +5,16 @@ Each module exposes ``SPEC`` (:class:`~stallscope.analyzers.base.AnalyzerSpec`).
 
 from __future__ import annotations
 
-from stallscope.analyzers import utilization
+from stallscope.analyzers import gpu_idle, utilization
 from stallscope.analyzers.base import AnalyzerSpec
 
-REGISTRY: dict[str, AnalyzerSpec] = {spec.id: spec for spec in (utilization.SPEC,)}
+REGISTRY: dict[str, AnalyzerSpec] = {
+    spec.id: spec
+    for spec in (
+        utilization.SPEC,
+        gpu_idle.SPEC,
+    )
+}
 
 
 def all_specs() -> list[AnalyzerSpec]:

@@ -102,8 +102,9 @@ class KinetoTrace:
         *,
         device: int = 0,
         stream: int = 7,
+        corr: int | None = None,
     ) -> int:
-        corr = self.next_corr()
+        corr = corr if corr is not None else self.next_corr()
         self._event(
             "gpu_memcpy",
             f"Memcpy {kind} ({src} -> {dst})",
@@ -154,8 +155,9 @@ class KinetoTrace:
         pid: int = 100,
         tid: int = 100,
         cat: str = "cuda_runtime",
+        ext: int = 1,
     ) -> None:
-        args = {"correlation": corr if corr is not None else self.next_corr(), "External id": 1}
+        args = {"correlation": corr if corr is not None else self.next_corr(), "External id": ext}
         self._event(cat, name, pid, tid, start, dur, args)
 
     def cpu_op(

@@ -1,0 +1,175 @@
+"""``gpu_idle``: where each GPU sat idle, and what its host was doing meanwhile.
+
+Attribution is done by :mod:`stallscope.idle` (causes ``dataloader``,
+``host_sync``, ``memcpy``, ``launch``, ``cpu``, ``unknown``). Metrics per
+trace and device: ``idle_<cause>_ns`` for every cause. One finding per device
+and cause whose idle time reaches a share of the span (thresholds below) and
+at least ``min_impact_ms``. Documented in docs/analyzers/gpu_idle.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.idle import CAUSES, IdleAttribution, attribute_idle, top_host_ops
+from stallscope.jobdata import JobData
+
+THRESHOLDS = (
+    Threshold(
+        "share_pct_low",
+        3.0,
+        "%",
+        "idle share of the span (one cause) for a low-severity finding",
+        maximum=100,
+    ),
+    Threshold(
+        "share_pct_medium",
+        10.0,
+        "%",
+        "idle share of the span (one cause) for a medium-severity finding",
+        maximum=100,
+    ),
+    Threshold(
+        "share_pct_high",
+        25.0,
+        "%",
+        "idle share of the span (one cause) for a high-severity finding",
+        maximum=100,
+    ),
+    Threshold(
+        "share_pct_critical",
+        50.0,
+        "%",
+        "idle share of the span (one cause) for a critical finding",
+        maximum=100,
+    ),
+    Threshold("min_impact_ms", 1.0, "ms", "idle time below which a cause is not reported"),
+)
+MAX_WINDOWS = 20
+
+CAUSE_TEXT = {
+    "dataloader": (
+        "waiting for input data",
+        "Load data in the background: DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, "
+        "prefetch_factor>=2), move batches with .to(device, non_blocking=True), and keep preprocessing out of "
+        "the training loop (or on the GPU).",
+    ),
+    "host_sync": (
+        "blocked in host-device synchronization",
+        "Remove synchronizations from the step: avoid .item(), .cpu(), print(tensor) and torch.cuda.synchronize() "
+        "in the loop; accumulate metrics on the GPU and read them every N steps; use non_blocking copies and "
+        "CUDA events instead of full syncs.",
+    ),
+    "memcpy": (
+        "blocked in synchronous memory copies",
+        "Copy from pinned memory with non_blocking=True (DataLoader(pin_memory=True) or tensor.pin_memory()), "
+        "so copies run asynchronously and overlap compute.",
+    ),
+    "launch": (
+        "waiting for kernel launches (CPU-bound launch path)",
+        "Cut per-kernel launch overhead: capture the step in CUDA Graphs (torch.cuda.graphs or "
+        "torch.compile(mode='reduce-overhead')), fuse small ops (torch.compile), use larger batches, and keep "
+        "Python work out of the hot loop.",
+    ),
+    "cpu": (
+        "waiting while the host ran other work",
+        "Profile the host side of the gaps (the top operations below): move CPU work off the critical path, "
+        "overlap it with GPU work, or run it in another process.",
+    ),
+    "unknown": (
+        "idle with no host activity recorded on the launching threads",
+        "Capture with CPU activity and record_function ranges (or Nsight Systems with OS runtime tracing) to see "
+        "what the process was waiting for; check other processes and I/O.",
+    ),
+}
+
+
+def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    result = AnalyzerResult()
+    for ref in job.traces:
+        rank = int(ref.meta.get("rank", 0))
+        devices = job.numpy(
+            "SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND kind = 'kernel' ORDER BY 1",
+            [ref.trace_id],
+        )
+        for device in devices["device"].tolist():
+            attribution = attribute_idle(job, ref.trace_id, int(device))
+            totals = attribution.totals
+            for cause in CAUSES:
+                result.metrics.append(
+                    Metric(ref.trace_id, rank, int(device), f"idle_{cause}_ns", totals[cause], "ns")
+                )
+            for cause in CAUSES:
+                finding = _finding(job, ref.trace_id, rank, int(device), cause, attribution, params)
+                if finding:
+                    result.findings.append(finding)
+    return result
+
+
+def severity_for(share_pct: float, impact_ns: int, params: dict[str, float]) -> str | None:
+    if impact_ns < params["min_impact_ms"] * 1e6:
+        return None
+    for level in ("critical", "high", "medium", "low"):
+        if share_pct >= params[f"share_pct_{level}"]:
+            return level
+    return None
+
+
+def _finding(
+    job, trace, rank, device, cause, attribution: IdleAttribution, params
+) -> Finding | None:
+    index = CAUSES.index(cause)
+    per_gap = (
+        attribution.per_gap[:, index] if attribution.per_gap.size else np.zeros(0, dtype=np.int64)
+    )
+    impact = int(per_gap.sum())
+    span = attribution.span_end - attribution.span_start
+    share = 100.0 * impact / span if span else 0.0
+    severity = severity_for(share, impact, params)
+    if severity is None:
+        return None
+    order = np.argsort(-per_gap, kind="stable")[:MAX_WINDOWS]
+    order = order[per_gap[order] > 0]
+    windows = [[int(attribution.gap_starts[i]), int(attribution.gap_ends[i])] for i in order]
+    gaps_with_cause = int((per_gap > 0).sum())
+    what, fix = CAUSE_TEXT[cause]
+    top_ops = top_host_ops(job, trace, attribution.threads, windows) if cause != "unknown" else []
+    top_text = ", ".join(f"{op['name']} ({op['overlap_ns'] / 1e6:.2f} ms)" for op in top_ops[:3])
+    detail = (
+        f"GPU {device} was idle {impact / 1e6:.2f} ms ({share:.1f}% of its {span / 1e6:.2f} ms span) {what}, "
+        f"in {gaps_with_cause} gaps (longest {per_gap.max() / 1e6:.3f} ms)."
+    )
+    if top_text:
+        detail += f" The host was mostly in: {top_text}."
+    return Finding(
+        analyzer="gpu_idle",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity=severity,
+        title=f"GPU {device} idle {share:.1f}% of the time {what}",
+        detail=detail,
+        recommendation=fix,
+        impact_ns=impact,
+        evidence={
+            "key": cause,
+            "cause": cause,
+            "share_of_span_pct": round(share, 3),
+            "gap_count": gaps_with_cause,
+            "longest_gap_ns": int(per_gap.max()),
+            "span_ns": span,
+            "idle_by_cause_ns": attribution.totals,
+            "top_host_ops": top_ops,
+        },
+        windows=windows,
+    )
+
+
+SPEC = AnalyzerSpec(
+    id="gpu_idle",
+    title="GPU idle time and its host-side cause",
+    description="Idle gaps per GPU, each nanosecond attributed to what the launching host threads were doing.",
+    run=run,
+    thresholds=THRESHOLDS,
+)

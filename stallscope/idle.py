@@ -1,0 +1,215 @@
+"""Why a GPU sat idle: attribute every idle nanosecond to what its host did.
+
+For one trace and device, :func:`attribute_idle` finds the idle gaps (holes
+in the union of the device's kernels, memcpys and memsets) and labels each
+nanosecond of them with the first cause, in priority order, whose host
+activity covers it on the threads that launch work onto that device:
+
+1. ``dataloader`` — DataLoader iteration or user ranges that load data;
+2. ``host_sync``  — device/stream/event synchronize, blocking device-to-host
+   copies (``.item()``, ``aten::_local_scalar_dense``);
+3. ``memcpy``     — the host blocked in a synchronous or pageable copy call;
+4. ``launch``     — the host busy issuing GPU work (launch API calls and the
+   operators that made them): the queue is starved, a CPU-bound issue;
+5. ``cpu``        — other host work (operators, Python) on those threads;
+6. ``unknown``    — nothing recorded on those threads.
+
+The result is columnar (numpy): one row per gap with the nanoseconds of each
+cause. Documented in docs/analyzers/gpu_idle.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stallscope import intervals
+from stallscope.jobdata import JobData
+
+CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "unknown")
+
+DATALOADER_REGEX = (
+    r"(?i)(dataloader|enumerate\(data|_next_data|data[_ ]?load|load[_ ]?data|get[_ ]?batch|fetch[_ ]?batch"
+    r"|next[_ ]?batch|collate|prefetch)"
+)
+SYNC_API_REGEX = r"^(cuda|hip)(Device|Stream|Event)Synchronize|^cu(Ctx|Stream|Event)Synchronize"
+SYNC_OP_REGEX = r"^aten::(item|_local_scalar_dense|is_nonzero|equal)$"
+MEMCPY_API_REGEX = r"^(cuda|hip)Memcpy|^cuMemcpy"
+LAUNCH_API_REGEX = (
+    r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchKernelEx"
+    r"|cuLaunchCooperativeKernel|cudaGraphLaunch|cuGraphLaunch|hipLaunchKernel|hipExtLaunchKernel"
+    r"|hipModuleLaunchKernel|hipExtModuleLaunchKernel|hipGraphLaunch)"
+)
+
+
+@dataclass
+class IdleAttribution:
+    """Idle gaps of one device and the nanoseconds of each cause in each gap.
+
+    ``per_gap[i, c]`` is the time of gap ``i`` attributed to ``CAUSES[c]``;
+    rows sum to the gap's length. Times are int64 ns.
+    """
+
+    span_start: int
+    span_end: int
+    gap_starts: np.ndarray
+    gap_ends: np.ndarray
+    per_gap: np.ndarray
+    threads: list[tuple[int, int]]
+
+    @property
+    def totals(self) -> dict[str, int]:
+        sums = (
+            self.per_gap.sum(axis=0) if self.per_gap.size else np.zeros(len(CAUSES), dtype=np.int64)
+        )
+        return {cause: int(sums[i]) for i, cause in enumerate(CAUSES)}
+
+    @property
+    def dominant(self) -> np.ndarray:
+        """Index into CAUSES of each gap's largest cause."""
+        return self.per_gap.argmax(axis=1) if self.per_gap.size else np.zeros(0, dtype=np.int64)
+
+
+def attribute_idle(job: JobData, trace_id: str, device: int) -> IdleAttribution:
+    busy = job.numpy(
+        "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind IN ('kernel', 'memcpy', 'memset')",
+        [trace_id, device],
+    )
+    starts, ends = busy["start_ns"], busy["end_ns"]
+    if starts.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return IdleAttribution(0, 0, empty, empty, np.zeros((0, len(CAUSES)), dtype=np.int64), [])
+    gap_s, gap_e = intervals.gaps(starts, ends)
+    threads = launch_threads(job, trace_id, device)
+    cause_unions = [
+        _union_of(job, _cause_query(cause), trace_id, device, threads) for cause in CAUSES[:-1]
+    ]
+    per_gap = _label_gaps(gap_s, gap_e, cause_unions)
+    return IdleAttribution(int(starts.min()), int(ends.max()), gap_s, gap_e, per_gap, threads)
+
+
+def launch_threads(job: JobData, trace_id: str, device: int) -> list[tuple[int, int]]:
+    """(pid, tid) of the host threads whose API calls put work on ``device``."""
+    rows = job.sql(
+        """SELECT DISTINCT h.pid, h.tid FROM host h
+           JOIN gpu g ON g.trace_id = h.trace_id AND g.correlation = h.correlation
+           WHERE h.trace_id = ? AND g.device = ? AND h.kind IN ('runtime', 'driver')""",
+        [trace_id, device],
+    ).fetchall()
+    return [(int(p), int(t)) for p, t in rows]
+
+
+_THREAD_FILTER = "(h.pid, h.tid) IN (SELECT pid, tid FROM _threads)"
+
+
+def _cause_query(cause: str) -> str:
+    """SQL selecting (start_ns, end_ns) of the host intervals that show ``cause``."""
+    name = "regexp_replace(n.name, '_v[0-9]+$', '')"
+    base = "FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id WHERE h.trace_id = ? "
+    if cause == "dataloader":
+        return f"SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER} AND regexp_matches(n.name, '{DATALOADER_REGEX}')"
+    if cause == "host_sync":
+        return f"""SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER} AND (
+            (h.kind IN ('runtime', 'driver') AND regexp_matches({name}, '{SYNC_API_REGEX}'))
+            OR (h.kind = 'cpu_op' AND regexp_matches(n.name, '{SYNC_OP_REGEX}'))
+            OR (h.kind IN ('runtime', 'driver') AND regexp_matches({name}, '{MEMCPY_API_REGEX}') AND EXISTS (
+                SELECT 1 FROM gpu g WHERE g.trace_id = h.trace_id AND g.correlation = h.correlation
+                AND g.kind = 'memcpy' AND g.copy_kind = 'DtoH'
+                AND (NOT regexp_matches({name}, 'Async') OR g.dst_kind = 'pageable'))))"""
+    if cause == "memcpy":
+        return f"""SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER}
+            AND h.kind IN ('runtime', 'driver') AND regexp_matches({name}, '{MEMCPY_API_REGEX}')
+            AND EXISTS (SELECT 1 FROM gpu g WHERE g.trace_id = h.trace_id AND g.correlation = h.correlation
+                AND g.kind = 'memcpy' AND g.copy_kind IS DISTINCT FROM 'DtoH'
+                AND (NOT regexp_matches({name}, 'Async') OR g.src_kind = 'pageable'))"""
+    if cause == "launch":
+        return f"""SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER} AND (
+            (h.kind IN ('runtime', 'driver') AND regexp_matches({name}, '{LAUNCH_API_REGEX}'))
+            OR (h.kind = 'cpu_op' AND h.external_id IN (
+                SELECT l.external_id FROM host l JOIN names ln ON ln.trace_id = l.trace_id AND ln.name_id = l.name_id
+                WHERE l.trace_id = h.trace_id AND l.kind IN ('runtime', 'driver')
+                AND regexp_matches(ln.name, '{LAUNCH_API_REGEX}'))))"""
+    if cause == "cpu":
+        return f"SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER} AND h.kind IN ('cpu_op', 'python', 'runtime', 'driver', 'overhead')"
+    raise ValueError(cause)
+
+
+def _union_of(job: JobData, query: str, trace_id: str, device: int, threads: list[tuple[int, int]]):
+    con = job.con
+    con.execute("CREATE OR REPLACE TEMP TABLE _threads (pid BIGINT, tid BIGINT)")
+    if threads:
+        con.executemany("INSERT INTO _threads VALUES (?, ?)", threads)
+    else:  # no launch correlation recorded: every host thread counts
+        con.execute(
+            "INSERT INTO _threads SELECT DISTINCT pid, tid FROM host WHERE trace_id = ?", [trace_id]
+        )
+    cols = con.execute(query, [trace_id]).fetchnumpy()
+    return intervals.union(cols["start_ns"], cols["end_ns"])
+
+
+def _covered(points: np.ndarray, union: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    starts, ends = union
+    if starts.size == 0:
+        return np.zeros(points.size, dtype=bool)
+    idx = np.searchsorted(starts, points, side="right") - 1
+    ok = idx >= 0
+    result = np.zeros(points.size, dtype=bool)
+    result[ok] = points[ok] < ends[idx[ok]]
+    return result
+
+
+def _label_gaps(
+    gap_s: np.ndarray, gap_e: np.ndarray, unions: list[tuple[np.ndarray, np.ndarray]]
+) -> np.ndarray:
+    """Per-gap ns of each cause (priority order), by a sweep over all boundaries."""
+    per_gap = np.zeros((gap_s.size, len(CAUSES)), dtype=np.int64)
+    if gap_s.size == 0:
+        return per_gap
+    lo, hi = gap_s[0], gap_e[-1]
+    edges = [gap_s, gap_e] + [e for u in unions for e in u]
+    points = np.unique(np.clip(np.concatenate(edges), lo, hi))
+    seg_start, seg_len = points[:-1], np.diff(points)
+    in_gap = _covered(seg_start, (gap_s, gap_e))
+    seg_start, seg_len = seg_start[in_gap], seg_len[in_gap]
+    label = np.full(seg_start.size, len(CAUSES) - 1, dtype=np.int64)  # unknown
+    unlabeled = np.ones(seg_start.size, dtype=bool)
+    for index, union in enumerate(unions):
+        hit = unlabeled & _covered(seg_start, union)
+        label[hit] = index
+        unlabeled &= ~hit
+    gap_index = np.searchsorted(gap_s, seg_start, side="right") - 1
+    np.add.at(per_gap, (gap_index, label), seg_len)
+    return per_gap
+
+
+def top_host_ops(
+    job: JobData,
+    trace_id: str,
+    threads: list[tuple[int, int]],
+    windows: list[list[int]],
+    limit: int = 5,
+):
+    """Host operations that overlap ``windows`` most: [{name, kind, overlap_ns, count}]."""
+    if not windows:
+        return []
+    con = job.con
+    con.execute("CREATE OR REPLACE TEMP TABLE _windows (ws BIGINT, we BIGINT)")
+    con.executemany("INSERT INTO _windows VALUES (?, ?)", [tuple(w) for w in windows])
+    con.execute("CREATE OR REPLACE TEMP TABLE _threads (pid BIGINT, tid BIGINT)")
+    if threads:
+        con.executemany("INSERT INTO _threads VALUES (?, ?)", threads)
+    else:
+        con.execute(
+            "INSERT INTO _threads SELECT DISTINCT pid, tid FROM host WHERE trace_id = ?", [trace_id]
+        )
+    rows = con.execute(
+        """SELECT n.name, h.kind, sum(least(h.end_ns, w.we) - greatest(h.start_ns, w.ws)) AS overlap, count(*)
+           FROM host h JOIN _windows w ON h.start_ns < w.we AND h.end_ns > w.ws
+           JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+           WHERE h.trace_id = ? AND (h.pid, h.tid) IN (SELECT pid, tid FROM _threads)
+             AND NOT regexp_matches(n.name, '^ProfilerStep#')
+           GROUP BY 1, 2 ORDER BY overlap DESC LIMIT ?""",
+        [trace_id, limit],
+    ).fetchall()
+    return [{"name": r[0], "kind": r[1], "overlap_ns": int(r[2]), "count": int(r[3])} for r in rows]

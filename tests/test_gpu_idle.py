@@ -1,0 +1,101 @@
+"""gpu_idle: every idle nanosecond attributed to its host-side cause, by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallscope.analyzers import gpu_idle
+from stallscope.idle import CAUSES, attribute_idle
+from stallscope.ingest import ingest_paths
+from stallscope.jobdata import JobData
+from tests.kineto_builder import KinetoTrace
+
+US = 1_000
+
+
+def hand_trace() -> KinetoTrace:
+    """Device 0, launch thread (100, 100); times in µs.
+
+    gap1 [10,40):  DataLoader [12,37) -> dataloader 25; [10,12) unknown 2; launching op [37,40) -> launch 3
+    gap2 [50,80):  cudaStreamSynchronize [45,60) -> host_sync 10; python [60,70) -> cpu 10;
+                   [70,74) unknown 4; launching op [74,79) -> launch 5; [79,80) unknown 1
+    gap3 [90,98):  cudaMemcpy (HtoD pageable) [90,98) -> memcpy 8
+    gap4 [110,120): aten::item [110,125) -> host_sync 10
+    gap5 [121,130): aten::item until 125 -> host_sync 4; [125,130) unknown 5
+    A noise thread (100, 200) is busy the whole time: it launches nothing, so it is ignored.
+    """
+    t = KinetoTrace()
+    t.runtime("cudaLaunchKernel", -5 * US, 1 * US, corr=1, ext=11)
+    t.kernel("A", 0, 10 * US, corr=1)
+    t.cpu_op(
+        "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+        12 * US,
+        25 * US,
+        cat="user_annotation",
+    )
+    t.cpu_op("aten::mm", 37 * US, 3 * US, args={"External id": 77})
+    t.runtime("cudaLaunchKernel", 38 * US, 1500, corr=2, ext=77)
+    t.kernel("B", 40 * US, 10 * US, corr=2)
+    t.runtime("cudaStreamSynchronize", 45 * US, 15 * US, corr=50)
+    t.cpu_op("train.py(33): step", 60 * US, 10 * US, cat="python_function", args={})
+    t.cpu_op("aten::relu", 74 * US, 5 * US, args={"External id": 88})
+    t.runtime("cudaLaunchKernel", 75 * US, 3 * US, corr=3, ext=88)
+    t.kernel("C", 80 * US, 10 * US, corr=3)
+    t.runtime("cudaMemcpy", 90 * US, 8 * US, corr=4)
+    t.memcpy("HtoD", "Pageable", "Device", 98 * US, 2 * US, 1 << 20, corr=4)
+    t.runtime("cudaLaunchKernel", 99 * US, 500, corr=5, ext=99)
+    t.kernel("D", 100 * US, 10 * US, corr=5)
+    t.cpu_op("aten::item", 110 * US, 15 * US, args={"External id": 60})
+    t.runtime("cudaMemcpyAsync", 111 * US, 13 * US, corr=6, ext=60)
+    t.memcpy("DtoH", "Device", "Pageable", 120 * US, 1 * US, 4, corr=6)
+    t.runtime("cuLaunchKernelEx", 91 * US, 500, corr=7, ext=70, cat="cuda_driver")
+    t.kernel("E", 130 * US, 10 * US, corr=7)
+    t.cpu_op("pin_memory_loop", 0, 140 * US, tid=200)
+    return t
+
+
+@pytest.fixture
+def job(store, tmp_path):
+    path = hand_trace().write(tmp_path / "idle.json")
+    (res,) = ingest_paths(store, [str(path)])
+    data = JobData(store, store.traces(res.job_id))
+    yield data
+    data.close()
+
+
+def test_attribution_by_hand(job):
+    attribution = attribute_idle(job, job.traces[0].trace_id, 0)
+    assert attribution.gap_starts.tolist() == [10 * US, 50 * US, 90 * US, 110 * US, 121 * US]
+    assert attribution.threads == [(100, 100)]
+    expected = {
+        "dataloader": 25,
+        "host_sync": 24,
+        "memcpy": 8,
+        "launch": 8,
+        "cpu": 10,
+        "unknown": 12,
+    }
+    assert attribution.totals == {c: expected[c] * US for c in CAUSES}
+    assert attribution.per_gap.sum(axis=1).tolist() == [30 * US, 30 * US, 8 * US, 10 * US, 9 * US]
+
+
+def test_metrics_and_findings(job):
+    result = gpu_idle.run(job, gpu_idle.SPEC.params({"min_impact_ms": 0}))
+    metrics = {m.name: m.value for m in result.metrics}
+    assert metrics["idle_dataloader_ns"] == 25 * US and metrics["idle_unknown_ns"] == 12 * US
+    by_cause = {f.evidence["cause"]: f for f in result.findings}
+    # span 140 µs: dataloader 17.9 % -> medium; host_sync 17.1 % -> medium; memcpy 5.7 % -> low
+    assert by_cause["dataloader"].severity == "medium"
+    assert by_cause["dataloader"].impact_ns == 25 * US
+    assert by_cause["dataloader"].windows == [[10 * US, 40 * US]]
+    top = by_cause["dataloader"].evidence["top_host_ops"][0]
+    assert top["name"].startswith("enumerate(DataLoader)") and top["overlap_ns"] == 25 * US
+    assert by_cause["host_sync"].windows[0] == [50 * US, 80 * US]
+    assert by_cause["memcpy"].severity == "low"
+    assert "pin_memory" not in {
+        op["name"] for f in result.findings for op in f.evidence["top_host_ops"]
+    }
+
+
+def test_min_impact_suppresses_small_traces(job):
+    assert gpu_idle.run(job, gpu_idle.SPEC.params()).findings == []
