@@ -5,7 +5,7 @@ Each module exposes ``SPEC`` (:class:`~stallscope.analyzers.base.AnalyzerSpec`).
 
 from __future__ import annotations
 
-from stallscope.analyzers import gpu_idle, utilization
+from stallscope.analyzers import gpu_idle, launch_overhead, utilization
 from stallscope.analyzers.base import AnalyzerSpec
 
 REGISTRY: dict[str, AnalyzerSpec] = {
@@ -13,6 +13,7 @@ REGISTRY: dict[str, AnalyzerSpec] = {
     for spec in (
         utilization.SPEC,
         gpu_idle.SPEC,
+        launch_overhead.SPEC,
     )
 }
 

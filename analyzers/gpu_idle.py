@@ -47,6 +47,9 @@ THRESHOLDS = (
     Threshold("min_impact_ms", 1.0, "ms", "idle time below which a cause is not reported"),
 )
 MAX_WINDOWS = 20
+# Idle time waiting for launches is reported by the launch_overhead analyzer,
+# with launch counts and the CUDA Graphs estimate; here it is only a metric.
+REPORTED_CAUSES = tuple(c for c in CAUSES if c != "launch")
 
 CAUSE_TEXT = {
     "dataloader": (
@@ -100,7 +103,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
                 result.metrics.append(
                     Metric(ref.trace_id, rank, int(device), f"idle_{cause}_ns", totals[cause], "ns")
                 )
-            for cause in CAUSES:
+            for cause in REPORTED_CAUSES:
                 finding = _finding(job, ref.trace_id, rank, int(device), cause, attribution, params)
                 if finding:
                     result.findings.append(finding)

@@ -72,6 +72,14 @@ class IdleAttribution:
 
 
 def attribute_idle(job: JobData, trace_id: str, device: int) -> IdleAttribution:
+    """Idle attribution of one device (computed once per JobData, then cached)."""
+    key = ("idle", trace_id, device)
+    if key not in job.cache:
+        job.cache[key] = _attribute(job, trace_id, device)
+    return job.cache[key]
+
+
+def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
     busy = job.numpy(
         "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind IN ('kernel', 'memcpy', 'memset')",
         [trace_id, device],

@@ -24,6 +24,9 @@ class JobData:
         self.store = store
         self.traces = sorted(traces, key=lambda r: r.meta.get("rank", 0))
         self.job_id = self.traces[0].job_id if self.traces else ""
+        self.cache: dict[
+            Any, Any
+        ] = {}  # derived results shared by analyzers (e.g. idle attribution)
 
     @cached_property
     def con(self) -> duckdb.DuckDBPyConnection:
