@@ -5,7 +5,7 @@ Each module exposes ``SPEC`` (:class:`~stallscope.analyzers.base.AnalyzerSpec`).
 
 from __future__ import annotations
 
-from stallscope.analyzers import gpu_idle, launch_overhead, utilization
+from stallscope.analyzers import gpu_idle, launch_overhead, step_breakdown, utilization
 from stallscope.analyzers.base import AnalyzerSpec
 
 REGISTRY: dict[str, AnalyzerSpec] = {
@@ -14,6 +14,7 @@ REGISTRY: dict[str, AnalyzerSpec] = {
         utilization.SPEC,
         gpu_idle.SPEC,
         launch_overhead.SPEC,
+        step_breakdown.SPEC,
     )
 }
 

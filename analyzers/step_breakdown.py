@@ -1,0 +1,223 @@
+"""``step_breakdown``: each training step's GPU time by category, and step jitter.
+
+Steps are the ``ProfilerStep#N`` ranges. A GPU operation belongs to the step
+during which the host *launched* it (correlation id -> launch call -> step),
+so a step's GPU window runs from its first GPU operation to the first GPU
+operation of the next step; operations without a launch record fall back to
+the host step window. Per step and device: compute, communication and copy
+time (unions clipped to the window) and idle time by cause (gaps assigned by
+where they start). Documented in docs/analyzers/step_breakdown.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stallscope import intervals
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.idle import CAUSES, attribute_idle
+from stallscope.jobdata import JobData
+
+THRESHOLDS = (
+    Threshold(
+        "jitter_low",
+        1.2,
+        "x",
+        "p90 / median step time for a low-severity jitter finding",
+        minimum=1,
+    ),
+    Threshold(
+        "jitter_medium",
+        1.5,
+        "x",
+        "p90 / median step time for a medium-severity jitter finding",
+        minimum=1,
+    ),
+    Threshold(
+        "jitter_high",
+        2.0,
+        "x",
+        "p90 / median step time for a high-severity jitter finding",
+        minimum=1,
+    ),
+    Threshold("min_steps", 5, "steps", "fewest steps for a jitter finding", minimum=2),
+)
+MAX_STEPS_IN_EVIDENCE = 200
+
+
+def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    result = AnalyzerResult()
+    for ref in job.traces:
+        rank = int(ref.meta.get("rank", 0))
+        steps = job.numpy(
+            "SELECT step, start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step' ORDER BY start_ns",
+            [ref.trace_id],
+        )
+        if steps["step"].size == 0:
+            continue
+        durations = steps["end_ns"] - steps["start_ns"]
+        median = float(np.median(durations))
+        p90 = float(np.percentile(durations, 90))
+        for name, value, unit in (
+            ("step_time_ms_p90", round(p90 / 1e6, 6), "ms"),
+            ("step_time_ms_max", round(float(durations.max()) / 1e6, 6), "ms"),
+            (
+                "step_time_max_over_median",
+                round(float(durations.max()) / median, 4) if median else None,
+                "ratio",
+            ),
+        ):
+            result.metrics.append(Metric(ref.trace_id, rank, None, name, value, unit))
+        table = _per_step_table(job, ref.trace_id, steps)
+        jitter = _jitter_finding(ref.trace_id, rank, steps, durations, median, p90, params)
+        if jitter:
+            jitter.evidence["steps"] = table[:MAX_STEPS_IN_EVIDENCE]
+            result.findings.append(jitter)
+        result.findings.append(_table_finding(ref.trace_id, rank, table, median, p90))
+    return result
+
+
+def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
+    """One row per (step, device): step_ms and GPU ns by category."""
+    gpu = job.numpy(
+        """SELECT g.device, g.kind, g.is_comm, g.start_ns, g.end_ns, h.start_ns AS launch_ns
+           FROM gpu g LEFT JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation
+             AND h.kind IN ('runtime', 'driver')
+           WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset') ORDER BY g.device, g.start_ns""",
+        [trace],
+    )
+    step_starts, step_ends, numbers = steps["start_ns"], steps["end_ns"], steps["step"]
+    rows = []
+    for device in np.unique(gpu["device"]).tolist():
+        dev = {k: np.asarray(v)[gpu["device"] == device] for k, v in gpu.items()}
+        anchor = np.where(
+            np.isnan(dev["launch_ns"].astype(float)), dev["start_ns"], dev["launch_ns"]
+        ).astype(np.int64)
+        owner = np.searchsorted(step_starts, anchor, side="right") - 1
+        inside = (owner >= 0) & (anchor < step_ends[np.clip(owner, 0, None)])
+        attribution = attribute_idle(job, trace, int(device))
+        gap_step = _window_of(attribution.gap_starts, dev, owner, inside, len(numbers))
+        for index, number in enumerate(numbers.tolist()):
+            mask = inside & (owner == index)
+            if not mask.any():
+                continue
+            lo, hi = _window(dev, owner, inside, index, len(numbers))
+            row = {
+                "step": int(number),
+                "device": int(device),
+                "step_ms": round((step_ends[index] - step_starts[index]) / 1e6, 6),
+            }
+            row.update(_busy(dev, lo, hi))
+            idle = (
+                attribution.per_gap[gap_step == index].sum(axis=0)
+                if attribution.per_gap.size
+                else None
+            )
+            for c, cause in enumerate(CAUSES):
+                row[f"idle_{cause}_ns"] = int(idle[c]) if idle is not None else 0
+            rows.append(row)
+    return rows
+
+
+def _window(
+    dev: dict, owner: np.ndarray, inside: np.ndarray, index: int, count: int
+) -> tuple[int, int]:
+    starts = dev["start_ns"]
+    lo = int(starts[inside & (owner == index)].min())
+    later = inside & (owner > index)
+    hi = (
+        int(starts[later].min())
+        if later.any()
+        else int(dev["end_ns"][inside & (owner == index)].max())
+    )
+    return lo, hi
+
+
+def _window_of(
+    gap_starts: np.ndarray, dev: dict, owner: np.ndarray, inside: np.ndarray, count: int
+) -> np.ndarray:
+    """Step index of each gap (by where it starts), -1 outside every step window."""
+    result = np.full(gap_starts.size, -1, dtype=np.int64)
+    for index in range(count):
+        if not (inside & (owner == index)).any():
+            continue
+        lo, hi = _window(dev, owner, inside, index, count)
+        result[(gap_starts >= lo) & (gap_starts < hi)] = index
+    return result
+
+
+def _busy(dev: dict, lo: int, hi: int) -> dict[str, int]:
+    starts, ends = np.clip(dev["start_ns"], lo, hi), np.clip(dev["end_ns"], lo, hi)
+    kernel = dev["kind"] == "kernel"
+    comm = np.asarray(dev["is_comm"], dtype=bool)
+    return {
+        "compute_ns": intervals.total(starts[kernel & ~comm], ends[kernel & ~comm]),
+        "comm_ns": intervals.total(starts[kernel & comm], ends[kernel & comm]),
+        "memcpy_ns": intervals.total(starts[~kernel], ends[~kernel]),
+        "busy_ns": intervals.total(starts, ends),
+        "window_ns": hi - lo,
+    }
+
+
+def _jitter_finding(trace, rank, steps, durations, median, p90, params) -> Finding | None:
+    if durations.size < params["min_steps"] or not median:
+        return None
+    ratio = p90 / median
+    severity = next(
+        (lvl for lvl in ("high", "medium", "low") if ratio >= params[f"jitter_{lvl}"]), None
+    )
+    if severity is None:
+        return None
+    slow = np.flatnonzero(durations > median)
+    excess = int((durations[slow] - median).sum())
+    worst = slow[np.argsort(-durations[slow])][:20]
+    return Finding(
+        analyzer="step_breakdown",
+        trace=trace,
+        rank=rank,
+        device=None,
+        severity=severity,
+        title=f"Step time varies: p90 is {ratio:.2f}x the median",
+        detail=(
+            f"{durations.size} steps: median {median / 1e6:.2f} ms, p90 {p90 / 1e6:.2f} ms, max {durations.max() / 1e6:.2f} ms. "
+            f"Steps slower than the median took {excess / 1e6:.2f} ms more in total."
+        ),
+        recommendation=(
+            "Compare a slow step with a typical one (windows): look for periodic work (evaluation, checkpointing, "
+            "logging, garbage collection, data-loader hiccups) or variable input sizes, and move it off the step "
+            "or make it asynchronous."
+        ),
+        impact_ns=excess,
+        evidence={
+            "key": "jitter",
+            "median_ns": int(median),
+            "p90_ns": int(p90),
+            "p90_over_median": round(ratio, 4),
+        },
+        windows=[[int(steps["start_ns"][i]), int(steps["end_ns"][i])] for i in worst],
+    )
+
+
+def _table_finding(trace: str, rank: int, table: list[dict], median: float, p90: float) -> Finding:
+    steps = sorted({row["step"] for row in table})
+    return Finding(
+        analyzer="step_breakdown",
+        trace=trace,
+        rank=rank,
+        device=None,
+        severity="info",
+        title=f"Step breakdown: {len(steps)} steps, median {median / 1e6:.2f} ms",
+        detail=f"Per step and GPU: compute, communication, copies and idle time by cause (median step {median / 1e6:.2f} ms, p90 {p90 / 1e6:.2f} ms).",
+        recommendation="Use the per-step table to see which category grows in slow steps.",
+        impact_ns=0,
+        evidence={"key": "table", "steps": table[:MAX_STEPS_IN_EVIDENCE]},
+    )
+
+
+SPEC = AnalyzerSpec(
+    id="step_breakdown",
+    title="Step breakdown and jitter",
+    description="Per-step GPU compute, communication, copies and idle time by cause; step-time jitter.",
+    run=run,
+    thresholds=THRESHOLDS,
+)

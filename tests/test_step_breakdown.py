@@ -1,0 +1,75 @@
+"""step_breakdown on five steps whose per-step numbers are known by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallscope.analyzers import step_breakdown
+from stallscope.ingest import ingest_paths
+from stallscope.jobdata import JobData
+from tests.kineto_builder import KinetoTrace
+
+US = 1_000
+
+
+def five_steps() -> KinetoTrace:
+    """Step i on the host: [100i, 100i+100) µs, the last one 300 µs long.
+
+    Launched in step i: two kernels on the GPU at [100i+50, 100i+70) and [100i+75, 100i+95),
+    and an all-reduce at [100i+95, 100i+100). GPU window of step i: [100i+50, 100i+150)
+    (the last: [450, 500)). Per window: compute 40 µs, comm 5 µs, busy 45 µs.
+    """
+    t = KinetoTrace()
+    for i in range(5):
+        base = 100 * US * i
+        t.step(i, base, 300 * US if i == 4 else 100 * US)
+        for offset, start, dur, name in (
+            (10, 50, 20, "gemm"),
+            (20, 75, 20, "relu"),
+            (30, 95, 5, "ncclDevKernel_AllReduce"),
+        ):
+            corr = 100 * i + offset
+            t.runtime("cudaLaunchKernel", base + offset * US, 2 * US, corr=corr, ext=corr)
+            t.kernel(name, base + start * US, dur * US, corr=corr)
+    return t
+
+
+@pytest.fixture
+def result(store, tmp_path):
+    (res,) = ingest_paths(store, [str(five_steps().write(tmp_path / "steps.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    out = step_breakdown.run(job, step_breakdown.SPEC.params())
+    job.close()
+    return out
+
+
+def test_jitter_metrics(result):
+    m = {x.name: x.value for x in result.metrics}
+    assert m["step_time_ms_p90"] == 0.22  # numpy linear percentile of [100, 100, 100, 100, 300] µs
+    assert m["step_time_ms_max"] == 0.3
+    assert m["step_time_max_over_median"] == 3.0
+
+
+def test_per_step_table(result):
+    table = next(f for f in result.findings if f.severity == "info").evidence["steps"]
+    assert [r["step"] for r in table] == [0, 1, 2, 3, 4]
+    for row in table[:4]:
+        assert (row["compute_ns"], row["comm_ns"], row["window_ns"], row["busy_ns"]) == (
+            40 * US,
+            5 * US,
+            100 * US,
+            45 * US,
+        )
+        idle = sum(v for k, v in row.items() if k.startswith("idle_"))
+        assert idle == 55 * US  # the gaps [70,75) and [100,150) of the window
+        assert (
+            row["idle_launch_ns"] == 6 * US
+        )  # three 2 µs launch calls of the next step inside the gap
+    assert table[4]["window_ns"] == 50 * US and table[4]["busy_ns"] == 45 * US
+
+
+def test_jitter_finding(result):
+    (jitter,) = [f for f in result.findings if f.severity != "info"]
+    assert jitter.severity == "high"  # p90/median = 2.2
+    assert jitter.impact_ns == 200 * US
+    assert jitter.windows == [[400 * US, 700 * US]]
