@@ -80,6 +80,12 @@ CAUSE_TEXT = {
         "Profile the host side of the gaps (the top operations below): move CPU work off the critical path, "
         "overlap it with GPU work, or run it in another process.",
     ),
+    "queued": (
+        "with the next work already queued (a GPU-side wait)",
+        "The host had already issued the next operation: the GPU waited on itself. Look for cross-stream "
+        "dependencies (cudaStreamWaitEvent between compute, copy and NCCL streams), per-kernel device overhead "
+        "of very short kernels (fuse them), or graph-node gaps; overlap independent work on other streams.",
+    ),
     "unknown": (
         "idle with no host activity recorded on the launching threads",
         "Capture with CPU activity and record_function ranges (or Nsight Systems with OS runtime tracing) to see "

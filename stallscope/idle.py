@@ -14,6 +14,11 @@ activity covers it on the threads that launch work onto that device:
 5. ``cpu``        — other host work (operators, Python) on those threads;
 6. ``unknown``    — nothing recorded on those threads.
 
+Before that, a gap whose next operation had already been handed to the GPU
+when the gap began (its launch call had returned, or a graph launch had
+started) is ``queued`` as a whole: the host was not what the GPU waited for
+(cross-stream dependencies, graph-node or device launch latency).
+
 The result is columnar (numpy): one row per gap with the nanoseconds of each
 cause. Documented in docs/analyzers/gpu_idle.md.
 """
@@ -27,7 +32,8 @@ import numpy as np
 from stallscope import intervals
 from stallscope.jobdata import JobData
 
-CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "unknown")
+CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
+HOST_CAUSES = CAUSES[:5]  # labelled from host intervals, in priority order
 
 DATALOADER_REGEX = (
     r"(?i)(dataloader|enumerate\(data|_next_data|data[_ ]?load|load[_ ]?data|get[_ ]?batch|fetch[_ ]?batch"
@@ -90,11 +96,41 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
         return IdleAttribution(0, 0, empty, empty, np.zeros((0, len(CAUSES)), dtype=np.int64), [])
     gap_s, gap_e = intervals.gaps(starts, ends)
     threads = launch_threads(job, trace_id, device)
-    cause_unions = [
-        _union_of(job, _cause_query(cause), trace_id, device, threads) for cause in CAUSES[:-1]
-    ]
+    cause_unions = [_union_of(job, _cause_query(c), trace_id, device, threads) for c in HOST_CAUSES]
     per_gap = _label_gaps(gap_s, gap_e, cause_unions)
+    queued = _queued_gaps(job, trace_id, device, gap_s, gap_e)
+    per_gap[queued] = 0
+    per_gap[queued, CAUSES.index("queued")] = (gap_e - gap_s)[queued]
     return IdleAttribution(int(starts.min()), int(ends.max()), gap_s, gap_e, per_gap, threads)
+
+
+def _queued_gaps(
+    job: JobData, trace_id: str, device: int, gap_s: np.ndarray, gap_e: np.ndarray
+) -> np.ndarray:
+    """Gaps whose next GPU operation was already handed over when the gap began."""
+    ops = job.numpy(
+        f"""SELECT g.start_ns, min(h.start_ns) AS launch_start, min(h.end_ns) AS launch_end,
+                  bool_or(regexp_matches(n.name, 'Graph')) AS graph
+           FROM gpu g
+           JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation AND h.kind IN ('runtime', 'driver')
+           JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+           WHERE g.trace_id = ? AND g.device = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
+             AND regexp_matches(n.name, '{LAUNCH_API_REGEX}|{MEMCPY_API_REGEX}|Memset')
+           GROUP BY g.start_ns ORDER BY g.start_ns""",
+        [trace_id, device],
+    )
+    queued = np.zeros(gap_s.size, dtype=bool)
+    if ops["start_ns"].size == 0 or gap_s.size == 0:
+        return queued
+    idx = np.searchsorted(ops["start_ns"], gap_e, side="left")
+    found = idx < ops["start_ns"].size
+    found[found] &= ops["start_ns"][idx[found]] == gap_e[found]
+    hit = idx[found]
+    handed_over = (ops["launch_end"][hit] <= gap_s[found]) | (
+        np.asarray(ops["graph"][hit], dtype=bool) & (ops["launch_start"][hit] <= gap_s[found])
+    )
+    queued[np.flatnonzero(found)[handed_over]] = True
+    return queued
 
 
 def launch_threads(job: JobData, trace_id: str, device: int) -> list[tuple[int, int]]:
@@ -180,7 +216,7 @@ def _label_gaps(
     seg_start, seg_len = points[:-1], np.diff(points)
     in_gap = _covered(seg_start, (gap_s, gap_e))
     seg_start, seg_len = seg_start[in_gap], seg_len[in_gap]
-    label = np.full(seg_start.size, len(CAUSES) - 1, dtype=np.int64)  # unknown
+    label = np.full(seg_start.size, CAUSES.index("unknown"), dtype=np.int64)
     unlabeled = np.ones(seg_start.size, dtype=bool)
     for index, union in enumerate(unions):
         hit = unlabeled & _covered(seg_start, union)

@@ -21,7 +21,8 @@ def hand_trace() -> KinetoTrace:
                    [70,74) unknown 4; launching op [74,79) -> launch 5; [79,80) unknown 1
     gap3 [90,98):  cudaMemcpy (HtoD pageable) [90,98) -> memcpy 8
     gap4 [110,120): aten::item [110,125) -> host_sync 10
-    gap5 [121,130): aten::item until 125 -> host_sync 4; [125,130) unknown 5
+    gap5 [121,130): aten::item until 125 -> host_sync 4; [125,127) unknown 2; cuLaunchKernelEx [127,130) -> launch 3
+    gap6 [140,145): kernel F was launched at 91 µs, long before: queued 5 (a GPU-side wait)
     A noise thread (100, 200) is busy the whole time: it launches nothing, so it is ignored.
     """
     t = KinetoTrace()
@@ -48,8 +49,10 @@ def hand_trace() -> KinetoTrace:
     t.cpu_op("aten::item", 110 * US, 15 * US, args={"External id": 60})
     t.runtime("cudaMemcpyAsync", 111 * US, 13 * US, corr=6, ext=60)
     t.memcpy("DtoH", "Device", "Pageable", 120 * US, 1 * US, 4, corr=6)
-    t.runtime("cuLaunchKernelEx", 91 * US, 500, corr=7, ext=70, cat="cuda_driver")
+    t.runtime("cuLaunchKernelEx", 127 * US, 3 * US, corr=7, ext=70, cat="cuda_driver")
     t.kernel("E", 130 * US, 10 * US, corr=7)
+    t.runtime("cudaLaunchKernel", 91 * US, 500, corr=8, ext=71)
+    t.kernel("F", 145 * US, 5 * US, corr=8)
     t.cpu_op("pin_memory_loop", 0, 140 * US, tid=200)
     return t
 
@@ -65,26 +68,43 @@ def job(store, tmp_path):
 
 def test_attribution_by_hand(job):
     attribution = attribute_idle(job, job.traces[0].trace_id, 0)
-    assert attribution.gap_starts.tolist() == [10 * US, 50 * US, 90 * US, 110 * US, 121 * US]
+    assert attribution.gap_starts.tolist() == [
+        10 * US,
+        50 * US,
+        90 * US,
+        110 * US,
+        121 * US,
+        140 * US,
+    ]
     assert attribution.threads == [(100, 100)]
     expected = {
         "dataloader": 25,
         "host_sync": 24,
         "memcpy": 8,
-        "launch": 8,
+        "launch": 11,
         "cpu": 10,
-        "unknown": 12,
+        "queued": 5,
+        "unknown": 9,
     }
     assert attribution.totals == {c: expected[c] * US for c in CAUSES}
-    assert attribution.per_gap.sum(axis=1).tolist() == [30 * US, 30 * US, 8 * US, 10 * US, 9 * US]
+    assert attribution.per_gap.sum(axis=1).tolist() == [
+        30 * US,
+        30 * US,
+        8 * US,
+        10 * US,
+        9 * US,
+        5 * US,
+    ]
 
 
 def test_metrics_and_findings(job):
     result = gpu_idle.run(job, gpu_idle.SPEC.params({"min_impact_ms": 0}))
     metrics = {m.name: m.value for m in result.metrics}
-    assert metrics["idle_dataloader_ns"] == 25 * US and metrics["idle_unknown_ns"] == 12 * US
+    assert metrics["idle_dataloader_ns"] == 25 * US and metrics["idle_unknown_ns"] == 9 * US
+    assert metrics["idle_queued_ns"] == 5 * US
     by_cause = {f.evidence["cause"]: f for f in result.findings}
-    # span 140 µs: dataloader 17.9 % -> medium; host_sync 17.1 % -> medium; memcpy 5.7 % -> low
+    assert "launch" not in by_cause  # reported by launch_overhead
+    # span 150 µs: dataloader 16.7 % -> medium; host_sync 16 % -> medium; memcpy 5.3 % -> low
     assert by_cause["dataloader"].severity == "medium"
     assert by_cause["dataloader"].impact_ns == 25 * US
     assert by_cause["dataloader"].windows == [[10 * US, 40 * US]]
