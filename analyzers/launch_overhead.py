@@ -72,8 +72,10 @@ SELECT
   count(DISTINCT l.correlation) FILTER (WHERE l.api LIKE '%Graph%') AS graph_launches,
   count(DISTINCT l.correlation) FILTER (WHERE l.api LIKE 'cu%' AND l.api NOT LIKE 'cuda%') AS driver_launches,
   count(*) FILTER (WHERE k.end_ns - k.start_ns < l.end_ns - l.start_ns AND l.api NOT LIKE '%Graph%') AS short_kernels,
+  count(*) FILTER (WHERE l.api NOT LIKE '%Graph%') AS single_kernels,
   median(k.end_ns - k.start_ns) AS median_kernel_ns,
-  median(l.end_ns - l.start_ns) AS median_launch_ns
+  median(l.end_ns - l.start_ns) FILTER (WHERE l.api NOT LIKE '%Graph%') AS median_launch_ns,
+  avg(l.end_ns - l.start_ns) FILTER (WHERE l.api LIKE '%Graph%') AS mean_graph_launch_ns
 FROM kernels k JOIN launches l ON l.correlation = k.correlation
 """
 
@@ -98,31 +100,56 @@ def _device(
     job: JobData, result: AnalyzerResult, trace: str, rank: int, device: int, steps: int, params
 ) -> None:
     row = job.sql(_STATS_SQL, [trace, trace, device]).fetchone()
-    kernels, launches, graph_launches, driver_launches, short, median_kernel, median_launch = row
+    (
+        kernels,
+        launches,
+        graph_launches,
+        driver_launches,
+        short,
+        single,
+        median_kernel,
+        median_launch,
+        mean_graph,
+    ) = row
     attribution = attribute_idle(job, trace, device)
     span = attribution.span_end - attribution.span_start
-    per_gap = attribution.per_gap[:, CAUSES.index("launch")] if attribution.per_gap.size else None
-    waited = int(per_gap.sum()) if per_gap is not None else 0
+    if attribution.per_gap.size:
+        graph_per_gap = attribution.graph_launch_per_gap
+        per_gap = attribution.per_gap[:, CAUSES.index("launch")] - graph_per_gap
+    else:
+        graph_per_gap = per_gap = attribution.per_gap.reshape(-1)
+    waited, graph_wait = int(per_gap.sum()), int(graph_per_gap.sum())
     share = 100.0 * waited / span if span else 0.0
-    short_pct = 100.0 * short / kernels if kernels else 0.0
+    graph_share = 100.0 * graph_wait / span if span else 0.0
+    short_pct = 100.0 * short / single if single else 0.0
     for name, value, unit in (
         ("launch_overhead_pct", round(share, 3), "%"),
+        ("graph_launch_wait_pct", round(graph_share, 3), "%"),
         ("launch_count", int(launches), "count"),
         ("graph_launch_count", int(graph_launches), "count"),
         ("short_kernel_pct", round(short_pct, 3), "%"),
     ):
         result.metrics.append(Metric(trace, rank, device, name, value, unit))
+    graph = _graph_finding(
+        trace,
+        rank,
+        device,
+        attribution,
+        graph_per_gap,
+        graph_share,
+        graph_launches,
+        kernels,
+        mean_graph,
+        params,
+    )
+    if graph:
+        result.findings.append(graph)
     severity = _severity(share, waited, params)
     if severity is None:
         return
     replay_cost = int(params["graph_replay_us"] * 1000) * max(steps, 1)
     gain = max(waited - replay_cost, 0)
-    order = per_gap.argsort()[::-1][:MAX_WINDOWS]
-    windows = [
-        [int(attribution.gap_starts[i]), int(attribution.gap_ends[i])]
-        for i in order
-        if per_gap[i] > 0
-    ]
+    windows = _windows(attribution, per_gap)
     per_step = f", {launches / steps:.0f} per step" if steps else ""
     result.findings.append(
         Finding(
@@ -158,6 +185,52 @@ def _device(
             },
             windows=windows,
         )
+    )
+
+
+def _windows(attribution, per_gap) -> list[list[int]]:
+    order = per_gap.argsort()[::-1][:MAX_WINDOWS]
+    return [
+        [int(attribution.gap_starts[i]), int(attribution.gap_ends[i])]
+        for i in order
+        if per_gap[i] > 0
+    ]
+
+
+def _graph_finding(
+    trace, rank, device, attribution, per_gap, share, graph_launches, kernels, mean_graph, params
+):
+    """Waiting inside graph launches: at most ``low``, since CUPTI inflates them while profiling."""
+    waited = int(per_gap.sum())
+    if _severity(share, waited, params) is None:
+        return None
+    return Finding(
+        analyzer="launch_overhead",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="low",
+        title=f"GPU {device} waited {share:.1f}% of the time for CUDA Graph launches (likely profiler overhead)",
+        detail=(
+            f"{graph_launches} graph launches took {_us(mean_graph)} µs each on average; the GPU waited "
+            f"{waited / 1e6:.2f} ms for them. While profiling, CUPTI adds roughly 1 µs per graph node to every "
+            "graph launch, so this wait is mostly an artifact of the profiler; unprofiled, a graph launch costs "
+            "microseconds to tens of microseconds."
+        ),
+        recommendation=(
+            "Confirm with an unprofiled step timing (torch.cuda.Event around the step). If the wait is real, "
+            "launch the graph earlier (avoid a synchronize right before it so the CPU runs ahead) or split very "
+            "large graphs."
+        ),
+        impact_ns=waited,
+        evidence={
+            "key": "graph",
+            "graph_launches": int(graph_launches),
+            "kernels": int(kernels),
+            "mean_graph_launch_ns": _int(mean_graph),
+            "share_of_span_pct": round(share, 3),
+        },
+        windows=_windows(attribution, per_gap),
     )
 
 

@@ -15,9 +15,11 @@ activity covers it on the threads that launch work onto that device:
 6. ``unknown``    — nothing recorded on those threads.
 
 Before that, a gap whose next operation had already been handed to the GPU
-when the gap began (its launch call had returned, or a graph launch had
-started) is ``queued`` as a whole: the host was not what the GPU waited for
-(cross-stream dependencies, graph-node or device launch latency).
+when the gap began (its launch call had returned) is ``queued`` as a whole:
+the host was not what the GPU waited for (cross-stream dependencies, device
+launch latency). Of the ``launch`` time, the part spent inside graph-launch
+calls is kept apart (``graph_launch_per_gap``): under a profiler, CUPTI makes
+a graph launch cost about a microsecond per node.
 
 The result is columnar (numpy): one row per gap with the nanoseconds of each
 cause. Documented in docs/analyzers/gpu_idle.md.
@@ -42,6 +44,7 @@ DATALOADER_REGEX = (
 SYNC_API_REGEX = r"^(cuda|hip)(Device|Stream|Event)Synchronize|^cu(Ctx|Stream|Event)Synchronize"
 SYNC_OP_REGEX = r"^aten::(item|_local_scalar_dense|is_nonzero|equal)$"
 MEMCPY_API_REGEX = r"^(cuda|hip)Memcpy|^cuMemcpy"
+GRAPH_LAUNCH_REGEX = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
 LAUNCH_API_REGEX = (
     r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchKernelEx"
     r"|cuLaunchCooperativeKernel|cudaGraphLaunch|cuGraphLaunch|hipLaunchKernel|hipExtLaunchKernel"
@@ -63,6 +66,9 @@ class IdleAttribution:
     gap_ends: np.ndarray
     per_gap: np.ndarray
     threads: list[tuple[int, int]]
+    graph_launch_per_gap: np.ndarray | None = (
+        None  # of the ``launch`` time: inside graph-launch calls
+    )
 
     @property
     def totals(self) -> dict[str, int]:
@@ -97,11 +103,23 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
     gap_s, gap_e = intervals.gaps(starts, ends)
     threads = launch_threads(job, trace_id, device)
     cause_unions = [_union_of(job, _cause_query(c), trace_id, device, threads) for c in HOST_CAUSES]
-    per_gap = _label_gaps(gap_s, gap_e, cause_unions)
+    graph_union = _union_of(job, _graph_launch_query(), trace_id, device, threads)
+    per_gap, graph_per_gap = _label_gaps(gap_s, gap_e, cause_unions, graph_union)
     queued = _queued_gaps(job, trace_id, device, gap_s, gap_e)
     per_gap[queued] = 0
     per_gap[queued, CAUSES.index("queued")] = (gap_e - gap_s)[queued]
-    return IdleAttribution(int(starts.min()), int(ends.max()), gap_s, gap_e, per_gap, threads)
+    graph_per_gap[queued] = 0
+    return IdleAttribution(
+        int(starts.min()), int(ends.max()), gap_s, gap_e, per_gap, threads, graph_per_gap
+    )
+
+
+def _graph_launch_query() -> str:
+    return (
+        "SELECT h.start_ns, h.end_ns FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id "
+        f"WHERE h.trace_id = ? AND {_THREAD_FILTER} AND h.kind IN ('runtime', 'driver') "
+        f"AND regexp_matches(n.name, '{GRAPH_LAUNCH_REGEX}')"
+    )
 
 
 def _queued_gaps(
@@ -109,8 +127,7 @@ def _queued_gaps(
 ) -> np.ndarray:
     """Gaps whose next GPU operation was already handed over when the gap began."""
     ops = job.numpy(
-        f"""SELECT g.start_ns, min(h.start_ns) AS launch_start, min(h.end_ns) AS launch_end,
-                  bool_or(regexp_matches(n.name, 'Graph')) AS graph
+        f"""SELECT g.start_ns, min(h.end_ns) AS launch_end
            FROM gpu g
            JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation AND h.kind IN ('runtime', 'driver')
            JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
@@ -126,9 +143,7 @@ def _queued_gaps(
     found = idx < ops["start_ns"].size
     found[found] &= ops["start_ns"][idx[found]] == gap_e[found]
     hit = idx[found]
-    handed_over = (ops["launch_end"][hit] <= gap_s[found]) | (
-        np.asarray(ops["graph"][hit], dtype=bool) & (ops["launch_start"][hit] <= gap_s[found])
-    )
+    handed_over = ops["launch_end"][hit] <= gap_s[found]
     queued[np.flatnonzero(found)[handed_over]] = True
     return queued
 
@@ -204,14 +219,21 @@ def _covered(points: np.ndarray, union: tuple[np.ndarray, np.ndarray]) -> np.nda
 
 
 def _label_gaps(
-    gap_s: np.ndarray, gap_e: np.ndarray, unions: list[tuple[np.ndarray, np.ndarray]]
-) -> np.ndarray:
-    """Per-gap ns of each cause (priority order), by a sweep over all boundaries."""
+    gap_s: np.ndarray,
+    gap_e: np.ndarray,
+    unions: list[tuple[np.ndarray, np.ndarray]],
+    graph_union: tuple[np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-gap ns of each cause (priority order), by a sweep over all boundaries.
+
+    Also returns, per gap, the ``launch`` time spent inside graph-launch calls.
+    """
     per_gap = np.zeros((gap_s.size, len(CAUSES)), dtype=np.int64)
+    graph = np.zeros(gap_s.size, dtype=np.int64)
     if gap_s.size == 0:
-        return per_gap
+        return per_gap, graph
     lo, hi = gap_s[0], gap_e[-1]
-    edges = [gap_s, gap_e] + [e for u in unions for e in u]
+    edges = [gap_s, gap_e, *graph_union] + [e for u in unions for e in u]
     points = np.unique(np.clip(np.concatenate(edges), lo, hi))
     seg_start, seg_len = points[:-1], np.diff(points)
     in_gap = _covered(seg_start, (gap_s, gap_e))
@@ -224,7 +246,9 @@ def _label_gaps(
         unlabeled &= ~hit
     gap_index = np.searchsorted(gap_s, seg_start, side="right") - 1
     np.add.at(per_gap, (gap_index, label), seg_len)
-    return per_gap
+    in_graph = (label == CAUSES.index("launch")) & _covered(seg_start, graph_union)
+    np.add.at(graph, gap_index[in_graph], seg_len[in_graph])
+    return per_gap, graph
 
 
 def top_host_ops(

@@ -60,3 +60,21 @@ def test_finding_with_gain_estimate(store, tmp_path):
 
 def test_default_min_impact_keeps_tiny_traces_quiet(store, tmp_path):
     assert run(store, tmp_path).findings == []
+
+
+def test_graph_launch_wait_is_kept_apart_and_capped_at_low(store, tmp_path):
+    """One cudaGraphLaunch [0,100) µs; its 10 kernels run [20+8i, 22+8i): 9 gaps of 6 µs inside the call."""
+    t = KinetoTrace()
+    t.runtime("cudaGraphLaunch", 0, 100_000, corr=900, ext=900)
+    for i in range(10):
+        t.kernel("graph_node_kernel", 20_000 + 8_000 * i, 2_000, corr=900)
+    (res,) = ingest_paths(store, [str(t.write(tmp_path / "graph.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    result = launch_overhead.run(job, launch_overhead.SPEC.params({"min_impact_ms": 0}))
+    job.close()
+    m = {x.name: x.value for x in result.metrics}
+    assert m["launch_overhead_pct"] == 0.0
+    assert m["graph_launch_wait_pct"] == round(100 * 54_000 / 74_000, 3)
+    assert m["graph_launch_count"] == 1 and m["short_kernel_pct"] == 0.0
+    (f,) = result.findings
+    assert (f.severity, f.impact_ns, f.evidence["key"]) == ("low", 54_000, "graph")
