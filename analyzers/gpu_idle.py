@@ -87,7 +87,7 @@ CAUSE_TEXT = {
         "of very short kernels (fuse them), or graph-node gaps; overlap independent work on other streams.",
     ),
     "unknown": (
-        "idle with no host activity recorded on the launching threads",
+        "with no host activity recorded on the launching threads",
         "Capture with CPU activity and record_function ranges (or Nsight Systems with OS runtime tracing) to see "
         "what the process was waiting for; check other processes and I/O.",
     ),

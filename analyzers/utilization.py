@@ -13,7 +13,7 @@ Definitions (docs/analyzers/utilization.md), per trace and device:
 * ``step_time_ms_median`` (per trace) = median duration of ``ProfilerStep#N``
   ranges, in milliseconds.
 
-One finding per device whose idle share reaches a threshold.
+One ``info`` finding per device: the busy/idle headline with idle time by cause.
 """
 
 from __future__ import annotations
@@ -21,32 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from stallscope import intervals
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric
 from stallscope.jobdata import JobData
 
-THRESHOLDS = (
-    Threshold(
-        "idle_pct_low",
-        10.0,
-        "%",
-        "GPU idle share of the span that makes a low-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "idle_pct_medium",
-        25.0,
-        "%",
-        "GPU idle share of the span that makes a medium-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "idle_pct_high",
-        50.0,
-        "%",
-        "GPU idle share of the span that makes a high-severity finding",
-        maximum=100,
-    ),
-)
 MAX_WINDOWS = 20
 
 
@@ -62,13 +39,13 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         for device in np.unique(cols["device"]):
             mask = cols["device"] == device
             dev = {k: np.asarray(v)[mask] for k, v in cols.items()}
-            _device_metrics(result, ref.trace_id, rank, int(device), dev, params)
+            _device_metrics(job, result, ref.trace_id, rank, int(device), dev)
         _step_metric(job, result, ref.trace_id, rank)
     return result
 
 
 def _device_metrics(
-    result: AnalyzerResult, trace: str, rank: int, device: int, dev: dict, params: dict
+    job: JobData, result: AnalyzerResult, trace: str, rank: int, device: int, dev: dict
 ) -> None:
     starts, ends, kind = dev["start_ns"], dev["end_ns"], dev["kind"]
     is_comm = np.asarray(dev["is_comm"], dtype=bool)
@@ -89,49 +66,42 @@ def _device_metrics(
         Metric(trace, rank, device, "kernel_count", int(is_kernel.sum()), "count")
     )
     result.metrics.append(Metric(trace, rank, device, "gpu_span_ns", span, "ns"))
-    finding = _idle_finding(trace, rank, device, starts, ends, span, busy, idle_pct, params)
-    if finding:
-        result.findings.append(finding)
+    result.findings.append(_headline(job, trace, rank, device, starts, ends, span, busy, idle_pct))
 
 
-def _idle_finding(
-    trace, rank, device, starts, ends, span, busy, idle_pct, params
-) -> Finding | None:
-    severity = None
-    for level in ("high", "medium", "low"):
-        if idle_pct >= params[f"idle_pct_{level}"]:
-            severity = level
-            break
-    if severity is None:
-        return None
+def _headline(job, trace, rank, device, starts, ends, span, busy, idle_pct) -> Finding:
+    """An info finding per device: busy/idle shares and the idle time by cause (from gpu_idle)."""
+    from stallscope.idle import attribute_idle
+
     gap_starts, gap_ends = intervals.gaps(starts, ends)
     order = np.argsort(gap_starts - gap_ends, kind="stable")[:MAX_WINDOWS]  # longest first
     windows = [[int(gap_starts[i]), int(gap_ends[i])] for i in order]
     idle_ns = span - busy
-    longest = int(gap_ends[order[0]] - gap_starts[order[0]]) if order.size else 0
+    by_cause = attribute_idle(job, trace, device).totals
+    ranked = sorted(((ns, cause) for cause, ns in by_cause.items() if ns > 0), reverse=True)
+    causes = (
+        ", ".join(f"{cause} {100 * ns / span:.1f}%" for ns, cause in ranked[:4]) if span else ""
+    )
     return Finding(
         analyzer="utilization",
         trace=trace,
         rank=rank,
         device=device,
-        severity=severity,
-        title=f"GPU {device} idle {idle_pct:.1f}% of the profiled span",
+        severity="info",
+        title=f"GPU {device} busy {100 - idle_pct:.1f}%, idle {idle_pct:.1f}% of {span / 1e6:.2f} ms",
         detail=(
-            f"Over {span / 1e6:.2f} ms from its first to its last activity, GPU {device} ran kernels or copies "
-            f"for {busy / 1e6:.2f} ms and sat idle for {idle_ns / 1e6:.2f} ms in {gap_starts.size} gaps "
-            f"(longest {longest / 1e6:.3f} ms)."
+            f"From its first to its last activity GPU {device} ran kernels or copies for {busy / 1e6:.2f} ms "
+            f"and sat idle for {idle_ns / 1e6:.2f} ms in {gap_starts.size} gaps"
+            + (f"; idle by cause: {causes}." if causes else ".")
         ),
-        recommendation=(
-            "Find what the host was doing during the longest gaps (data loading, synchronization, "
-            "Python overhead, kernel launches) and overlap or remove it: more DataLoader workers with "
-            "pin_memory, fewer host syncs, CUDA Graphs or torch.compile for launch-bound code."
-        ),
+        recommendation="See the gpu_idle and launch_overhead findings for the causes and their fixes.",
         impact_ns=idle_ns,
         evidence={
             "span_ns": span,
             "busy_ns": busy,
             "idle_ns": idle_ns,
             "gap_count": int(gap_starts.size),
+            "idle_by_cause_ns": by_cause,
         },
         windows=windows,
     )
@@ -165,5 +135,4 @@ SPEC = AnalyzerSpec(
     title="GPU utilization",
     description="Busy, idle, compute, communication and copy shares of each GPU's profiled span.",
     run=run,
-    thresholds=THRESHOLDS,
 )

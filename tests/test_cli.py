@@ -18,12 +18,12 @@ FINDING_KEYS = {"id", "trace", "rank", "device", "analyzer", "severity", "title"
 
 @pytest.fixture
 def idle_trace(tmp_path):
-    """GPU busy 30 of 100 µs: 70 % idle -> a high utilization finding."""
+    """GPU busy 30 of 100 ms, nothing recorded on the host: 70 % idle, cause unknown -> critical."""
     t = KinetoTrace(rank=0, world_size=1)
-    t.kernel("a", 0, 10_000)
-    t.kernel("b", 50_000, 10_000)
-    t.kernel("c", 90_000, 10_000)
-    t.step(1, 0, 100_000)
+    t.kernel("a", 0, 10_000_000)
+    t.kernel("b", 50_000_000, 10_000_000)
+    t.kernel("c", 90_000_000, 10_000_000)
+    t.step(1, 0, 100_000_000)
     return t.write(tmp_path / "idle.pt.trace.json")
 
 
@@ -36,37 +36,38 @@ def test_json_report_contract(cli, idle_trace):
     assert set(trace) == TRACE_KEYS
     assert (trace["kernel_count"], trace["span_ns"], trace["rank"], trace["source"]) == (
         3,
-        100_000,
+        100_000_000,
         0,
         "kineto",
     )
     assert all(set(m) == METRIC_KEYS for m in report["metrics"])
     metrics = {(m["device"], m["name"]): m["value"] for m in report["metrics"]}
     assert metrics[(0, "gpu_busy_pct")] == 30.0 and metrics[(0, "gpu_idle_pct")] == 70.0
-    assert metrics[(None, "step_time_ms_median")] == 0.1
-    (finding,) = report["findings"]
-    assert set(finding) == FINDING_KEYS
-    assert (finding["severity"], finding["analyzer"], finding["impact_ns"]) == (
-        "high",
-        "utilization",
-        70_000,
+    assert metrics[(None, "step_time_ms_median")] == 100.0
+    assert all(set(f) == FINDING_KEYS for f in report["findings"])
+    worst = report["findings"][0]
+    assert (worst["severity"], worst["analyzer"], worst["impact_ns"]) == (
+        "critical",
+        "gpu_idle",
+        70_000_000,
     )
-    assert finding["windows"] == [[10_000, 50_000], [60_000, 90_000]]
+    assert worst["evidence"]["cause"] == "unknown"
+    assert worst["windows"] == [[10_000_000, 50_000_000], [60_000_000, 90_000_000]]
+    assert report["findings"][-1]["severity"] == "info"  # sorted worst first
 
 
 def test_fail_on_exit_code(cli, idle_trace):
     assert cli("analyze", str(idle_trace), "--fail-on", "high").returncode == 1
-    assert cli("analyze", str(idle_trace), "--fail-on", "critical").returncode == 0
-    # a threshold flag generated from the analyzer's declaration lowers the severity
-    relaxed = cli(
-        "analyze", str(idle_trace), "--fail-on", "high", "--utilization-idle-pct-high", "80"
-    )
-    assert relaxed.returncode == 0
+    assert cli("analyze", str(idle_trace), "--fail-on", "critical").returncode == 1
+    # threshold flags generated from the analyzer's declaration lower the severity to medium
+    relaxed = ("--gpu-idle-share-pct-critical", "90", "--gpu-idle-share-pct-high", "80")
+    assert cli("analyze", str(idle_trace), "--fail-on", "high", *relaxed).returncode == 0
+    assert cli("analyze", str(idle_trace), "--fail-on", "medium", *relaxed).returncode == 1
 
 
 def test_text_and_markdown_and_output_file(cli, idle_trace, tmp_path):
     text = cli("analyze", str(idle_trace))
-    assert "[HIGH] GPU 0 idle 70.0% of the profiled span" in text.stdout
+    assert "[CRITICAL] GPU 0 idle 70.0% of the time with no host activity" in text.stdout
     md_path = tmp_path / "r.md"
     md = cli("analyze", str(idle_trace), "--format", "markdown", "--output", str(md_path))
     assert md.returncode == 0 and md.stdout == ""

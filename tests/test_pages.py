@@ -29,7 +29,7 @@ def test_overview_shows_findings(app_store):
     at.run()
     assert not at.exception
     titles = [e.label for e in at.expander]
-    assert any("GPU 0 idle 25.0%" in t for t in titles)
+    assert any("GPU 0 busy 75.0%, idle 25.0%" in t for t in titles)
 
 
 def _app():

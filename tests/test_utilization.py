@@ -64,19 +64,14 @@ def test_per_device_and_steps(metrics):
     assert values[(None, "step_count")] == 3
 
 
-def test_idle_finding_severity_and_windows(metrics):
+def test_headline_finding(metrics):
     _, findings = metrics
-    (finding,) = findings  # GPU 1 is fully busy: no finding there
-    assert finding.device == 0
-    assert finding.severity == "medium"  # 25 % idle reaches the medium threshold (25)
-    assert finding.impact_ns == 25_000
-    assert finding.windows[0][1] - finding.windows[0][0] == 15_000  # [45,60) is the longest gap
-    assert sorted(b - a for a, b in finding.windows) == [10_000, 15_000]
-
-
-def test_thresholds_change_severity(store, tmp_path):
-    (res,) = ingest_paths(store, [str(hand_trace().write(tmp_path / "t.json"))])
-    job = JobData(store, store.traces(res.job_id))
-    result = utilization.run(job, utilization.SPEC.params({"idle_pct_high": 20}))
-    job.close()
-    assert [f.severity for f in result.findings] == ["high"]
+    by_device = {f.device: f for f in findings}
+    assert {f.severity for f in findings} == {"info"}
+    head = by_device[0]
+    assert head.title == "GPU 0 busy 75.0%, idle 25.0% of 0.10 ms"
+    assert head.impact_ns == 25_000
+    assert head.windows[0][1] - head.windows[0][0] == 15_000  # [45,60) is the longest gap
+    assert sorted(b - a for a, b in head.windows) == [10_000, 15_000]
+    assert sum(head.evidence["idle_by_cause_ns"].values()) == 25_000
+    assert by_device[1].impact_ns == 0
