@@ -1,0 +1,135 @@
+"""The real H200 sample traces: each planted fault is found, with the planted size.
+
+Ground truth lives next to each trace (``*.truth.json``, see sample_traces/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallscope.analyzers.base import SEVERITY_RANK
+from stallscope.ingest import ingest_paths
+from stallscope.jobdata import JobData
+from stallscope.report import analyze_job
+from stallscope.store import Store
+from tests.conftest import SAMPLES
+
+KINETO = SAMPLES / "kineto"
+SCENARIOS = sorted(p.name for p in KINETO.iterdir() if p.is_dir()) if KINETO.is_dir() else []
+
+
+def truth(scenario: str) -> dict:
+    return json.loads(next((KINETO / scenario).glob("*.truth.json")).read_text())
+
+
+@pytest.fixture(scope="module")
+def analyzed(tmp_path_factory):
+    """Every sample job ingested once and analyzed: {scenario: (job, result)}."""
+    store = Store(tmp_path_factory.mktemp("samples") / "store").ensure()
+    out = {}
+    for scenario in SCENARIOS:
+        files = sorted(str(p) for p in (KINETO / scenario).glob("*.pt.trace.json.gz"))
+        (res,) = ingest_paths(store, files)
+        job = JobData(store, store.traces(res.job_id))
+        out[scenario] = (job, analyze_job(job))
+    yield out
+    for job, _ in out.values():
+        job.close()
+
+
+def findings(analyzed, scenario: str, analyzer: str | None = None, floor: str = "low") -> list:
+    _, result = analyzed[scenario]
+    return [
+        f
+        for f in result.findings
+        if (analyzer is None or f.analyzer == analyzer)
+        and SEVERITY_RANK[f.severity] >= SEVERITY_RANK[floor]
+    ]
+
+
+def metric(analyzed, scenario: str, name: str, rank: int = 0):
+    _, result = analyzed[scenario]
+    values = [m.value for m in result.metrics if m.name == name and m.rank == rank]
+    assert values, name
+    return values[0]
+
+
+def step_rows(analyzed, scenario: str) -> list[dict]:
+    _, result = analyzed[scenario]
+    table = next(
+        f
+        for f in result.findings
+        if f.analyzer == "step_breakdown" and f.evidence.get("key") == "table"
+    )
+    return table.evidence["steps"]
+
+
+def test_all_samples_are_present():
+    assert {"healthy", "dataloader_stall", "tiny_kernels", "cuda_graph", "ddp_straggler"} <= set(
+        SCENARIOS
+    )
+
+
+def test_every_sample_ingests_with_its_ranks(analyzed):
+    for scenario, (job, _) in analyzed.items():
+        ranks = sorted(r.meta["rank"] for r in job.traces)
+        assert ranks == ([0, 1] if scenario.startswith("ddp_") else [0]), scenario
+        assert all(r.meta["kernel_count"] > 0 for r in job.traces)
+        assert all(d["name"] == "NVIDIA H200" for r in job.traces for d in r.meta["devices"])
+
+
+@pytest.mark.parametrize(
+    "scenario", ["healthy", "cuda_graph", "cuda_graph_runahead", "ddp_overlap", "occupancy"]
+)
+def test_controls_have_nothing_above_low(analyzed, scenario):
+    assert findings(analyzed, scenario, floor="medium") == [], scenario
+
+
+def test_healthy_gpu_is_busy(analyzed):
+    assert metric(analyzed, "healthy", "gpu_busy_pct") > 90
+
+
+def test_dataloader_stall_is_found_with_the_planted_time(analyzed):
+    (finding,) = findings(analyzed, "dataloader_stall", "gpu_idle", floor="high")
+    assert finding.evidence["cause"] == "dataloader"
+    planted = truth("dataloader_stall")["planted"][0][
+        "amount_ns_per_step"
+    ]  # 30 ms of sleep per batch
+    full_steps = [r for r in step_rows(analyzed, "dataloader_stall") if r["idle_dataloader_ns"] > 0]
+    assert len(full_steps) >= 3
+    for row in full_steps:  # the sleep plus collate and the copy wait: within 10 % of the plant
+        assert planted * 0.95 <= row["idle_dataloader_ns"] <= planted * 1.10, row
+    assert finding.evidence["top_host_ops"][0]["name"].startswith("enumerate(DataLoader)")
+
+
+def test_tiny_kernels_are_launch_bound(analyzed):
+    (finding,) = findings(analyzed, "tiny_kernels", "launch_overhead", floor="high")
+    steps = len(step_rows(analyzed, "tiny_kernels"))
+    assert finding.evidence["launches"] == 2000 * steps  # the planted 2000 kernels per step
+    assert finding.evidence["short_kernel_pct"] > 90
+    assert metric(analyzed, "tiny_kernels", "gpu_busy_pct") < 15
+
+
+def test_cuda_graph_is_not_launch_overhead(analyzed):
+    for scenario in ("cuda_graph", "cuda_graph_runahead"):
+        assert metric(analyzed, scenario, "launch_overhead_pct") < 3
+        steps = len(step_rows(analyzed, scenario))
+        assert metric(analyzed, scenario, "graph_launch_count") == steps
+
+
+def test_ddp_jobs_carry_collective_metadata(analyzed):
+    job, _ = analyzed["ddp_overlap"]
+    rows = job.sql(
+        "SELECT rank, op, count(*), bool_and(from_metadata) FROM collectives GROUP BY 1, 2 ORDER BY 1"
+    ).fetchall()
+    assert [(r[0], r[1]) for r in rows] == [(0, "allreduce"), (1, "allreduce")]
+    assert rows[0][2] == rows[1][2] and all(r[3] for r in rows)
+
+
+def test_straggler_rank_gpu_waits_for_its_host(analyzed):
+    sleep = truth("ddp_straggler")["planted"][0]["amount_ns_per_step"]
+    idle = metric(analyzed, "ddp_straggler", "idle_unknown_ns", rank=1)
+    steps = len([r for r in step_rows(analyzed, "ddp_straggler")]) / 2
+    assert idle >= 0.9 * sleep * (steps - 1)
