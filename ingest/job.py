@@ -1,10 +1,10 @@
-"""Ingest one job (one or more ranks' files) into the store, atomically.
+"""Ingest one job (the files of one run) into the store, atomically.
 
 A job's id is derived from the hashes of its files, so ingesting the same
 files again finds the job already stored instead of duplicating it. Each file
-is one rank: the rank comes from ``distributedInfo.rank``, else from the file
-name (``rank3``, ``rank-3``, ``worker3``...), else, for a single-file job,
-rank 0; anything else is an error, never a silent guess.
+is handed to the parser of its format (``formats.PARSERS``), which returns
+one trace per rank it holds; ranks must be distinct across the job — a clash
+is an error, never a silent guess.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import getpass
 import hashlib
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,18 +21,15 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from stallscope.ingest.canonical import CanonicalTrace
-from stallscope.ingest.kineto_canonical import to_canonical
-from stallscope.ingest.kineto_decode import decode_kineto
-from stallscope.ingest.reader import Source
-from stallscope.ingest.sniff import sniff
 
 from stallscope import __version__
 from stallscope.errors import InputError
+from stallscope.ingest.formats import PARSERS, ParseContext, ParsedTrace
+from stallscope.ingest.reader import Source
+from stallscope.ingest.sniff import sniff
 from stallscope.store import Store, write_json
 
 Progress = Callable[[str, int, int], None]
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
 
 
 @dataclass
@@ -65,35 +61,32 @@ def ingest_job(
     hashes = [s.file_hash for s in sources]
     _reject_duplicate_files(sources, hashes)
     job_id = short_hash(*sorted(hashes))
-    trace_ids = [short_hash(job_id, h) for h in hashes]
     if store.has_job(job_id):
-        return IngestResult(job_id, job_name, trace_ids, existed=True)
+        return IngestResult(job_id, job_name, store.job(job_id).get("trace_ids", []), existed=True)
     staging = store.new_staging()
     try:
         metas = []
-        for index, (source, trace_id) in enumerate(zip(sources, trace_ids, strict=True)):
+        for index, (source, digest) in enumerate(zip(sources, hashes, strict=True)):
             if progress:
                 progress(f"parsing {source.name}", index, len(sources))
-            metas.append(
-                _ingest_source(source, trace_id, staging / trace_id, single=len(sources) == 1)
-            )
+            metas += _ingest_source(source, job_id, digest, staging, single=len(sources) == 1)
             source.release()
         _check_ranks(metas)
         now = datetime.now(UTC).isoformat(timespec="seconds")
         user = uploaded_by or _current_user()
+        world = max([len(metas)] + [m["world_size"] or 0 for m in metas])
         for meta in metas:
             meta.update(job_id=job_id, uploaded_by=user, uploaded_at=now)
-            meta.setdefault("world_size", len(metas))
-            if meta["world_size"] is None:
-                meta["world_size"] = len(metas)
+            meta["world_size"] = meta["world_size"] or world
             write_json(staging / meta["trace_id"] / "meta.json", meta)
+        ordered = [m["trace_id"] for m in sorted(metas, key=lambda m: m["rank"])]
         job = {
             "job_id": job_id,
             "name": job_name,
             "uploaded_by": user,
             "uploaded_at": now,
-            "trace_ids": [m["trace_id"] for m in sorted(metas, key=lambda m: m["rank"])],
-            "world_size": max(m["world_size"] for m in metas),
+            "trace_ids": ordered,
+            "world_size": world,
             "sources": sorted({m["source"] for m in metas}),
             "tags": sorted({t.strip() for t in tags or [] if t.strip()}),
             "notes": notes,
@@ -106,7 +99,7 @@ def ingest_job(
         store.discard(staging)
         raise
     warnings = [f"{m['file_name']}: {w}" for m in metas for w in m.get("warnings", [])]
-    return IngestResult(job_id, job_name, trace_ids, existed=existed, warnings=warnings)
+    return IngestResult(job_id, job_name, ordered, existed=existed, warnings=warnings)
 
 
 def _reject_duplicate_files(sources: list[Source], hashes: list[str]) -> None:
@@ -119,52 +112,33 @@ def _reject_duplicate_files(sources: list[Source], hashes: list[str]) -> None:
         seen[digest] = source.name
 
 
-def _ingest_source(source: Source, trace_id: str, folder: Path, *, single: bool) -> dict[str, Any]:
+def _ingest_source(
+    source: Source, job_id: str, digest: str, staging: Path, *, single: bool
+) -> list[dict[str, Any]]:
+    """Parse one file and write its traces' tables into the staging folder."""
     started = time.perf_counter()
     data = source.read()
-    kind = sniff(source.name, data)
-    assert kind == "kineto"
-    decoded = decode_kineto(source.name, data)
-    del data
-    header = decoded.header
-    rank, world_size, backend = _rank_info(source.name, header, single=single)
-    canonical = to_canonical(decoded.events, header, trace_id, rank)
-    warnings = list(decoded.warnings)
-    del decoded
-    if canonical.dropped_events:
-        warnings.append(f"dropped {canonical.dropped_events} events with unreadable timestamps")
-    if canonical.gpu.num_rows == 0:
-        warnings.append("no GPU activity in this trace (CPU-only or unsupported accelerator)")
-    folder.mkdir()
-    for table_name, table in canonical.tables().items():
-        pq.write_table(
-            table, folder / f"{table_name}.parquet", compression="zstd", compression_level=1
-        )
-    meta = _trace_meta(source, trace_id, header, canonical, rank, world_size, backend)
-    meta["warnings"] = warnings
-    meta["ingest_seconds"] = round(time.perf_counter() - started, 3)
-    return meta
-
-
-def _rank_info(
-    name: str, header: dict[str, Any], *, single: bool
-) -> tuple[int, int | None, str | None]:
-    info = header.get("distributedInfo")
-    info = info if isinstance(info, dict) else {}
-    rank = info.get("rank")
-    world = info.get("world_size")
-    backend = info.get("backend") if isinstance(info.get("backend"), str) else None
-    world = world if isinstance(world, int) and world > 0 else None
-    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
-        return rank, world, backend
-    match = _RANK_IN_NAME.search(name.rsplit("/", 1)[-1].rsplit(":", 1)[-1])
-    if match:
-        return int(match.group(1)), world, backend
-    if single:
-        return 0, world, backend
-    raise InputError(
-        name, "cannot tell this file's rank: no distributedInfo.rank and no rank in the file name"
+    fmt = sniff(source.name, data)
+    ctx = ParseContext(
+        name=source.name,
+        single=single,
+        trace_id=lambda key: short_hash(job_id, digest, key) if key else short_hash(job_id, digest),
     )
+    parsed = PARSERS[fmt](source, data, ctx)
+    del data
+    metas = []
+    for trace in parsed:
+        trace_id = ctx.trace_id(trace.key)
+        folder = staging / trace_id
+        folder.mkdir()
+        for table_name, table in trace.canonical.tables().items():
+            pq.write_table(
+                table, folder / f"{table_name}.parquet", compression="zstd", compression_level=1
+            )
+        meta = _trace_meta(source, digest, trace_id, trace, single=single)
+        meta["ingest_seconds"] = round(time.perf_counter() - started, 3)
+        metas.append(meta)
+    return metas
 
 
 def _check_ranks(metas: list[dict[str, Any]]) -> None:
@@ -177,45 +151,46 @@ def _check_ranks(metas: list[dict[str, Any]]) -> None:
 
 
 def _trace_meta(
-    source: Source,
-    trace_id: str,
-    header: dict[str, Any],
-    canonical: CanonicalTrace,
-    rank: int,
-    world_size: int | None,
-    backend: str | None,
+    source: Source, digest: str, trace_id: str, trace: ParsedTrace, *, single: bool
 ) -> dict[str, Any]:
+    canonical = trace.canonical
     gpu = canonical.gpu
     busy = gpu.filter(pc.not_equal(gpu["kind"], "sync")) if gpu.num_rows else gpu
-    span = 0
-    if busy.num_rows:
-        span = pc.max(busy["end_ns"]).as_py() - pc.min(busy["start_ns"]).as_py()
-    kernel_count = pc.sum(pc.equal(gpu["kind"], "kernel")).as_py() or 0 if gpu.num_rows else 0
-    schema_version = header.get("schemaVersion")
+    span = pc.max(busy["end_ns"]).as_py() - pc.min(busy["start_ns"]).as_py() if busy.num_rows else 0
+    kernel_count = (pc.sum(pc.equal(gpu["kind"], "kernel")).as_py() or 0) if gpu.num_rows else 0
+    warnings = list(trace.warnings)
+    if gpu.num_rows == 0:
+        warnings.append("no GPU activity in this trace (CPU-only or unsupported accelerator)")
+    name = os.path.basename(source.name.rsplit(":", 1)[-1]) or source.name
+    if trace.rank is None:
+        if not single:
+            raise InputError(source.name, "cannot tell this file's rank")
+        rank = 0
+    else:
+        rank = trace.rank
     return {
         "trace_id": trace_id,
-        "name": os.path.basename(source.name.rsplit(":", 1)[-1]) or source.name,
+        "name": f"{name} ({trace.label})" if trace.label else name,
         "file_name": source.name,
-        "file_hash": source.file_hash,
+        "file_hash": digest,
         "file_bytes": source.file_bytes,
-        "source": "kineto",
-        "source_version": None if schema_version is None else str(schema_version),
+        "source": trace.source,
+        "source_version": trace.source_version,
         "rank": rank,
-        "world_size": world_size,
-        "backend": backend,
-        "base_time_ns": header.get("baseTimeNanoseconds")
-        if isinstance(header.get("baseTimeNanoseconds"), int)
-        else None,
+        "world_size": trace.world_size,
+        "backend": trace.backend,
+        "base_time_ns": trace.base_time_ns,
         "event_count": canonical.event_count,
         "gpu_event_count": gpu.num_rows,
         "kernel_count": int(kernel_count),
         "span_ns": int(span),
         "devices": _active_devices(canonical),
+        "warnings": warnings,
         "stallscope_version": __version__,
     }
 
 
-def _active_devices(canonical: CanonicalTrace) -> list[dict[str, Any]]:
+def _active_devices(canonical) -> list[dict[str, Any]]:
     gpu = canonical.gpu
     if not gpu.num_rows:
         return []

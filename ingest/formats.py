@@ -1,0 +1,57 @@
+"""The contract between the job ingester and each format parser.
+
+A parser turns one input file into one or more :class:`ParsedTrace` (a Kineto
+file is one rank; an Nsight Systems report may hold several processes or
+devices, each its own rank). Parsers are registered in :data:`PARSERS` under
+the name that :func:`stallscope.ingest.sniff.sniff` returns for the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stallscope.ingest.canonical import CanonicalTrace
+from stallscope.ingest.reader import Source
+
+
+@dataclass
+class ParseContext:
+    """What a parser needs to know about its place in the job.
+
+    ``trace_id(key)`` gives the store id of the trace with that key (``""``
+    for a file that holds one trace); ``single`` is true when the job has just
+    this one file (a rank may then default to 0).
+    """
+
+    name: str
+    single: bool
+    trace_id: Callable[[str], str]
+
+
+@dataclass
+class ParsedTrace:
+    """One rank's canonical tables plus what the catalog needs to know."""
+
+    key: str
+    canonical: CanonicalTrace
+    source: str
+    source_version: str | None
+    rank: int | None
+    world_size: int | None = None
+    backend: str | None = None
+    base_time_ns: int | None = None
+    label: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+Parser = Callable[[Source, bytes, ParseContext], list[ParsedTrace]]
+
+
+def _kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+    from stallscope.ingest.kineto import parse_kineto
+
+    return parse_kineto(source, data, ctx)
+
+
+PARSERS: dict[str, Parser] = {"kineto": _kineto}

@@ -1,0 +1,67 @@
+"""Kineto (PyTorch Profiler) JSON -> one :class:`ParsedTrace` per file.
+
+Decoding is in ``kineto_decode``, the canonical SQL in ``kineto_canonical``;
+this module decides the rank: ``distributedInfo.rank``, else a rank in the
+file name (``rank3``, ``rank-3``, ``worker3``...), else 0 for a single-file
+job, else a clear error.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from stallscope.errors import InputError
+from stallscope.ingest.formats import ParseContext, ParsedTrace
+from stallscope.ingest.kineto_canonical import to_canonical
+from stallscope.ingest.kineto_decode import decode_kineto
+from stallscope.ingest.reader import Source
+
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
+
+
+def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+    decoded = decode_kineto(source.name, data)
+    header = decoded.header
+    rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
+    canonical = to_canonical(decoded.events, header, ctx.trace_id(""), rank)
+    warnings = list(decoded.warnings)
+    if canonical.dropped_events:
+        warnings.append(f"dropped {canonical.dropped_events} events with unreadable timestamps")
+    version = header.get("schemaVersion")
+    base = header.get("baseTimeNanoseconds")
+    return [
+        ParsedTrace(
+            key="",
+            canonical=canonical,
+            source="kineto",
+            source_version=None if version is None else str(version),
+            rank=rank,
+            world_size=world_size,
+            backend=backend,
+            base_time_ns=base if isinstance(base, int) and not isinstance(base, bool) else None,
+            warnings=warnings,
+        )
+    ]
+
+
+def rank_info(
+    name: str, header: dict[str, Any], *, single: bool
+) -> tuple[int, int | None, str | None]:
+    """(rank, world_size or None, backend or None) of one Kineto file."""
+    info = header.get("distributedInfo")
+    info = info if isinstance(info, dict) else {}
+    rank = info.get("rank")
+    world = info.get("world_size")
+    backend = info.get("backend") if isinstance(info.get("backend"), str) else None
+    world = world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
+        return rank, world, backend
+    match = _RANK_IN_NAME.search(name.rsplit("/", 1)[-1].rsplit(":", 1)[-1])
+    if match:
+        return int(match.group(1)), world, backend
+    if single:
+        return 0, world, backend
+    raise InputError(
+        name, "cannot tell this file's rank: no distributedInfo.rank and no rank in the file name"
+    )
