@@ -1,0 +1,50 @@
+"""`stallscope serve` starts a real Streamlit server on a store, samples preloaded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from stallscope.store import Store
+from tests.conftest import SAMPLES
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, timeout: float = 90.0) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.read().decode()
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(url)
+
+
+def test_serve_preloads_samples_and_answers(tmp_path):
+    store_dir, port = tmp_path / "store", free_port()
+    env = dict(os.environ, STALLSCOPE_SAMPLES=str(SAMPLES))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stallscope.cli", "serve", "--store", str(store_dir), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert wait_for(f"http://127.0.0.1:{port}/_stcore/health") == "ok"
+        assert "<title>" in wait_for(f"http://127.0.0.1:{port}/")
+        jobs = Store(store_dir).jobs()
+        sample_dirs = [p for p in (SAMPLES / "kineto").iterdir() if p.is_dir()]
+        assert len(jobs) == len(sample_dirs)
+        assert all(j["tags"] == ["sample"] for j in jobs)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
