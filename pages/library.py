@@ -1,4 +1,4 @@
-"""Library page: upload traces and browse the store."""
+"""Library page: upload a job's traces, browse, search, tag and delete jobs."""
 
 from __future__ import annotations
 
@@ -6,56 +6,146 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 from stallscope.errors import StallscopeError
-from stallscope.pages.state import get_store
+from stallscope.pages.state import get_store, jobs, max_upload_mb
+
+ACCEPTED = ["json", "gz", "zip", "sqlite", "csv"]
 
 
 def render() -> None:
     st.title("Library")
-    store = get_store()
-    with st.form("upload", clear_on_submit=True):
-        files = st.file_uploader(
-            "Drop the trace files of one job (all ranks), or a .zip",
-            accept_multiple_files=True,
-            type=["json", "gz", "zip"],
-        )
-        tags = st.text_input("Tags (comma separated)")
-        submitted = st.form_submit_button("Ingest")
-    if submitted and files:
-        _ingest_uploads(store, files, [t.strip() for t in tags.split(",") if t.strip()])
-    jobs = store.jobs()
-    if not jobs:
-        st.info("The store is empty: upload a PyTorch profiler trace above.")
-        return
-    for job in jobs:
-        cols = st.columns([4, 2, 2, 1])
-        cols[0].markdown(
-            f"**{job.get('name')}**  \n`{job['job_id']}` · {', '.join(job.get('tags', []))}"
-        )
-        cols[1].write(f"{len(job.get('trace_ids', []))} rank(s)")
-        cols[2].write((job.get("uploaded_at") or "")[:16].replace("T", " "))
-        cols[3].markdown(f"[Open](overview?job={job['job_id']})")
+    _upload_form()
+    _job_list()
 
 
-def _ingest_uploads(store, files, tags: list[str]) -> None:
+def _upload_form() -> None:
+    with st.expander("Upload traces", expanded=not jobs()):
+        with st.form("upload", clear_on_submit=True):
+            files = st.file_uploader(
+                f"Drop the trace files of one job (all its ranks), or one .zip — up to {max_upload_mb()} MB per file",
+                accept_multiple_files=True,
+                type=ACCEPTED,
+            )
+            cols = st.columns(3)
+            user = cols[0].text_input("Your name", value=st.session_state.get("uploader", ""))
+            tags = cols[1].text_input("Tags (comma separated)")
+            each = cols[2].checkbox("Unrelated files (one job each)")
+            notes = st.text_area("Notes", height=70)
+            submitted = st.form_submit_button("Ingest", type="primary")
+        if submitted:
+            st.session_state["uploader"] = user
+            if files:
+                _ingest(files, user, [t.strip() for t in tags.split(",") if t.strip()], notes, each)
+            else:
+                st.warning("Choose at least one file first.")
+
+
+def _ingest(files, user: str, tags: list[str], notes: str, each: bool) -> None:
     from stallscope.ingest import ingest_paths
 
     folder = Path(tempfile.mkdtemp(prefix="stallscope-upload-"))
-    try:
-        paths = []
-        for upload in files:
-            target = folder / Path(upload.name).name
-            target.write_bytes(upload.getbuffer())
-            paths.append(str(target))
-        results = ingest_paths(store, paths, tags=tags, uploaded_by="browser")
-    except StallscopeError as exc:
-        st.error(str(exc).replace(str(folder) + "/", ""))
-        return
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with st.status(f"Ingesting {len(files)} file(s)…", expanded=True) as status:
+        try:
+            paths = []
+            for upload in files:
+                target = folder / Path(upload.name).name
+                target.write_bytes(upload.getbuffer())
+                paths.append(str(target))
+
+            def progress(label: str, done: int, total: int) -> None:
+                status.update(label=f"{label.replace(str(folder) + '/', '')} ({done + 1}/{total})")
+
+            results = ingest_paths(
+                get_store(),
+                paths,
+                each=each,
+                uploaded_by=user or "browser",
+                tags=tags,
+                notes=notes,
+                progress=progress,
+            )
+        except StallscopeError as exc:
+            status.update(label="Upload refused", state="error")
+            st.error(str(exc).replace(str(folder) + "/", ""))
+            return
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        status.update(label="Done", state="complete")
     for r in results:
-        st.success(
-            f"{'Already stored' if r.existed else 'Ingested'}: job {r.job_id} ({len(r.trace_ids)} trace(s))"
+        verb = "Already in the store" if r.existed else "Ingested"
+        st.success(f"{verb}: {r.job_name} — job `{r.job_id}`, {len(r.trace_ids)} rank(s)")
+        st.markdown(f"[Open its overview](overview?job={r.job_id})")
+        for warning in r.warnings:
+            st.caption(f"⚠ {warning}")
+
+
+def _job_list() -> None:
+    all_jobs = jobs()
+    if not all_jobs:
+        st.info("The store is empty: upload a PyTorch profiler trace above.")
+        return
+    cols = st.columns([3, 2])
+    query = cols[0].text_input("Search", placeholder="name, id, uploader, tag, note", key="search")
+    every_tag = sorted({t for j in all_jobs for t in j.get("tags", [])})
+    wanted_tags = cols[1].multiselect("Tags", every_tag)
+    shown = [j for j in all_jobs if _matches(j, query, wanted_tags)]
+    table = pd.DataFrame(
+        [
+            {
+                "name": j.get("name"),
+                "job": j["job_id"],
+                "ranks": len(j.get("trace_ids", [])),
+                "source": ", ".join(j.get("sources", [])),
+                "uploaded by": j.get("uploaded_by"),
+                "uploaded": (j.get("uploaded_at") or "")[:16].replace("T", " "),
+                "tags": ", ".join(j.get("tags", [])),
+                "open": f"overview?job={j['job_id']}",
+            }
+            for j in shown
+        ]
+    )
+    st.caption(f"{len(shown)} of {len(all_jobs)} jobs")
+    st.dataframe(
+        table,
+        hide_index=True,
+        width="stretch",
+        column_config={"open": st.column_config.LinkColumn("open", display_text="overview")},
+    )
+    _manage(shown)
+
+
+def _matches(job: dict, query: str, tags: list[str]) -> bool:
+    if tags and not set(tags) <= set(job.get("tags", [])):
+        return False
+    if not query:
+        return True
+    haystack = (
+        " ".join(str(job.get(k, "")) for k in ("name", "job_id", "uploaded_by", "notes"))
+        + " "
+        + " ".join(job.get("tags", []))
+    )
+    return query.lower() in haystack.lower()
+
+
+def _manage(shown: list[dict]) -> None:
+    if not shown:
+        return
+    with st.expander("Edit or delete a job"):
+        names = {j["job_id"]: f"{j.get('name')} · {j['job_id']}" for j in shown}
+        job_id = st.selectbox("Job", list(names), format_func=names.get, key="manage_job")
+        job = next(j for j in shown if j["job_id"] == job_id)
+        tags = st.text_input("Tags", value=", ".join(job.get("tags", [])), key=f"tags_{job_id}")
+        notes = st.text_area("Notes", value=job.get("notes", ""), key=f"notes_{job_id}", height=70)
+        if st.button("Save tags and notes"):
+            get_store().annotate(job_id, tags=tags.split(","), notes=notes)
+            st.rerun()
+        confirm = st.checkbox(
+            f"Yes, delete job {job_id} and all its ranks", key=f"confirm_{job_id}"
         )
+        if st.button("Delete", disabled=not confirm, type="secondary"):
+            get_store().delete_job(job_id)
+            st.success(f"Deleted job {job_id}.")
+            st.rerun()

@@ -1,4 +1,8 @@
-"""Streamlit app: navigation over the dashboard pages."""
+"""Streamlit app: navigation over the dashboard pages.
+
+Deep links: every page reads its state from the URL (``/overview?job=ID``,
+``/timeline?trace=ID&window=START-END``); ``/?page=NAME&trace=ID`` works too.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,21 @@ import streamlit as st
 
 def main() -> None:
     st.set_page_config(page_title="stallscope", page_icon="⏱", layout="wide")
-    from stallscope.pages import library, overview
+    from stallscope.pages import compare, library, overview, sql, timeline
 
-    nav = st.navigation(
-        [
-            st.Page(library.render, title="Library", url_path="library", default=True),
-            st.Page(overview.render, title="Overview", url_path="overview"),
-        ]
-    )
+    pages = {
+        "library": st.Page(library.render, title="Library", url_path="library", default=True),
+        "overview": st.Page(overview.render, title="Overview", url_path="overview"),
+        "timeline": st.Page(timeline.render, title="Timeline", url_path="timeline"),
+        "compare": st.Page(compare.render, title="Compare", url_path="compare"),
+        "sql": st.Page(sql.render, title="SQL", url_path="sql"),
+    }
+    nav = st.navigation(list(pages.values()))
+    wanted = st.query_params.get("page")
+    if wanted in pages and nav is pages["library"]:
+        params = {k: v for k, v in st.query_params.items() if k != "page"}
+        st.switch_page(pages[wanted], query_params=params)
+    st.sidebar.caption("stallscope · where your GPU time goes")
     nav.run()
 
 

@@ -1,47 +1,62 @@
-"""Overview page: headline metrics and findings of one job."""
+"""Overview page: the goodput headline and the findings, sorted by GPU time lost."""
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
-from stallscope.errors import StallscopeError
-from stallscope.pages.state import get_store, report_for
+from stallscope.charts import device_time_table, time_by_cause_figure
+from stallscope.pages.state import report_for, selected_job, threshold_overrides
+
+BADGE = {"critical": "🟥", "high": "🟧", "medium": "🟨", "low": "🟦", "info": "⬜"}
 
 
 def render() -> None:
     st.title("Overview")
-    store = get_store()
-    jobs = store.jobs()
-    if not jobs:
-        st.info("No traces yet: upload one in the Library.")
+    picked = selected_job()
+    if picked is None:
         return
-    ids = [j["job_id"] for j in jobs]
-    wanted = st.query_params.get("job", ids[0])
-    index = ids.index(wanted) if wanted in ids else 0
-    labels = {j["job_id"]: f"{j.get('name')} ({j['job_id']})" for j in jobs}
-    job_id = st.selectbox("Job", ids, index=index, format_func=labels.get)
-    st.query_params["job"] = job_id
-    try:
-        trace_ids = tuple(r.trace_id for r in store.traces(job_id))
-        report = report_for(job_id, trace_ids)
-    except StallscopeError as exc:
-        st.error(str(exc))
+    job, traces = picked
+    report = report_for(job["job_id"], traces, threshold_overrides())
+    _headline(job, report)
+    _findings(report)
+
+
+def _headline(job: dict, report: dict) -> None:
+    table = device_time_table(report)
+    st.caption(
+        f"{job.get('name')} · {len(report['traces'])} rank(s) · uploaded by {job.get('uploaded_by')} · {', '.join(job.get('tags', []))}"
+    )
+    if table.empty:
+        st.warning("No GPU activity in this job.")
         return
-    metrics = pd.DataFrame(report["metrics"])
-    if not metrics.empty:
-        table = metrics.pivot_table(
-            index=["rank", "device"], columns="name", values="value", aggfunc="first"
-        )
-        st.subheader("GPU time")
-        st.dataframe(table, use_container_width=True)
-    st.subheader(f"Findings ({len(report['findings'])})")
-    if not report["findings"]:
-        st.success("No findings.")
-    for f in report["findings"]:
-        with st.expander(
-            f"{f['severity'].upper()} · {f['title']} · {f['impact_ns'] / 1e6:.1f} ms lost"
-        ):
+    span = table["span_ms"].max()
+    busy = (table["gpu_busy_pct"] * table["span_ms"]).sum() / table["span_ms"].sum()
+    lost = sum(f["impact_ns"] for f in report["findings"] if f["severity"] not in ("info",)) / 1e6
+    cols = st.columns(4)
+    cols[0].metric("GPU busy (time-weighted)", f"{busy:.1f} %")
+    cols[1].metric("Longest GPU span", f"{span:.1f} ms")
+    cols[2].metric("GPU time lost (findings)", f"{lost:.1f} ms")
+    cols[3].metric("Ranks × GPUs", f"{len(table)}")
+    st.plotly_chart(time_by_cause_figure(report), width="stretch")
+
+
+def _findings(report: dict) -> None:
+    ranked = sorted(report["findings"], key=lambda f: (f["severity"] == "info", -f["impact_ns"]))
+    real = [f for f in ranked if f["severity"] != "info"]
+    st.subheader(f"Findings ({len(real)})")
+    if not real:
+        st.success("Nothing above info: no GPU time lost to the problems stallscope checks.")
+    for f in ranked:
+        where = f"rank {f['rank']}" + ("" if f["device"] is None else f" · GPU {f['device']}")
+        label = f"{BADGE[f['severity']]} {f['severity'].upper()} · {f['title']} · {f['impact_ns'] / 1e6:.1f} ms · {where}"
+        with st.expander(label, expanded=f is (real[0] if real else None)):
             st.write(f["detail"])
-            st.markdown(f"**Fix:** {f['recommendation']}")
-            st.json(f["evidence"], expanded=False)
+            st.markdown(f"**Fix.** {f['recommendation']}")
+            if f["windows"]:
+                start, end = f["windows"][0]
+                pad = max((end - start) // 2, 1000)
+                st.markdown(
+                    f"[Show the worst window on the timeline](timeline?trace={f['trace']}&window={start - pad}-{end + pad}&finding={f['id']})"
+                )
+            with st.popover("Evidence"):
+                st.json(f["evidence"], expanded=2)

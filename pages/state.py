@@ -1,12 +1,19 @@
-"""Shared page helpers: the store and cached reports (no analysis here)."""
+"""Shared page state: the store, the selected job/trace (synced with the URL),
+threshold overrides, and cached reports. No analysis happens here.
+
+Deep links: ``?job=ID`` or ``?trace=ID`` (a trace id selects its job and that
+rank); pages add their own parameters (``window``, ``finding``...).
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import streamlit as st
 
-from stallscope.store import Store
+from stallscope.errors import NotFoundError
+from stallscope.store import Store, TraceRef
 
 
 @st.cache_resource
@@ -14,11 +21,80 @@ def get_store() -> Store:
     return Store().ensure()
 
 
-@st.cache_data(show_spinner="Analyzing…", max_entries=64)
-def report_for(job_id: str, trace_ids: tuple[str, ...]) -> dict[str, Any]:
-    """Report for some traces of a job; cached per trace ids (traces are immutable)."""
+def jobs() -> list[dict[str, Any]]:
+    return get_store().jobs()
+
+
+def selected_job(label: str = "Job") -> tuple[dict[str, Any], list[TraceRef]] | None:
+    """Sidebar job picker, initialised from ``?job=`` / ``?trace=``; None when the store is empty."""
+    store = get_store()
+    all_jobs = jobs()
+    if not all_jobs:
+        st.info("The store is empty: upload a trace on the Library page.")
+        return None
+    ids = [j["job_id"] for j in all_jobs]
+    wanted = st.query_params.get("job")
+    trace = st.query_params.get("trace")
+    if trace and not wanted:
+        try:
+            wanted = store.resolve(trace)[0].job_id
+        except NotFoundError:
+            st.warning(f"No trace {trace!r} in this store.")
+    index = ids.index(wanted) if wanted in ids else 0
+    names = {j["job_id"]: f"{j.get('name')} · {j['job_id']}" for j in all_jobs}
+    job_id = st.sidebar.selectbox(label, ids, index=index, format_func=names.get, key="job_picker")
+    if st.query_params.get("job") != job_id:
+        st.query_params["job"] = job_id
+    job = next(j for j in all_jobs if j["job_id"] == job_id)
+    return job, store.traces(job_id)
+
+
+def threshold_overrides() -> dict[str, dict[str, float]]:
+    """Threshold widgets generated from the analyzers' declarations (same as the CLI flags)."""
+    from stallscope.analyzers import all_specs
+
+    overrides: dict[str, dict[str, float]] = {}
+    with st.sidebar.expander("Thresholds"):
+        for spec in all_specs():
+            if not spec.thresholds:
+                continue
+            st.caption(spec.title)
+            for t in spec.thresholds:
+                value = st.number_input(
+                    f"{t.name} ({t.unit})",
+                    min_value=float(t.minimum),
+                    max_value=None if t.maximum is None else float(t.maximum),
+                    value=float(t.default),
+                    help=t.help,
+                    key=f"thr_{spec.id}_{t.name}",
+                )
+                if value != t.default:
+                    overrides.setdefault(spec.id, {})[t.name] = value
+    return overrides
+
+
+def _freeze(overrides: dict[str, dict[str, float]]) -> tuple:
+    return tuple(sorted((a, tuple(sorted(v.items()))) for a, v in overrides.items()))
+
+
+@st.cache_data(show_spinner="Analyzing…", max_entries=128)
+def _cached_report(job_id: str, trace_ids: tuple[str, ...], frozen: tuple) -> dict[str, Any]:
     from stallscope.report import build_report
 
     store = get_store()
     refs = [r for r in store.traces(job_id) if r.trace_id in trace_ids]
-    return build_report(store, [refs])
+    overrides = {a: dict(v) for a, v in frozen}
+    return build_report(store, [refs], overrides)
+
+
+def report_for(
+    job_id: str, traces: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
+) -> dict[str, Any]:
+    """Report of some traces of a job, cached per (trace ids, thresholds): traces are immutable."""
+    return _cached_report(
+        job_id, tuple(sorted(r.trace_id for r in traces)), _freeze(overrides or {})
+    )
+
+
+def max_upload_mb() -> int:
+    return int(os.environ.get("STALLSCOPE_MAX_UPLOAD_MB", "1024"))

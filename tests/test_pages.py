@@ -1,4 +1,4 @@
-"""Dashboard pages render against a real store (streamlit's AppTest)."""
+"""Every dashboard page renders against a real store (streamlit's AppTest)."""
 
 from __future__ import annotations
 
@@ -6,39 +6,86 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from stallscope.ingest import ingest_paths
+from tests.test_gpu_idle import hand_trace as idle_trace
 from tests.test_utilization import hand_trace
 
 
 @pytest.fixture
 def app_store(store, tmp_path, monkeypatch):
-    ingest_paths(store, [str(hand_trace().write(tmp_path / "hand.pt.trace.json"))], tags=["demo"])
+    ingest_paths(
+        store,
+        [str(hand_trace().write(tmp_path / "hand.pt.trace.json"))],
+        tags=["demo"],
+        uploaded_by="ana",
+    )
+    ingest_paths(
+        store,
+        [str(idle_trace().write(tmp_path / "idle.pt.trace.json"))],
+        tags=["other"],
+        uploaded_by="bo",
+    )
     monkeypatch.setenv("STALLSCOPE_STORE", str(store.root))
     return store
 
 
-def test_library_lists_the_job(app_store, tmp_path):
-    at = AppTest.from_function(_app, default_timeout=60).run()
-    assert not at.exception
-    assert any("hand.pt.trace.json" in m.value for m in at.markdown)
+def page(name: str, **query) -> AppTest:
+    def script(page_name):
+        import importlib
+
+        importlib.import_module(f"stallscope.pages.{page_name}").render()
+
+    at = AppTest.from_function(script, args=(name,), default_timeout=60)
+    at.query_params.update(query)
+    return at.run()
 
 
-def test_overview_shows_findings(app_store):
-    (job,) = app_store.jobs()
-    at = AppTest.from_function(_overview, default_timeout=60)
-    at.query_params["job"] = job["job_id"]
-    at.run()
+def job_id(store, name: str) -> str:
+    return next(j["job_id"] for j in store.jobs() if j["name"] == name)
+
+
+def test_library_lists_and_filters_jobs(app_store):
+    at = page("library")
     assert not at.exception
+    frame = at.dataframe[0].value
+    assert set(frame["name"]) == {"hand.pt.trace.json", "idle.pt.trace.json"}
+    at.text_input(key="search").set_value("ana").run()  # search by uploader
+    assert list(at.dataframe[0].value["name"]) == ["hand.pt.trace.json"]
+
+
+def test_overview_headline_and_findings(app_store):
+    at = page("overview", job=job_id(app_store, "hand.pt.trace.json"))
+    assert not at.exception
+    assert [m.label for m in at.metric][:1] == ["GPU busy (time-weighted)"]
     titles = [e.label for e in at.expander]
     assert any("GPU 0 busy 75.0%, idle 25.0%" in t for t in titles)
 
 
-def _app():
-    from stallscope.pages.main import main
+def test_overview_deep_link_by_trace_id(app_store):
+    (ref,) = app_store.traces(job_id(app_store, "idle.pt.trace.json"))
+    at = page("overview", trace=ref.trace_id)
+    assert not at.exception
+    assert at.sidebar.selectbox[0].value == ref.job_id
 
-    main()
+
+def test_timeline_draws_the_window(app_store):
+    (ref,) = app_store.traces(job_id(app_store, "idle.pt.trace.json"))
+    at = page("timeline", trace=ref.trace_id, window="0-60000")
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == 1
+    assert at.query_params["window"] == ["0-60000"] or at.query_params["window"] == "0-60000"
 
 
-def _overview():
-    from stallscope.pages import overview
+def test_compare_two_jobs(app_store):
+    at = page("compare")
+    assert not at.exception
+    assert len(at.dataframe) == 2
 
-    overview.render()
+
+def test_sql_runs_and_refuses_files(app_store):
+    at = page("sql")
+    at.text_area[0].set_value("SELECT count(*) AS n FROM gpu").run()
+    at.button[0].click().run()
+    assert not at.exception and int(at.dataframe[0].value["n"][0]) > 0
+    at.text_area[0].set_value("SELECT * FROM read_csv('/etc/passwd')").run()
+    at.button[0].click().run()
+    assert at.error and "passwd" in at.error[0].value

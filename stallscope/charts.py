@@ -1,0 +1,136 @@
+"""Plotly figures built from reports and timeline frames (no analysis here).
+
+Every function takes plain data (report dicts, DataFrames) and returns a
+``plotly.graph_objects.Figure``; the dashboard and the HTML report draw them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+CAUSE_COLORS = {
+    "compute": "#2e7d32",
+    "comm": "#1565c0",
+    "memcpy": "#6a1b9a",
+    "dataloader": "#ef6c00",
+    "host_sync": "#c62828",
+    "launch": "#f9a825",
+    "cpu": "#8d6e63",
+    "queued": "#78909c",
+    "unknown": "#bdbdbd",
+}
+IDLE_CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
+
+
+def device_time_table(report: dict[str, Any]) -> pd.DataFrame:
+    """One row per (trace, rank, device): span and ms of busy categories and idle causes."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for m in report["metrics"]:
+        if m["device"] is None:
+            continue
+        row = rows.setdefault(
+            (m["trace"], m["rank"], m["device"]),
+            {"trace": m["trace"], "rank": m["rank"], "device": m["device"]},
+        )
+        row[m["name"]] = m["value"]
+    frame = pd.DataFrame(list(rows.values()))
+    if frame.empty:
+        return frame
+    span_ms = frame.get("gpu_span_ns", 0) / 1e6
+    frame["span_ms"] = span_ms
+    for name in ("compute", "comm"):
+        frame[f"{name}_ms"] = frame.get(f"{name}_pct", 0) / 100 * span_ms
+    for cause in IDLE_CAUSES:
+        frame[f"idle_{cause}_ms"] = frame.get(f"idle_{cause}_ns", 0) / 1e6
+    return frame.sort_values(["rank", "device"]).reset_index(drop=True)
+
+
+def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
+    """Stacked bars per rank/GPU: busy (compute, communication) and idle by cause, in ms."""
+    frame = device_time_table(report)
+    fig = go.Figure()
+    if frame.empty:
+        return fig
+    labels = [f"rank {r} · GPU {d}" for r, d in zip(frame["rank"], frame["device"], strict=True)]
+    for name, column in (("compute", "compute_ms"), ("communication", "comm_ms")):
+        fig.add_bar(
+            y=labels,
+            x=frame[column],
+            name=name,
+            orientation="h",
+            marker_color=CAUSE_COLORS[column[:-3] if column != "comm_ms" else "comm"],
+        )
+    for cause in IDLE_CAUSES:
+        column = f"idle_{cause}_ms"
+        if frame[column].sum() > 0:
+            fig.add_bar(
+                y=labels,
+                x=frame[column],
+                name=f"idle: {cause}",
+                orientation="h",
+                marker_color=CAUSE_COLORS[cause],
+            )
+    fig.update_layout(
+        barmode="stack",
+        height=120 + 40 * len(labels),
+        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        xaxis_title="ms (compute and communication may overlap)",
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def timeline_figure(
+    frame: pd.DataFrame, window: tuple[int, int], highlights: list[list[int]] | None = None
+) -> go.Figure:
+    """Horizontal bars per lane; bins are shaded by busy share. x in ms from the window start."""
+    t0 = window[0]
+    fig = go.Figure()
+    if not frame.empty:
+        lanes = sorted(frame["lane"].unique(), key=lambda lane: (not lane.startswith("GPU"), lane))
+        for kind, part in frame.groupby("kind"):
+            opacity = part["busy"].clip(0.15, 1.0) if kind == "bin" else None
+            fig.add_bar(
+                y=part["lane"],
+                base=(part["start_ns"] - t0) / 1e6,
+                x=(part["end_ns"] - part["start_ns"]).clip(lower=1) / 1e6,
+                orientation="h",
+                name=str(kind),
+                marker={"color": _kind_color(str(kind)), "opacity": opacity},
+                customdata=part[["name", "count", "busy"]].to_numpy(),
+                hovertemplate="%{customdata[0]}<br>start %{base:.3f} ms, %{x:.3f} ms<br>busy %{customdata[2]:.0%}<extra></extra>",
+            )
+        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(lanes)))
+    for start, end in highlights or []:
+        if end > window[0] and start < window[1]:
+            fig.add_vrect(
+                x0=(max(start, t0) - t0) / 1e6,
+                x1=(min(end, window[1]) - t0) / 1e6,
+                fillcolor="#ef5350",
+                opacity=0.18,
+                line_width=0,
+            )
+    fig.update_layout(
+        barmode="overlay",
+        height=160 + 28 * max(1, frame["lane"].nunique() if not frame.empty else 1),
+        margin={"l": 10, "r": 10, "t": 20, "b": 10},
+        xaxis_title="ms from window start",
+        showlegend=True,
+        legend={"orientation": "h", "y": -0.2},
+    )
+    return fig
+
+
+def _kind_color(kind: str) -> str:
+    return {
+        "kernel": "#2e7d32",
+        "memcpy": "#6a1b9a",
+        "memset": "#8e24aa",
+        "bin": "#455a64",
+        "cpu_op": "#8d6e63",
+        "runtime": "#f9a825",
+        "driver": "#fbc02d",
+    }.get(kind, "#90a4ae")
