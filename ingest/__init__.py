@@ -10,7 +10,6 @@ from collections.abc import Iterable
 
 from stallscope.ingest.job import IngestResult, Progress, ingest_job
 from stallscope.ingest.reader import Source, expand_path
-
 from stallscope.store import Store
 
 
@@ -37,9 +36,13 @@ def plan_jobs(paths: Iterable[str], *, each: bool = False) -> list[tuple[str, li
 
 
 def _common_name(sources: list[Source]) -> str:
+    """A job name for files given together: their folder, else their common prefix."""
     import os.path
 
-    prefix = os.path.commonprefix([s.name.rsplit("/", 1)[-1] for s in sources]).rstrip("._-")
+    folders = {os.path.basename(os.path.dirname(os.path.abspath(s.name))) for s in sources}
+    prefix = os.path.commonprefix([os.path.basename(s.name) for s in sources]).rstrip("._-")
+    if len(folders) == 1 and (folder := folders.pop()) and len(prefix) < 8:
+        return folder
     return prefix or f"{len(sources)} files"
 
 

@@ -112,7 +112,7 @@ def decode_kineto(name: str, data: bytes) -> KinetoDecoded:
         try:
             raws, header = _split_top(data)
         except msgspec.DecodeError as exc:
-            raise InputError(name, _describe_json_error(exc, len(data))) from None
+            raise InputError(name, _describe_json_error(exc, data)) from None
         warnings.append(note)
     if raws is None:
         raise InputError(name, "JSON without a traceEvents array: not a Kineto trace")
@@ -159,37 +159,72 @@ def _split_top(data: bytes) -> tuple[list[msgspec.Raw] | None, dict[str, Any]]:
 
 
 def _decode_one_by_one(chunk: list[msgspec.Raw], warnings: list[str]) -> list[Event]:
-    events, skipped = [], 0
+    events, skipped, recoded = [], 0, 0
     for raw in chunk:
         try:
             events.append(msgspec.json.decode(raw, type=Event))
         except (msgspec.DecodeError, msgspec.ValidationError):
-            skipped += 1
+            try:
+                # Kineto cuts long names at a byte count, sometimes inside a UTF-8 character.
+                fixed = bytes(raw).decode("utf-8", "replace").encode()
+                events.append(msgspec.json.decode(fixed, type=Event))
+                recoded += 1
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                skipped += 1
+    if recoded:
+        warnings.append(f"replaced invalid UTF-8 bytes with U+FFFD in {recoded:,} events")
     if skipped:
-        warnings.append(f"skipped {skipped} malformed events")
+        warnings.append(f"skipped {skipped:,} malformed events (not trace-event objects)")
     return events
 
 
 _NONSTANDARD_NUMBER = re.compile(rb"(?<=[:\[,\s])-?(?:NaN|nan|Infinity|inf|INF)(?=[\s,\]\}])")
 _CONTROL = bytes(range(32))
+_CONTROL_NOT_SPACE = bytes(c for c in range(32) if c not in b"\t\n\r")
 
 
 def _repair(data: bytes) -> tuple[bytes, str]:
-    """Make common real-world deviations parseable: raw control bytes, NaN/Infinity."""
+    """Make common real-world deviations parseable: raw control bytes, NaN/Infinity, bad UTF-8.
+
+    Returns the repaired bytes and a warning that says exactly what was changed.
+    """
+    controls = len(data) - len(data.translate(None, _CONTROL_NOT_SPACE))
     repaired = data.translate(bytes.maketrans(_CONTROL, b" " * 32))
     repaired, count = _NONSTANDARD_NUMBER.subn(b"null", repaired)
-    return repaired, f"repaired non-standard JSON (control characters; {count} NaN/Infinity tokens)"
+    done = []
+    if count:
+        done.append(f"read {count:,} NaN/Infinity values as null")
+    if controls:
+        done.append(f"replaced {controls:,} raw control characters with spaces")
+    try:
+        repaired.decode("utf-8")
+    except UnicodeDecodeError:
+        repaired = repaired.decode("utf-8", "replace").encode()
+        done.append("replaced invalid UTF-8 bytes with U+FFFD")
+    if not done:
+        done.append("replaced raw tabs or line breaks inside strings with spaces")
+    return repaired, "repaired non-standard JSON: " + "; ".join(done)
 
 
-def _describe_json_error(exc: msgspec.DecodeError, size: int) -> str:
+def _describe_json_error(exc: msgspec.DecodeError, data: bytes) -> str:
     text = str(exc)
-    match = re.search(r"byte (\d+)", text)
+    match = re.search(r"\(byte (\d+)\)", text)
     where = int(match.group(1)) if match else None
-    if "truncated" in text or (where is not None and where >= size - 1):
-        return f"truncated JSON (the document ends early, at byte {size:,})"
+    size = len(data)
+    if "truncated" in text or (where is not None and where >= size - 1 and "trailing" not in text):
+        end = len(data.rstrip(b" \t\r\n\x00"))
+        padding = f" (then {size - end:,} blank or zero bytes)" if size - end > 8 else ""
+        events = data.count(b'"ph"')
+        after = f"after about {events:,} events" if events else "before the first event"
+        return (
+            f"truncated JSON: the document stops at byte {end:,}{padding}, {after}; "
+            "the file was cut off while being written or copied"
+        )
+    reason = text.split("(byte")[0].strip().removeprefix("JSON is malformed: ")
     if where is not None:
-        return f"invalid JSON at byte {where:,} ({text.split('(')[0].strip().removeprefix('JSON is malformed: ')})"
-    return f"invalid JSON ({text})"
+        near = data[max(0, where - 20) : where + 20].decode("utf-8", "replace")
+        return f"invalid JSON at byte {where:,}: {reason} (near {near!r})"
+    return f"invalid JSON ({reason})"
 
 
 def _to_batch(events: list[Event]) -> pa.RecordBatch:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
@@ -25,20 +26,29 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 _CHUNK = 1 << 20
 # A real Kineto trace compresses 5-30x; JSON made of one repeated event
-# compresses ~100-300x. Past this ratio (and past 64 MiB of output) we call it
-# a decompression bomb.
+# compresses ~100-300x; deflate cannot go past ~1032x. Past this ratio
+# (measured on the bytes consumed so far, once 64 MiB have come out) we call
+# it a decompression bomb and stop before it fills memory.
 MAX_COMPRESSION_RATIO = 1000
 _RATIO_FLOOR = 64 << 20
 _SKIP_NAMES = {".DS_Store", "Thumbs.db"}
+MAX_ZIP_MEMBERS = 4096
 
 
 def max_trace_bytes() -> int:
     """Largest decompressed trace accepted, in bytes (env STALLSCOPE_MAX_TRACE_BYTES)."""
     raw = os.environ.get("STALLSCOPE_MAX_TRACE_BYTES", "")
     try:
-        return int(raw) if raw else 16 << 30
+        value = int(raw) if raw else 16 << 30
     except ValueError:
         return 16 << 30
+    return value if value > 0 else 16 << 30
+
+
+def _limit_reason(limit: int) -> str:
+    return (
+        f"the {_fmt_bytes(limit)} limit for one trace (set STALLSCOPE_MAX_TRACE_BYTES to raise it)"
+    )
 
 
 @dataclass
@@ -75,9 +85,7 @@ class Source:
         if data[:2] == GZIP_MAGIC:
             return gunzip_limited(self.name, data)
         if len(data) > max_trace_bytes():
-            raise InputError(
-                self.name, f"file is larger than the {_fmt_bytes(max_trace_bytes())} limit"
-            )
+            raise InputError(self.name, f"file is larger than {_limit_reason(max_trace_bytes())}")
         return data
 
     def release(self) -> None:
@@ -93,37 +101,49 @@ def gunzip_limited(name: str, data: bytes) -> bytes:
     view = memoryview(data)
     while pos < len(data):
         if data[pos : pos + 2] != GZIP_MAGIC:
-            if data[pos:].strip(b"\x00") == b"":
+            if not data[pos:].strip(b"\x00"):
                 break  # zero padding after the last member
-            raise InputError(name, "corrupt gzip data (garbage after a gzip member)")
+            raise InputError(
+                name,
+                f"corrupt gzip file (unexpected bytes after the compressed data, at byte {pos:,})",
+            )
         dec = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
         chunk_in = view[pos:]
         try:
             while True:
                 piece = dec.decompress(chunk_in, _CHUNK)
                 out += piece
-                _check_size(name, len(out), len(data), limit)
                 chunk_in = dec.unconsumed_tail
+                _check_size(name, len(out), len(data) - len(chunk_in), limit)
                 if dec.eof or (not piece and not chunk_in):
                     break
         except zlib.error as exc:
-            raise InputError(name, f"corrupt gzip data ({exc})") from None
+            raise InputError(name, _describe_zlib_error(exc)) from None
         if not dec.eof:
             raise InputError(name, "truncated gzip file (the compressed stream ends early)")
         pos = len(data) - len(dec.unused_data)
     return bytes(out)
 
 
-def _check_size(name: str, produced: int, compressed: int, limit: int) -> None:
+def _describe_zlib_error(exc: zlib.error) -> str:
+    text = str(exc).split(": ", 1)[-1]  # drop "Error -3 while decompressing data: "
+    if "incorrect data check" in text or "incorrect length check" in text:
+        return "corrupt gzip file (checksum mismatch: the data is damaged)"
+    if "incorrect header check" in text or "unknown compression method" in text:
+        return f"corrupt gzip file (bad header: {text})"
+    return f"corrupt gzip file ({text})"
+
+
+def _check_size(name: str, produced: int, consumed: int, limit: int) -> None:
+    """Refuse output past ``limit``, or a bomb-like ratio of output to input consumed."""
     if produced > limit:
+        raise InputError(name, f"decompresses to more than {_limit_reason(limit)}")
+    if produced > _RATIO_FLOOR and produced > MAX_COMPRESSION_RATIO * max(consumed, 1):
         raise InputError(
             name,
-            f"decompresses to more than {_fmt_bytes(limit)} (limit; set STALLSCOPE_MAX_TRACE_BYTES to raise it)",
-        )
-    if produced > _RATIO_FLOOR and produced > MAX_COMPRESSION_RATIO * compressed:
-        raise InputError(
-            name,
-            f"compression ratio above {MAX_COMPRESSION_RATIO}:1 (a decompression bomb, not a trace)",
+            f"compression ratio above {MAX_COMPRESSION_RATIO}:1 "
+            f"({_fmt_bytes(consumed)} expanded to more than {_fmt_bytes(produced)}): "
+            "a decompression bomb, not a trace",
         )
 
 
@@ -136,16 +156,26 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _file_source(path: Path, display: str) -> Source:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise InputError(display, f"cannot read file ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(display, "not a regular file (a device, pipe or socket)")
+    size = st.st_size
+
     def load() -> bytes:
+        # A gzip file is never more than a hair larger than what it expands
+        # to (headers, 5 bytes per stored 64 KiB block), so this refuses
+        # huge files before reading them.
+        limit = max_trace_bytes()
+        if size > limit + limit // 1000 + 1024:
+            raise InputError(display, f"file is larger than {_limit_reason(limit)}")
         try:
             return path.read_bytes()
         except OSError as exc:
             raise InputError(display, f"cannot read file ({exc.strerror or exc})") from None
 
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise InputError(display, f"cannot read file ({exc.strerror or exc})") from None
     return Source(name=display, loader=load, file_bytes=size)
 
 
@@ -155,39 +185,52 @@ def zip_sources(path: Path, display: str) -> list[Source]:
     try:
         zf = zipfile.ZipFile(path)
         infos = zf.infolist()
-    except (zipfile.BadZipFile, OSError) as exc:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as exc:
         raise InputError(display, f"corrupt zip archive ({exc})") from None
+    if len(infos) > MAX_ZIP_MEMBERS:
+        raise InputError(
+            display,
+            f"zip archive holds {len(infos):,} entries (more than {MAX_ZIP_MEMBERS:,}): "
+            "not an archive of traces",
+        )
+    for info in infos:
+        if _unsafe_member_name(info.filename):
+            raise InputError(
+                display,
+                f"zip archive has an unsafe member path {info.filename!r} "
+                "(absolute or with '..'): refusing a hostile archive",
+            )
     members = [i for i in infos if not i.is_dir() and _wanted_member(i.filename)]
     if not members:
         raise InputError(display, "zip archive holds no trace files")
-    if len(members) > 4096:
-        raise InputError(display, f"zip archive holds {len(members)} files (more than 4096)")
     total = sum(i.file_size for i in members)
     if total > limit:
-        raise InputError(display, f"zip archive expands to more than {_fmt_bytes(limit)}")
+        raise InputError(display, f"zip archive expands to more than {_limit_reason(limit)}")
     sources = []
     for info in members:
-        if (
-            info.compress_size
-            and info.file_size > _RATIO_FLOOR
-            and info.file_size > MAX_COMPRESSION_RATIO * info.compress_size
+        member = f"{display}:{info.filename}"
+        if info.flag_bits & 0x1:
+            raise InputError(member, "encrypted zip member (unpack it with its password first)")
+        if info.file_size > _RATIO_FLOOR and info.file_size > MAX_COMPRESSION_RATIO * max(
+            info.compress_size, 1
         ):
             raise InputError(
-                f"{display}:{info.filename}", "compression ratio too high (a zip bomb)"
+                member,
+                f"compression ratio above {MAX_COMPRESSION_RATIO}:1 "
+                f"({_fmt_bytes(info.compress_size)} expanding to {_fmt_bytes(info.file_size)}): "
+                "a zip bomb, not a trace",
             )
 
-        def load(info=info) -> bytes:
+        def load(info=info, member=member) -> bytes:
             try:
                 with zf.open(info) as fh:
                     data = fh.read(limit + 1)
             except (zipfile.BadZipFile, OSError, zlib.error, EOFError) as exc:
-                raise InputError(
-                    f"{display}:{info.filename}", f"corrupt zip member ({exc})"
-                ) from None
+                raise InputError(member, f"corrupt zip member ({exc})") from None
+            except (NotImplementedError, RuntimeError) as exc:
+                raise InputError(member, f"unsupported zip member ({exc})") from None
             if len(data) > limit:
-                raise InputError(
-                    f"{display}:{info.filename}", "zip member is larger than the limit"
-                )
+                raise InputError(member, f"zip member is larger than {_limit_reason(limit)}")
             return data
 
         sources.append(
@@ -196,14 +239,33 @@ def zip_sources(path: Path, display: str) -> list[Source]:
     return sources
 
 
+def _unsafe_member_name(name: str) -> bool:
+    """A member path that would escape the folder it is unpacked into."""
+    norm = name.replace("\\", "/")
+    return (
+        norm.startswith("/")
+        or (len(norm) > 1 and norm[1] == ":")  # C:/...
+        or "\x00" in norm
+        or ".." in norm.split("/")
+    )
+
+
 def _wanted_member(name: str) -> bool:
     base = name.rsplit("/", 1)[-1]
-    return bool(base) and not base.startswith(".") and base not in _SKIP_NAMES and "__MACOSX" not in name
+    return (
+        bool(base)
+        and not base.startswith(".")
+        and base not in _SKIP_NAMES
+        and "__MACOSX" not in name
+    )
 
 
 def directory_sources(path: Path) -> list[Source]:
     """Trace-like files directly inside (or below) a directory, sorted by name."""
-    files = sorted(p for p in path.rglob("*") if p.is_file() and _wanted_member(p.name))
+    try:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and _wanted_member(p.name))
+    except OSError as exc:
+        raise InputError(str(path), f"cannot read directory ({exc.strerror or exc})") from None
     if not files:
         raise InputError(str(path), "directory holds no files")
     return [_file_source(p, str(p)) for p in files]
@@ -213,11 +275,18 @@ def expand_path(arg: str) -> tuple[str, list[Source]]:
     """One user argument -> (job name, its sources). Directories and zips are one job each."""
     path = Path(arg)
     if not path.exists():
+        if path.is_symlink():
+            raise InputError(arg, "broken symbolic link (its target does not exist)")
         raise InputError(arg, "no such file or directory")
     if path.is_dir():
         return path.name or str(path), directory_sources(path)
-    with open(path, "rb") as fh:
-        head = fh.read(4)
+    if not path.is_file():
+        raise InputError(arg, "not a regular file (a device, pipe or socket)")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise InputError(arg, f"cannot read file ({exc.strerror or exc})") from None
     if head == ZIP_MAGIC:
         return path.stem, zip_sources(path, arg)
     return path.name, [_file_source(path, arg)]

@@ -7,7 +7,9 @@ report that needs exporting, a PyTorch memory timeline, an Execution Trace...).
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 
 from stallscope.errors import InputError
 
@@ -17,13 +19,21 @@ _MAGIC = (
     (b"GIF8", "GIF image, not a trace"),
     (b"%PDF", "PDF document, not a trace"),
     (b"PK\x03\x04", "nested zip archive (unpack it first)"),
+    (b"\x1f\x8b", "gzip data inside gzip (compressed twice: gunzip it once first)"),
     (b"BZh", "bzip2 data (decompress it first, or use gzip)"),
     (b"\xfd7zXZ", "xz data (decompress it first, or use gzip)"),
     (b"\x28\xb5\x2f\xfd", "zstd data (decompress it first, or use gzip)"),
+    (b"7z\xbc\xaf\x27\x1c", "7-Zip archive (unpack it first)"),
     (b"\x7fELF", "executable file, not a trace"),
 )
 _SQLITE = b"SQLite format 3\x00"
-_NSYS_HINT = "export it with: nsys export --type sqlite -o {stem}.sqlite {name}"
+# Table names only an Nsight Systems export has (its schema is near the start).
+_NSYS_TABLES = (b"StringIds", b"CUPTI_ACTIVITY_KIND", b"TARGET_INFO", b"META_DATA_EXPORT",
+                b"EXPORT_META_DATA", b"NVTX_EVENTS")  # fmt: skip
+_NSYS_REPORT = b"NVIDIA Tegra Profiler Report"  # header of every .nsys-rep and .qdrep
+_NSYS_EXT = re.compile(r"\.(nsys-rep|qdrep)$", re.IGNORECASE)
+_NCU_CSV = b'"ID","Process ID","Process Name","Host Name","Kernel Name"'
+_WHITESPACE = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*")
 
 
 def sniff(name: str, data: bytes) -> str:
@@ -33,35 +43,87 @@ def sniff(name: str, data: bytes) -> str:
         if head.startswith(magic):
             raise InputError(name, reason)
     if head.startswith(_SQLITE):
-        raise InputError(
-            name,
-            "SQLite database (Nsight Systems export): nsys ingest is not available in this version",
-        )
-    lower = name.lower()
-    if lower.endswith((".nsys-rep", ".qdrep")):
-        stem = re.sub(r"\.(nsys-rep|qdrep)$", "", name.rsplit("/", 1)[-1], flags=re.I)
-        raise InputError(
-            name,
-            "Nsight Systems report: " + _NSYS_HINT.format(stem=stem, name=name.rsplit("/", 1)[-1]),
-        )
-    if lower.endswith(".ncu-rep"):
+        # Nsight Systems exports can be large; its table names sit in the first pages.
+        if any(table in data[: 1 << 20] for table in _NSYS_TABLES):
+            raise InputError(
+                name,
+                "Nsight Systems SQLite export: nsys ingest is not available in this version",
+            )
+        raise InputError(name, "SQLite database, not a trace")
+    if head.startswith(_NSYS_REPORT) or _NSYS_EXT.search(name):
+        raise InputError(name, _nsys_report_reason(name))
+    if name.lower().endswith(".ncu-rep") or head.startswith(b"NVR\x00"):
         raise InputError(
             name, "Nsight Compute report: Nsight Compute ingest is not available in this version"
         )
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not text:
-        raise InputError(name, "empty file" if not data.strip() else "no JSON content")
-    if b"\x00" in head[:512]:
-        raise InputError(name, "binary data, not a JSON trace")
-    if text[:1] == b"[":
-        return _sniff_array(name, text)
-    if text[:1] == b"{":
-        return _sniff_object(name, data)
-    if lower.endswith(".csv") or b"," in text.split(b"\n", 1)[0]:
+    if head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05":
         raise InputError(
-            name, "CSV file: Nsight Compute CSV ingest is not available in this version"
+            name, "Python pickle (e.g. a CUDA memory snapshot), not a PyTorch profiler trace"
         )
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise InputError(name, "UTF-16 text: save the trace as UTF-8 JSON")
+    start = _WHITESPACE.match(data).end()
+    text = data[start : start + 4096]
+    if not text:
+        return _empty(name, data)
+    if _looks_binary(text):
+        raise InputError(name, "binary data, not a JSON trace")
+    first = text[:1]
+    line = text.split(b"\n", 1)[0]
+    if first not in b"[{<" and (b'","' in line or (first != b'"' and b"," in line)):
+        raise InputError(name, _csv_reason(line))
+    if first == b"[":
+        return _sniff_array(name, text)
+    if first == b"{":
+        return _sniff_object(name, data[start:])
+    if first == b'"':
+        raise InputError(name, "a JSON string, not a Kineto trace (expected an object)")
+    if first in b"-0123456789" or text.startswith((b"true", b"false", b"null")):
+        raise InputError(name, "a single JSON value, not a Kineto trace (expected an object)")
+    if first == b"<":
+        raise InputError(name, "HTML or XML document, not a trace")
     raise InputError(name, "not JSON: not a PyTorch profiler (Kineto) trace")
+
+
+def _empty(name: str, data: bytes) -> str:
+    if not data:
+        raise InputError(name, "empty file")
+    raise InputError(name, "empty file (only whitespace)")
+
+
+def _looks_binary(text: bytes) -> bool:
+    sample = text[:512]
+    if b"\x00" in sample:
+        return True
+    controls = sum(1 for b in sample if b < 0x20 and b not in (0x09, 0x0A, 0x0C, 0x0D))
+    if controls * 20 > len(sample):
+        return True
+    try:
+        sample.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(sample) - 4:  # (a multibyte character cut at the end is fine)
+            # Not UTF-8: text in another encoding has a few high bytes, binary many.
+            return sum(1 for b in sample if b >= 0x80) * 4 > len(sample)
+    return False
+
+
+def _nsys_report_reason(name: str) -> str:
+    """The exact export command, with the path as the user gave it when it is a file."""
+    path = name if os.path.isfile(name) else name.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
+    stem = _NSYS_EXT.sub("", path) if _NSYS_EXT.search(path) else path
+    command = f"nsys export --type sqlite -o {shlex.quote(stem + '.sqlite')} {shlex.quote(path)}"
+    return (
+        "Nsight Systems report: nsys ingest is not available in this version "
+        f"(it will read the SQLite export, made with: {command})"
+    )
+
+
+def _csv_reason(line: bytes) -> str:
+    if line.startswith(_NCU_CSV):
+        return "Nsight Compute CSV export: ncu CSV ingest is not available in this version"
+    if b"(ns)" in line or b"Time (%)" in line:
+        return "Nsight Systems 'nsys stats' CSV report, not a trace: nsys ingest is not available in this version"
+    return "CSV file, not a PyTorch profiler (Kineto) trace"
 
 
 def _sniff_array(name: str, text: bytes) -> str:
@@ -70,6 +132,8 @@ def _sniff_array(name: str, text: bytes) -> str:
         raise InputError(name, "PyTorch memory-timeline export, not a trace")
     if inner[:1] in (b"{", b"]"):
         return "kineto"
+    if not inner:
+        return "kineto"  # a huge run of whitespace: let the parser decide
     raise InputError(name, "JSON array of non-objects: not a Kineto trace")
 
 
@@ -88,5 +152,7 @@ def _sniff_object(name: str, data: bytes) -> str:
         raise InputError(
             name, "rocprofv3 JSON, not a Kineto trace: use the PyTorch profiler's trace instead"
         )
+    if b'"segments"' in head and b'"device_traces"' in head:
+        raise InputError(name, "PyTorch CUDA memory snapshot, not a profiler trace")
     # traceEvents may follow a large metadata block: let the parser decide.
     return "kineto"

@@ -14,7 +14,7 @@ def main() -> None:
     from stallscope.pages import compare, library, overview, sql, timeline
 
     pages = {
-        "library": st.Page(library.render, title="Library", url_path="library", default=True),
+        "library": st.Page(library.render, title="Library", default=True),
         "overview": st.Page(overview.render, title="Overview", url_path="overview"),
         "timeline": st.Page(timeline.render, title="Timeline", url_path="timeline"),
         "compare": st.Page(compare.render, title="Compare", url_path="compare"),

@@ -7,7 +7,13 @@ import streamlit as st
 from stallscope.charts import device_time_table, time_by_cause_figure
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 
-BADGE = {"critical": "🟥", "high": "🟧", "medium": "🟨", "low": "🟦", "info": "⬜"}
+BADGE = {
+    "critical": ":red-background[CRITICAL]",
+    "high": ":orange-background[HIGH]",
+    "medium": ":orange[MEDIUM]",
+    "low": ":blue[LOW]",
+    "info": ":gray[INFO]",
+}
 
 
 def render() -> None:
@@ -33,10 +39,10 @@ def _headline(job: dict, report: dict) -> None:
     busy = (table["gpu_busy_pct"] * table["span_ms"]).sum() / table["span_ms"].sum()
     lost = sum(f["impact_ns"] for f in report["findings"] if f["severity"] not in ("info",)) / 1e6
     cols = st.columns(4)
-    cols[0].metric("GPU busy (time-weighted)", f"{busy:.1f} %")
-    cols[1].metric("Longest GPU span", f"{span:.1f} ms")
-    cols[2].metric("GPU time lost (findings)", f"{lost:.1f} ms")
-    cols[3].metric("Ranks × GPUs", f"{len(table)}")
+    cols[0].metric("GPU busy", f"{busy:.0f}%", help="Time-weighted over all ranks and GPUs")
+    cols[1].metric("GPU span", _ms(span), help="Longest first-to-last GPU activity of any GPU")
+    cols[2].metric("Time lost", _ms(lost), help="GPU time lost in the findings above info")
+    cols[3].metric("GPUs", f"{len(table)}", help="Rank × GPU pairs with activity")
     st.plotly_chart(time_by_cause_figure(report), width="stretch")
 
 
@@ -48,10 +54,10 @@ def _findings(report: dict) -> None:
         st.success("Nothing above info: no GPU time lost to the problems stallscope checks.")
     for f in ranked:
         where = f"rank {f['rank']}" + ("" if f["device"] is None else f" · GPU {f['device']}")
-        label = f"{BADGE[f['severity']]} {f['severity'].upper()} · {f['title']} · {f['impact_ns'] / 1e6:.1f} ms · {where}"
+        label = f"{BADGE[f['severity']]} {f['title']} · {f['impact_ns'] / 1e6:.1f} ms · {where}"
         with st.expander(label, expanded=f is (real[0] if real else None)):
-            st.write(f["detail"])
-            st.markdown(f"**Fix.** {f['recommendation']}")
+            st.markdown(_plain(f["detail"]))
+            st.markdown(f"**Fix.** {_plain(f['recommendation'])}")
             if f["windows"]:
                 start, end = f["windows"][0]
                 pad = max((end - start) // 2, 1000)
@@ -60,3 +66,20 @@ def _findings(report: dict) -> None:
                 )
             with st.popover("Evidence"):
                 st.json(f["evidence"], expanded=2)
+
+
+def _plain(text: str) -> str:
+    """Text shown as-is inside markdown (names like __next__ or a*b stay literal)."""
+    for char in "\\`*_[]<>#|$":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+def _ms(value: float) -> str:
+    return (
+        f"{value:.0f} ms"
+        if value >= 100
+        else f"{value:.1f} ms"
+        if value >= 1
+        else f"{value * 1000:.0f} µs"
+    )

@@ -75,10 +75,10 @@ def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
             )
     fig.update_layout(
         barmode="stack",
-        height=120 + 40 * len(labels),
-        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        height=170 + 40 * len(labels),
+        margin={"l": 10, "r": 10, "t": 80, "b": 10},
         xaxis_title="ms (compute and communication may overlap)",
-        legend={"orientation": "h", "y": -0.25},
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
     )
     return fig
 
@@ -119,7 +119,7 @@ def timeline_figure(
         margin={"l": 10, "r": 10, "t": 20, "b": 10},
         xaxis_title="ms from window start",
         showlegend=True,
-        legend={"orientation": "h", "y": -0.2},
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
     )
     return fig
 

@@ -1,0 +1,125 @@
+"""Screenshot every dashboard page in headless Chromium (for review and the README).
+
+Usage: python tools/screenshots.py [--out screenshots] [--width 1440 --width 1024]
+
+Starts ``stallscope serve`` on a fresh store with the sample traces, opens
+each page with Playwright driving Debian's ``/usr/bin/chromium``, and writes
+``<out>/<page>-<width>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+CHROMIUM = os.environ.get("STALLSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(store: Path, port: int, samples: bool = True) -> subprocess.Popen:
+    args = [
+        sys.executable,
+        "-m",
+        "stallscope.cli",
+        "serve",
+        "--store",
+        str(store),
+        "--port",
+        str(port),
+    ]
+    if not samples:
+        args.append("--no-samples")
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
+                return proc
+        except OSError:
+            time.sleep(0.3)
+    stop_server(proc)
+    raise TimeoutError("the dashboard did not start")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    proc.wait(timeout=30)
+
+
+def wait_idle(page, timeout_ms: int = 60_000) -> None:
+    """Wait until Streamlit has finished running the page script."""
+    page.wait_for_selector(
+        "[data-testid='stApp'][data-test-script-state='notRunning']", timeout=timeout_ms
+    )
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stSkeleton\"]')", timeout=timeout_ms
+    )
+    page.wait_for_timeout(1000)  # let charts finish drawing
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="screenshots")
+    parser.add_argument("--width", type=int, action="append")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    widths = args.width or [1440, 1024]
+    store = Path(tempfile.mkdtemp(prefix="stallscope-shots-")) / "store"
+    port = free_port()
+    server = start_server(store, port)
+    try:
+        from stallscope.store import Store
+
+        jobs = {j["name"]: j["job_id"] for j in Store(store).jobs()}
+        job = next((v for k, v in jobs.items() if "dataloader" in k), next(iter(jobs.values())))
+        other = next((v for k, v in jobs.items() if "healthy" in k), job)
+        pages = {
+            "library": "library",
+            "overview": f"overview?job={job}",
+            "timeline": f"timeline?job={job}",
+            "compare": f"compare?base={other}&new={job}",
+            "sql": "sql",
+        }
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            for width in widths:
+                page = browser.new_page(viewport={"width": width, "height": 1000})
+                for name, path in pages.items():
+                    page.goto(f"http://127.0.0.1:{port}/{path}")
+                    wait_idle(page)
+                    page.screenshot(path=str(out / f"{name}-{width}.png"), full_page=True)
+                    print(out / f"{name}-{width}.png")
+                page.close()
+            browser.close()
+    finally:
+        stop_server(server)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
