@@ -95,6 +95,7 @@ def _job_list() -> None:
     table = pd.DataFrame(
         [
             {
+                "open": f"overview?job={j['job_id']}",
                 "name": j.get("name"),
                 "job": j["job_id"],
                 "ranks": len(j.get("trace_ids", [])),
@@ -102,7 +103,6 @@ def _job_list() -> None:
                 "uploaded by": j.get("uploaded_by"),
                 "uploaded": (j.get("uploaded_at") or "")[:16].replace("T", " "),
                 "tags": ", ".join(j.get("tags", [])),
-                "open": f"overview?job={j['job_id']}",
             }
             for j in shown
         ]

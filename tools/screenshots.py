@@ -99,7 +99,7 @@ def main() -> int:
         job = next((v for k, v in jobs.items() if "dataloader" in k), next(iter(jobs.values())))
         other = next((v for k, v in jobs.items() if "healthy" in k), job)
         pages = {
-            "library": "library",
+            "library": "",
             "overview": f"overview?job={job}",
             "timeline": f"timeline?job={job}",
             "compare": f"compare?base={other}&new={job}",
