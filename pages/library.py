@@ -47,6 +47,7 @@ def _ingest(files, user: str, tags: list[str], notes: str, each: bool) -> None:
     from stallscope.ingest import ingest_paths
 
     folder = Path(tempfile.mkdtemp(prefix="stallscope-upload-"))
+    error = None
     with st.status(f"Ingesting {len(files)} file(s)…", expanded=True) as status:
         try:
             paths = []
@@ -68,16 +69,19 @@ def _ingest(files, user: str, tags: list[str], notes: str, each: bool) -> None:
                 progress=progress,
             )
         except StallscopeError as exc:
-            status.update(label="Upload refused", state="error")
-            st.error(str(exc).replace(str(folder) + "/", ""))
-            return
+            status.update(label="Upload refused: the store is unchanged", state="error")
+            error = str(exc).replace(str(folder) + "/", "")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        status.update(label="Done", state="complete")
+        if error is None:
+            status.update(label="Done", state="complete")
+    if error is not None:
+        st.error(error)
+        return
     for r in results:
         verb = "Already in the store" if r.existed else "Ingested"
         st.success(f"{verb}: {r.job_name} — job `{r.job_id}`, {len(r.trace_ids)} rank(s)")
-        st.markdown(f"[Open its overview](overview?job={r.job_id})")
+        _link("overview", "Open its overview", {"job": r.job_id})
         for warning in r.warnings:
             st.caption(f"⚠ {warning}")
 
@@ -149,3 +153,14 @@ def _manage(shown: list[dict]) -> None:
             get_store().delete_job(job_id)
             st.success(f"Deleted job {job_id}.")
             st.rerun()
+
+
+def _link(page: str, label: str, query: dict[str, str]) -> None:
+    """A same-tab link to another page of the app (a plain link outside st.navigation)."""
+    from stallscope.pages.main import page_for
+
+    target = page_for(page)
+    if isinstance(target, str):
+        st.markdown(f"[{label}]({page}?{'&'.join(f'{k}={v}' for k, v in query.items())})")
+    else:
+        st.page_link(target, label=label, query_params=query)

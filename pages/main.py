@@ -8,6 +8,13 @@ from __future__ import annotations
 
 import streamlit as st
 
+_PAGES: dict[str, st.Page] = {}
+
+
+def page_for(name: str) -> st.Page | str:
+    """The navigation page called ``name`` (for st.page_link), or its URL path outside the app."""
+    return _PAGES.get(name, name)
+
 
 def main() -> None:
     st.set_page_config(page_title="stallscope", page_icon="⏱", layout="wide")
@@ -20,6 +27,8 @@ def main() -> None:
         "compare": st.Page(compare.render, title="Compare", url_path="compare"),
         "sql": st.Page(sql.render, title="SQL", url_path="sql"),
     }
+    _PAGES.clear()
+    _PAGES.update(pages)
     nav = st.navigation(list(pages.values()))
     wanted = st.query_params.get("page")
     if wanted in pages and nav is pages["library"]:

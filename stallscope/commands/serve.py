@@ -27,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--port", type=int, default=8501, help="port (default 8501)")
     p.add_argument(
+        "--max-upload-mb",
+        type=int,
+        default=int(os.environ.get("STALLSCOPE_MAX_UPLOAD_MB", "1024")),
+        help="largest upload accepted, per file, in MB (default 1024, or $STALLSCOPE_MAX_UPLOAD_MB)",
+    )
+    p.add_argument(
         "--no-samples",
         action="store_true",
         help="do not preload the sample traces into an empty store",
@@ -76,12 +82,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"loaded {loaded} sample job(s) into {store.root}")
     import stallscope.pages
 
-    app = Path(stallscope.pages.__file__).resolve().parent / "main.py"
-    env = dict(os.environ, STALLSCOPE_STORE=str(store.root))
+    app = Path(stallscope.pages.__file__).resolve().parent / "entry.py"
+    env = dict(
+        os.environ,
+        STALLSCOPE_STORE=str(store.root),
+        STALLSCOPE_MAX_UPLOAD_MB=str(args.max_upload_mb),
+    )
     cmd = [
         sys.executable, "-m", "streamlit", "run", str(app),
         "--server.address", args.host, "--server.port", str(args.port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
+        "--server.maxUploadSize", str(args.max_upload_mb),
     ]  # fmt: skip
     print(f"stallscope dashboard on http://{args.host}:{args.port} (store {store.root})")
     return subprocess.call(cmd, env=env)

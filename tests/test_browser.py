@@ -1,0 +1,78 @@
+"""End to end in a real browser: upload a trace, see its findings, open its deep link elsewhere.
+
+Debian's Chromium driven by Playwright against `stallscope serve` on 127.0.0.1.
+Skips only when no Chromium is installed (CI installs it: see .ci/run).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from stallscope.store import Store
+from tests.conftest import REPO, SAMPLES
+
+sys.path.insert(0, str(REPO / "tools"))
+from screenshots import CHROMIUM, CHROMIUM_ARGS, free_port, start_server, stop_server, wait_idle  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists() and not shutil.which("chromium"), reason="no Chromium"
+)
+
+
+@pytest.fixture
+def server(tmp_path):
+    store, port = tmp_path / "store", free_port()
+    proc = start_server(store, port, samples=False)
+    yield f"http://127.0.0.1:{port}", store
+    stop_server(proc)
+
+
+def test_upload_then_findings_then_deep_link(server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    url, store = server
+    trace = SAMPLES / "kineto" / "dataloader_stall" / "dataloader_stall.pt.trace.json.gz"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        page.goto(url)
+        wait_idle(page)
+        page.locator("input[type=file]").set_input_files(str(trace))
+        page.get_by_label("Tags (comma separated)").fill("e2e")
+        page.get_by_role("button", name="Ingest").click()
+        page.get_by_text(re.compile("Ingested: dataloader_stall")).wait_for(timeout=120_000)
+        (job,) = Store(store).jobs()
+        assert job["tags"] == ["e2e"]
+        page.get_by_role("link", name="Open its overview").click()
+        wait_idle(page)
+        page.get_by_text("waiting for input data").first.wait_for(timeout=60_000)
+        # a teammate opens the deep link in another browser context (no shared session)
+        other = browser.new_context().new_page()
+        other.goto(f"{url}/overview?job={job['job_id']}")
+        wait_idle(other)
+        other.get_by_text("waiting for input data").first.wait_for(timeout=60_000)
+        assert other.get_by_text("CRITICAL").count() >= 1
+        browser.close()
+
+
+def test_bad_upload_shows_one_line_and_keeps_the_store(server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    url, store = server
+    bad = tmp_path / "broken.json"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n not a trace")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto(url)
+        wait_idle(page)
+        page.locator("input[type=file]").set_input_files(str(bad))
+        page.get_by_role("button", name="Ingest").click()
+        page.get_by_text("PNG image, not a trace").wait_for(timeout=60_000)
+        browser.close()
+    assert Store(store).jobs() == []
