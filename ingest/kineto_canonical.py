@@ -2,9 +2,10 @@
 
 All the per-event work is SQL over the Arrow table from ``kineto_decode``
 (DuckDB, columnar): category mapping across the 2021 and current schemas,
-exact text -> integer-nanosecond conversion, name interning, memcpy kinds,
-communication detection and the collectives table. Python only handles the
-small header (devices, rank).
+exact text -> integer-nanosecond conversion (for the spellings the decoder
+left as text), memcpy kinds, communication detection and the collectives
+table; names are interned with Arrow compute. Python only handles the small
+header (devices, rank). Rows with equal sort keys keep their file order.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
 from stallscope.ingest.canonical import CanonicalTrace, devices_table
 from stallscope.ingest.comm import COMM_NAME_REGEX, MACROS_SQL
 
@@ -75,16 +79,21 @@ def to_canonical(
     con = duckdb.connect(config={"threads": 2})
     try:
         con.execute(MACROS_SQL)
+        # Interned names: distinct, in byte order (DuckDB's ORDER BY for text).
+        distinct = pc.unique(events["name"]).drop_null()
+        distinct = distinct.take(pc.sort_indices(distinct))
+        names = pa.table(
+            {"name_id": pa.array(np.arange(len(distinct), dtype=np.int32)), "name": distinct}
+        )
+        where = pc.index_in(events["name"], value_set=distinct)
+        events = events.append_column("name_id", where.cast(pa.int32()))
+        # File order breaks ties in every ORDER BY, so the output never depends
+        # on threads or chunking.
+        lengths = [len(chunk) for chunk in events["ph"].chunks]
+        index = np.split(np.arange(events.num_rows), np.cumsum(lengths)[:-1])
+        events = events.append_column("event_index", pa.chunked_array(index, pa.int64()))
         con.register("raw_events", events)
         con.execute(_BASE_SQL)
-        names = con.sql(
-            "SELECT CAST(row_number() OVER (ORDER BY name) - 1 AS INTEGER) AS name_id, name "
-            "FROM (SELECT DISTINCT name FROM ev WHERE name IS NOT NULL)"
-        ).to_arrow_table()
-        con.register("names_t", names)
-        con.execute(
-            "CREATE TEMP TABLE evn AS SELECT ev.*, n.name_id FROM ev LEFT JOIN names_t n USING (name)"
-        )
         tid = trace_id.replace("'", "")
         gpu = con.sql(_GPU_SQL.format(trace_id=tid)).to_arrow_table()
         host = con.sql(_HOST_SQL.format(trace_id=tid)).to_arrow_table()
@@ -93,13 +102,12 @@ def to_canonical(
             _COLLECTIVES_SQL.format(trace_id=tid, rank=int(rank))
         ).to_arrow_table()
         threads = con.sql(_THREADS_SQL.format(trace_id=tid)).to_arrow_table()
-        counts = con.execute(
-            "SELECT count(*) FILTER (WHERE ph IS DISTINCT FROM 'M'),"
-            " count(*) FILTER (WHERE ph = 'X' AND start_ns IS NULL)"
-            " FROM ev"
+        [dropped] = con.execute(
+            "SELECT count(*) FROM evn WHERE ph = 'X' AND start_ns IS NULL"
         ).fetchone()
     finally:
         con.close()
+    metadata = pc.sum(pc.equal(events["ph"], "M")).as_py() or 0
     names = names.append_column("trace_id", pa.array([trace_id] * names.num_rows, pa.string()))
     return CanonicalTrace(
         gpu=gpu,
@@ -109,27 +117,49 @@ def to_canonical(
         names=names.select(["trace_id", "name_id", "name"]),
         threads=threads,
         devices=devices_table(trace_id, header.get("deviceProperties")),
-        event_count=int(counts[0]),
-        dropped_events=int(counts[1]),
+        event_count=events.num_rows - metadata,
+        dropped_events=int(dropped),
     )
 
 
+_RAW_TIMES = f"""
+  coalesce(ts_fast_ns, {_ns_sql("ts_txt")}) AS start_ns,
+  coalesce(dur_fast_ns, {_ns_sql("dur_txt")}, 0) AS dur_ns,"""
+
+# Two copies out of the Arrow table, each read by several queries below:
+# ``evn`` every complete event and metadata row with the columns all of them
+# carry, ``evg`` the GPU activities with their launch, copy and collective args.
 _BASE_SQL = f"""
-CREATE TEMP TABLE ev AS
+CREATE TEMP TABLE evn AS
+SELECT
+  ph,
+  lower(coalesce(cat, '')) AS cat,
+  -- names are read (below) only on metadata, annotation and step rows
+  CASE WHEN ph = 'M' OR starts_with(name, 'ProfilerStep#')
+            OR lower(coalesce(cat, '')) IN ('user_annotation', 'gpu_user_annotation')
+       THEN name END AS name,
+  pid, tid,{_RAW_TIMES}
+  device, stream, correlation, external_id,
+  meta_name,
+  name_id,
+  event_index
+FROM raw_events
+WHERE ph IN ('X', 'M');
+CREATE TEMP TABLE evg AS
 SELECT
   ph,
   lower(coalesce(cat, '')) AS cat,
   name,
-  pid, tid,
-  {_ns_sql("ts_txt")} AS start_ns,
-  coalesce({_ns_sql("dur_txt")}, 0) AS dur_ns,
+  pid, tid,{_RAW_TIMES}
   device, stream, correlation, external_id,
   grid_x, grid_y, grid_z, block_x, block_y, block_z,
   registers, shared_memory, blocks_per_sm, warps_per_sm, est_occupancy,
   bytes, kind, sync_kind, wait_on_stream,
   collective, in_nelems, out_nelems, group_size, dtype, pg_name, pg_desc, pg_ranks, seq,
-  meta_name
+  name_id,
+  event_index
 FROM raw_events
+WHERE ph = 'X' AND lower(coalesce(cat, '')) IN ({", ".join(f"'{c}'" for c in GPU_KINDS)})
 """
 
 _GPU_SQL = f"""
@@ -164,9 +194,9 @@ SELECT
   blocks_per_sm,
   warps_per_sm,
   (cat = 'kernel' AND (collective IS NOT NULL OR regexp_matches(name, '{COMM_NAME_REGEX}'))) AS is_comm
-FROM evn
+FROM evg
 WHERE ph = 'X' AND cat IN ({", ".join(f"'{c}'" for c in GPU_KINDS)}) AND start_ns IS NOT NULL
-ORDER BY device, start_ns
+ORDER BY device, start_ns, event_index
 """
 
 _HOST_SQL = f"""
@@ -182,7 +212,7 @@ SELECT
   external_id
 FROM evn
 WHERE ph = 'X' AND cat IN ({", ".join(f"'{c}'" for c in HOST_KINDS)}) AND start_ns IS NOT NULL
-ORDER BY pid, tid, start_ns
+ORDER BY pid, tid, start_ns, event_index
 """
 
 _RANGES_SQL = """
@@ -206,7 +236,7 @@ WHERE ph = 'X' AND start_ns IS NOT NULL AND (
   cat = 'gpu_user_annotation'
   OR cat = 'user_annotation'
   OR (cat IN ('cpu_op', 'operator') AND regexp_matches(name, '^ProfilerStep#\\d+$')))
-ORDER BY start_ns
+ORDER BY start_ns, event_index
 """
 
 _COLLECTIVES_SQL = f"""
@@ -220,7 +250,7 @@ SELECT
   pg_ranks,
   CAST(group_size AS INTEGER) AS group_size,
   seq,
-  CAST(row_number() OVER (PARTITION BY coalesce(pg_name, ''), device ORDER BY start_ns) - 1 AS BIGINT) AS order_in_group,
+  CAST(row_number() OVER (PARTITION BY coalesce(pg_name, ''), device ORDER BY start_ns, event_index) - 1 AS BIGINT) AS order_in_group,
   stallscope_coll_op(collective, name) AS op,
   in_nelems,
   out_nelems,
@@ -233,19 +263,25 @@ SELECT
   correlation,
   external_id,
   collective IS NOT NULL AS from_metadata
-FROM evn
+FROM evg
 WHERE ph = 'X' AND cat = 'kernel' AND start_ns IS NOT NULL
   AND (collective IS NOT NULL OR regexp_matches(name, '{COMM_NAME_REGEX}'))
-ORDER BY start_ns
+ORDER BY start_ns, event_index
 """
 
 _THREADS_SQL = f"""
-SELECT DISTINCT
-  '{{trace_id}}' AS trace_id,
-  {_id_sql("pid")} AS pid,
-  CASE WHEN name = 'thread_name' THEN {_id_sql("tid")} END AS tid,
-  CASE WHEN name = 'process_name' THEN 'process' ELSE 'thread' END AS kind,
-  meta_name AS name
-FROM ev
-WHERE ph = 'M' AND name IN ('process_name', 'thread_name') AND meta_name IS NOT NULL
+SELECT trace_id, pid, tid, kind, name
+FROM (
+  SELECT
+    '{{trace_id}}' AS trace_id,
+    {_id_sql("pid")} AS pid,
+    CASE WHEN name = 'thread_name' THEN {_id_sql("tid")} END AS tid,
+    CASE WHEN name = 'process_name' THEN 'process' ELSE 'thread' END AS kind,
+    meta_name AS name,
+    event_index
+  FROM evn
+  WHERE ph = 'M' AND name IN ('process_name', 'thread_name') AND meta_name IS NOT NULL
+) AS t
+QUALIFY row_number() OVER (PARTITION BY t.pid, t.tid, t.kind, t.name ORDER BY t.event_index) = 1
+ORDER BY event_index
 """

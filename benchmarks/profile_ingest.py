@@ -1,0 +1,102 @@
+"""Where does one ingest spend its time and memory? Stage by stage, one process.
+
+    python benchmarks/profile_ingest.py benchmarks/data/df_index_resolver.json
+
+Prints, per stage, wall and CPU seconds (CPU time is the steadier figure on a
+busy machine; DuckDB's threads add to it) and the peak RSS reached during it (Linux:
+the peak is reset before each stage through /proc/self/clear_refs). The
+stages mirror ``ingest/job.py``: read, decode (JSON -> Arrow), canonical
+(DuckDB SQL), Parquet write. Imports are timed first. Like the CLI, pyarrow
+is kept from importing pandas (set PANDAS_PROBE=1 to let it).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+_T0 = time.perf_counter()
+
+
+def _rss_mb() -> tuple[float, float]:
+    now = peak = 0.0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                now = int(line.split()[1]) / 1024
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) / 1024
+    return now, peak
+
+
+def _reset_peak() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+class Stage:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        _reset_peak()
+        self.t = time.perf_counter()
+        self.cpu = time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self.t
+        cpu = time.process_time() - self.cpu
+        now, peak = _rss_mb()
+        print(
+            f"{self.name:<12} {wall:7.3f} s wall {cpu:7.3f} s cpu"
+            f"   rss {now:7.1f} MB   peak {peak:7.1f} MB"
+        )
+
+
+def main(path: str) -> None:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    with Stage("imports"):
+        import pyarrow.parquet as pq
+
+        from stallscope.ingest.kineto_canonical import to_canonical
+        from stallscope.ingest.kineto_decode import decode_kineto
+        from stallscope.ingest.reader import expand_path
+    if os.environ.get("PANDAS_PROBE") != "1":  # as in the CLI (kineto_decode._skip_pandas_probe)
+        import pyarrow as pa
+
+        from stallscope.ingest.kineto_decode import _NoPandas
+
+        sys.meta_path.insert(0, blocker := _NoPandas())
+        pa.array([0])
+        sys.meta_path.remove(blocker)
+    print(f"{'(start-up)':<12} {time.perf_counter() - _T0:7.3f} s wall")
+    _, [source] = expand_path(path)
+    with Stage("read"):
+        data = source.read()
+        source.release()
+    with Stage("decode"):
+        decoded = decode_kineto(source.name, data)
+    del data
+    print(
+        f"{'':<12} {decoded.events.num_rows:,} events, {decoded.events.nbytes / 1e6:.1f} MB Arrow"
+    )
+    with Stage("canonical"):
+        canonical = to_canonical(decoded.events, decoded.header, "t", 0)
+    del decoded
+    with Stage("write"), tempfile.TemporaryDirectory() as tmp:
+        for name, table in canonical.tables().items():
+            pq.write_table(
+                table, Path(tmp) / f"{name}.parquet", compression="zstd", compression_level=1
+            )
+    print(f"{'total':<12} {time.perf_counter() - _T0:7.3f} s wall {time.process_time():7.3f} s cpu")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
