@@ -16,8 +16,38 @@ def page_for(name: str) -> st.Page | str:
     return _PAGES.get(name, name)
 
 
+def authorized() -> bool:
+    """Optional shared-token access control: set STALLSCOPE_TOKEN on the server.
+
+    A visitor passes it once (a form, or ``?token=`` in a link); the session
+    remembers it. Without the variable the dashboard is open.
+    """
+    import hmac
+    import os
+
+    token = os.environ.get("STALLSCOPE_TOKEN", "")
+    if not token or st.session_state.get("authorized"):
+        return True
+    offered = st.query_params.get("token", "")
+    if not offered:
+        with st.form("login"):
+            st.title("stallscope")
+            offered = st.text_input("Team token", type="password")
+            st.form_submit_button("Enter")
+    if offered and hmac.compare_digest(offered.encode(), token.encode()):
+        st.session_state["authorized"] = True
+        if "token" in st.query_params:
+            del st.query_params["token"]
+        return True
+    if offered:
+        st.error("Wrong token.")
+    return False
+
+
 def main() -> None:
     st.set_page_config(page_title="stallscope", page_icon="⏱", layout="wide")
+    if not authorized():
+        st.stop()
     from stallscope.pages import compare, library, overview, sql, timeline
 
     pages = {

@@ -89,3 +89,22 @@ def test_sql_runs_and_refuses_files(app_store):
     at.text_area[0].set_value("SELECT * FROM read_csv('/etc/passwd')").run()
     at.button[0].click().run()
     assert at.error and "passwd" in at.error[0].value
+
+
+def _app():
+    from stallscope.pages.main import main
+
+    main()
+
+
+def test_shared_token_guards_the_dashboard(app_store, monkeypatch):
+    monkeypatch.setenv("STALLSCOPE_TOKEN", "s3cret")
+    at = AppTest.from_function(_app, default_timeout=60).run()
+    assert not at.exception and at.text_input[0].label == "Team token"
+    assert not at.dataframe  # nothing of the store is shown
+    at.text_input[0].set_value("wrong")
+    at.button[0].click().run()
+    assert at.error[0].value == "Wrong token."
+    at.text_input[0].set_value("s3cret")
+    at.button[0].click().run()
+    assert not at.error and at.dataframe  # the library's job table
