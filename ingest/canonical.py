@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-TABLES = ("gpu", "host", "ranges", "collectives", "names", "threads", "devices")
+TABLES = ("gpu", "host", "ranges", "collectives", "names", "threads", "devices", "kernel_metrics")
 
 DEVICE_COLUMNS: dict[str, tuple[str, pa.DataType]] = {
     # canonical column: (Kineto deviceProperties key, type)
@@ -32,6 +32,18 @@ DEVICE_COLUMNS: dict[str, tuple[str, pa.DataType]] = {
     "total_mem_bytes": ("totalGlobalMem", pa.int64()),
 }
 
+# Nsight Compute metrics, one row per (profiled kernel, metric); docs/schema.md.
+KERNEL_METRICS_SCHEMA = pa.schema(
+    [("trace_id", pa.string()), ("kernel_index", pa.int64()), ("name_id", pa.int32()),
+     ("pid", pa.int64()), ("device", pa.int32()), ("stream", pa.int64())]
+    + [(f"{kind}_{axis}", pa.int32()) for kind in ("grid", "block") for axis in "xyz"]
+    + [("section", pa.string()), ("metric", pa.string()), ("value", pa.float64()),
+       ("value_text", pa.string()), ("unit", pa.string()),
+       ("timeline_trace_id", pa.string()), ("timeline_name_id", pa.int32()),
+       ("timeline_correlation", pa.int64()), ("timeline_start_ns", pa.int64()),
+       ("timeline_end_ns", pa.int64())]
+)  # fmt: skip
+
 
 @dataclass
 class CanonicalTrace:
@@ -44,6 +56,7 @@ class CanonicalTrace:
     names: pa.Table
     threads: pa.Table
     devices: pa.Table
+    kernel_metrics: pa.Table = field(default_factory=KERNEL_METRICS_SCHEMA.empty_table)
     event_count: int = 0
     dropped_events: int = 0
     warnings: list[str] = field(default_factory=list)

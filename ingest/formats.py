@@ -54,4 +54,10 @@ def _kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]
     return parse_kineto(source, data, ctx)
 
 
-PARSERS: dict[str, Parser] = {"kineto": _kineto}
+def _ncu(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+    from stallscope.ingest.ncu import parse_ncu
+
+    return parse_ncu(source, data, ctx)
+
+
+PARSERS: dict[str, Parser] = {"kineto": _kineto, "ncu": _ncu}

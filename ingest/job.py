@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 from stallscope import __version__
 from stallscope.errors import InputError
 from stallscope.ingest.formats import PARSERS, ParseContext, ParsedTrace
+from stallscope.ingest.ncu import source_is_ncu
+from stallscope.ingest.ncu_match import pair_ncu_traces
 from stallscope.ingest.reader import Source
 from stallscope.ingest.sniff import sniff
 from stallscope.store import Store, write_json
@@ -66,15 +68,18 @@ def ingest_job(
     staging = store.new_staging()
     try:
         metas = []
+        # Nsight Compute results describe a timeline's kernels: they are not ranks of their own.
+        single = sum(not source_is_ncu(s) for s in sources) <= 1
         for index, (source, digest) in enumerate(zip(sources, hashes, strict=True)):
             if progress:
                 progress(f"parsing {source.name}", index, len(sources))
-            metas += _ingest_source(source, job_id, digest, staging, single=len(sources) == 1)
+            metas += _ingest_source(source, job_id, digest, staging, single=single)
             source.release()
+        pair_ncu_traces(metas, staging)
         _check_ranks(metas)
         now = datetime.now(UTC).isoformat(timespec="seconds")
         user = uploaded_by or _current_user()
-        world = max([len(metas)] + [m["world_size"] or 0 for m in metas])
+        world = max([len({m["rank"] for m in metas})] + [m["world_size"] or 0 for m in metas])
         for meta in metas:
             meta.update(job_id=job_id, uploaded_by=user, uploaded_at=now)
             meta["world_size"] = meta["world_size"] or world
@@ -142,12 +147,14 @@ def _ingest_source(
 
 
 def _check_ranks(metas: list[dict[str, Any]]) -> None:
-    by_rank: dict[int, str] = {}
+    """One timeline per rank; beside it, at most one ncu result of each kind (raw/details page)."""
+    by_rank: dict[tuple, str] = {}
     for meta in metas:
-        other = by_rank.get(meta["rank"])
+        key = (meta["rank"], meta["name"].rsplit("(", 1)[-1] if meta["source"] == "ncu" else "")
+        other = by_rank.get(key)
         if other is not None:
             raise InputError(meta["file_name"], f"rank {meta['rank']} is also claimed by {other}")
-        by_rank[meta["rank"]] = meta["file_name"]
+        by_rank[key] = meta["file_name"]
 
 
 def _trace_meta(
@@ -159,13 +166,16 @@ def _trace_meta(
     span = pc.max(busy["end_ns"]).as_py() - pc.min(busy["start_ns"]).as_py() if busy.num_rows else 0
     kernel_count = (pc.sum(pc.equal(gpu["kind"], "kernel")).as_py() or 0) if gpu.num_rows else 0
     warnings = list(trace.warnings)
-    if gpu.num_rows == 0:
+    if gpu.num_rows == 0 and trace.source != "ncu":
         warnings.append("no GPU activity in this trace (CPU-only or unsupported accelerator)")
     name = os.path.basename(source.name.rsplit(":", 1)[-1]) or source.name
     if trace.rank is None:
-        if not single:
+        if trace.source == "ncu":
+            rank = None  # the rank of the timeline it describes: set by pair_ncu_traces
+        elif not single:
             raise InputError(source.name, "cannot tell this file's rank")
-        rank = 0
+        else:
+            rank = 0
     else:
         rank = trace.rank
     return {

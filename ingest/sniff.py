@@ -37,7 +37,7 @@ _WHITESPACE = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*")
 
 
 def sniff(name: str, data: bytes) -> str:
-    """Format of decompressed ``data``: currently only ``"kineto"`` is accepted."""
+    """Format of decompressed ``data``: ``"kineto"`` or ``"ncu"`` (Nsight Compute CSV or report)."""
     head = data[:4096]
     for magic, reason in _MAGIC:
         if head.startswith(magic):
@@ -52,10 +52,8 @@ def sniff(name: str, data: bytes) -> str:
         raise InputError(name, "SQLite database, not a trace")
     if head.startswith(_NSYS_REPORT) or _NSYS_EXT.search(name):
         raise InputError(name, _nsys_report_reason(name))
-    if name.lower().endswith(".ncu-rep") or head.startswith(b"NVR\x00"):
-        raise InputError(
-            name, "Nsight Compute report: Nsight Compute ingest is not available in this version"
-        )
+    if name.lower().endswith(".ncu-rep") or head.startswith((b"NVIDIA Nsight Compute", b"NVR\x00")):
+        return "ncu"  # ingest/ncu.py exports it with ncu, or says how to
     if head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05":
         raise InputError(
             name, "Python pickle (e.g. a CUDA memory snapshot), not a PyTorch profiler trace"
@@ -70,6 +68,8 @@ def sniff(name: str, data: bytes) -> str:
         raise InputError(name, "binary data, not a JSON trace")
     first = text[:1]
     line = text.split(b"\n", 1)[0]
+    if line.startswith(_NCU_CSV) or (text.startswith(b"==PROF==") and b"\n" + _NCU_CSV in text):
+        return "ncu"  # Nsight Compute CSV (--page raw or details), maybe after ncu's log lines
     if first not in b"[{<" and (b'","' in line or (first != b'"' and b"," in line)):
         raise InputError(name, _csv_reason(line))
     if first == b"[":

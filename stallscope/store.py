@@ -33,7 +33,7 @@ import duckdb
 from stallscope.errors import NotFoundError
 
 STORE_FORMAT = "stallscope-store/1"
-TABLES = ("gpu", "host", "ranges", "collectives", "names", "threads", "devices")
+TABLES = ("gpu", "host", "ranges", "collectives", "names", "threads", "devices", "kernel_metrics")
 
 
 def default_store_path() -> Path:
@@ -233,6 +233,12 @@ _EMPTY = {
     "names": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER name_id, NULL::VARCHAR name)",
     "threads": "(SELECT NULL::VARCHAR trace_id, NULL::BIGINT pid, NULL::BIGINT tid, NULL::VARCHAR name)",
     "devices": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER device, NULL::VARCHAR name, NULL::INTEGER sm_count)",
+    "kernel_metrics": "(SELECT NULL::VARCHAR trace_id, NULL::BIGINT kernel_index, NULL::INTEGER name_id,"
+    " NULL::BIGINT pid, NULL::INTEGER device, NULL::BIGINT stream, NULL::INTEGER grid_x, NULL::INTEGER grid_y,"
+    " NULL::INTEGER grid_z, NULL::INTEGER block_x, NULL::INTEGER block_y, NULL::INTEGER block_z,"
+    " NULL::VARCHAR section, NULL::VARCHAR metric, NULL::DOUBLE value, NULL::VARCHAR value_text,"
+    " NULL::VARCHAR unit, NULL::VARCHAR timeline_trace_id, NULL::INTEGER timeline_name_id,"
+    " NULL::BIGINT timeline_correlation, NULL::BIGINT timeline_start_ns, NULL::BIGINT timeline_end_ns)",
 }
 
 _CATALOG_COLUMNS = (
