@@ -63,6 +63,7 @@ class Source:
     name: str
     loader: Callable[[], bytes]
     file_bytes: int
+    path: Path | None = None  # plain files: hashed by streaming, without keeping the bytes
     _raw: bytes | None = None
     _hash: str | None = None
 
@@ -74,8 +75,27 @@ class Source:
     @property
     def file_hash(self) -> str:
         if self._hash is None:
-            self._hash = hashlib.blake2b(self.raw(), digest_size=16).hexdigest()
+            digest = hashlib.blake2b(digest_size=16)
+            if self._raw is None and self.path is not None:
+                self.raw_size_check()
+                try:
+                    with open(self.path, "rb") as fh:
+                        while chunk := fh.read(_CHUNK):
+                            digest.update(chunk)
+                except OSError as exc:
+                    raise InputError(
+                        self.name, f"cannot read file ({exc.strerror or exc})"
+                    ) from None
+            else:
+                digest.update(self.raw())
+            self._hash = digest.hexdigest()
         return self._hash
+
+    def raw_size_check(self) -> None:
+        """Refuse a plain file too large to be a trace before reading it."""
+        limit = max_trace_bytes()
+        if self.file_bytes > limit + limit // 1000 + 1024:
+            raise InputError(self.name, f"file is larger than {_limit_reason(limit)}")
 
     def read(self) -> bytes:
         """Decompressed contents; raises InputError on corrupt or oversized data."""
@@ -176,7 +196,7 @@ def _file_source(path: Path, display: str) -> Source:
         except OSError as exc:
             raise InputError(display, f"cannot read file ({exc.strerror or exc})") from None
 
-    return Source(name=display, loader=load, file_bytes=size)
+    return Source(name=display, loader=load, file_bytes=size, path=path)
 
 
 def zip_sources(path: Path, display: str) -> list[Source]:

@@ -221,11 +221,6 @@ def test_missing_file(cli, template, tmp_path):
     _check_refusal(*analyze, str(missing))
 
 
-@pytest.mark.xfail(
-    reason="stallscope/commands/analyze.py resolve_targets treats a missing path as a store id "
-    "('... is not a trace or job id') instead of saying the file does not exist",
-    strict=False,
-)
 def test_analyze_says_a_missing_file_is_missing(cli, template, tmp_path):
     missing = tmp_path / "rank0.pt.trace.json"
     _, analyze = _run_both(cli, template, tmp_path, str(missing))

@@ -8,6 +8,7 @@ import sys
 
 from stallscope.analyzers.base import SEVERITIES
 from stallscope.cli import EXIT_FINDINGS, EXIT_OK, add_store_option, open_store
+from stallscope.errors import InputError
 from stallscope.render import FORMATS
 
 
@@ -77,8 +78,9 @@ def resolve_targets(store, targets: list[str], each: bool):
             progress.done()
         jobs += [store.traces(r.job_id) for r in results]
     for ref in (t for t in targets if not os.path.exists(t)):
-        refs = store.resolve(ref)
-        jobs.append(refs)
+        if _looks_like_path(ref):
+            raise InputError(ref, "no such file or directory")
+        jobs.append(store.resolve(ref))
     return jobs
 
 
@@ -100,3 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if args.fail_on and worst and severity_at_least(worst, args.fail_on):
         return EXIT_FINDINGS
     return EXIT_OK
+
+
+def _looks_like_path(target: str) -> bool:
+    """A missing file, not a store id: ids are 12 hex digits (or a prefix)."""
+    return "/" in target or os.sep in target or "." in target
