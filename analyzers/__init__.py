@@ -5,7 +5,7 @@ Each module exposes ``SPEC`` (:class:`~stallscope.analyzers.base.AnalyzerSpec`).
 
 from __future__ import annotations
 
-from stallscope.analyzers import gpu_idle, launch_overhead, step_breakdown, utilization
+from stallscope.analyzers import gpu_idle, launch_overhead, occupancy, step_breakdown, utilization
 from stallscope.analyzers.base import AnalyzerSpec
 
 REGISTRY: dict[str, AnalyzerSpec] = {
@@ -15,6 +15,7 @@ REGISTRY: dict[str, AnalyzerSpec] = {
         gpu_idle.SPEC,
         launch_overhead.SPEC,
         step_breakdown.SPEC,
+        occupancy.SPEC,
     )
 }
 

@@ -84,7 +84,10 @@ def test_every_sample_ingests_with_its_ranks(analyzed):
     "scenario", ["healthy", "cuda_graph", "cuda_graph_runahead", "ddp_overlap", "occupancy"]
 )
 def test_controls_have_nothing_above_low(analyzed, scenario):
-    assert findings(analyzed, scenario, floor="medium") == [], scenario
+    found = findings(analyzed, scenario, floor="medium")
+    if scenario == "occupancy":  # its planted kernel is for the occupancy analyzer (test_occupancy.py)
+        found = [f for f in found if f.evidence.get("kernel") != "low_occupancy_smem_kernel"]
+    assert found == [], scenario
 
 
 def test_healthy_gpu_is_busy(analyzed):

@@ -1,0 +1,457 @@
+"""``occupancy``: kernels that matter running at low occupancy, why, whether it hurts, the fix.
+
+Per trace and device, kernels are grouped by launch signature (name, grid,
+block, registers, shared memory). For each group: **theoretical occupancy**
+from the launch configuration and the device limits
+(:mod:`stallscope.gpu_specs`), the **limiter** (registers, shared memory,
+warps or blocks per SM), **waves** per SM and the idle tail; Kineto's
+``est. achieved occupancy %`` is shown as what it is (a grid-capped
+estimate). When Nsight Compute results of the kernel are in the job
+(:mod:`stallscope.ncu_metrics`): achieved occupancy, ncu's limiter, the top
+warp-stall reasons, compute/memory speed-of-light and the **bound**
+(compute, memory, latency), a roofline point; "not measured" where a section
+is missing. A job of ncu results alone is analysed the same way, weighted by
+ncu's kernel durations.
+
+A finding is raised for a kernel with at least ``min_share_pct`` of the
+device's kernel time whose theoretical occupancy is below ``low_pct``, or
+whose achieved occupancy is ``achieved_gap_pts`` below theoretical, unless
+ncu shows it at ``near_sol_pct`` of a throughput peak (then it is bound by
+that unit, not by occupancy). Time lost (estimate) = kernel time x (1 -
+max(occupancy / target, speed-of-light / 100)). Without ncu, tuned library
+kernels (cuBLAS ``nvjet``, CUTLASS, cuDNN, flash attention) are held at
+``low``: they trade occupancy for tile size by design.
+
+Metrics per trace and device: ``occupancy_weighted_pct`` (GPU-time-weighted
+theoretical occupancy of compute kernels), ``low_occupancy_time_pct``,
+``achieved_occupancy_weighted_pct`` (ncu). docs/analyzers/occupancy.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.gpu_specs import (
+    DeviceLimits,
+    device_limits,
+    occupancy,
+    regs_for_blocks,
+    smem_for_blocks,
+    tail_idle_pct,
+    waves,
+)
+from stallscope.ingest.ncu_match import kernel_base_name
+from stallscope.jobdata import JobData
+from stallscope.ncu_metrics import HOW_TO_MEASURE, Profile, profiles
+
+THRESHOLDS = (
+    Threshold("low_pct", 50.0, "%", "theoretical occupancy below this is low (and the target of the gain estimate)", maximum=100),
+    Threshold("achieved_gap_pts", 20.0, "points", "achieved occupancy (Nsight Compute) this far below theoretical is flagged", maximum=100),
+    Threshold("min_share_pct", 5.0, "%", "share of the device's kernel time a kernel needs to be considered", maximum=100),
+    Threshold("near_sol_pct", 60.0, "%", "compute or memory throughput (% of peak, Nsight Compute) at which a kernel is bound by it, not by occupancy", maximum=100),
+    Threshold("loss_pct_low", 2.0, "%", "estimated time lost, % of the device's kernel time, for a low-severity finding", maximum=100),
+    Threshold("loss_pct_medium", 5.0, "%", "estimated time lost for a medium-severity finding", maximum=100),
+    Threshold("loss_pct_high", 15.0, "%", "estimated time lost for a high-severity finding (the highest this analyzer gives)", maximum=100),
+    Threshold("min_impact_ms", 0.5, "ms", "estimated time lost below which nothing is reported"),
+)  # fmt: skip
+TABLE_ROWS = 20
+MAX_WINDOWS = 20
+LIBRARY_KERNEL = re.compile(
+    r"(?i)nvjet|cutlass|cublas|xmma|gemm|gemv|^bmm_|cudnn|flash|fmha|wgmma|tensorop|_mma_|trtllm"
+    r"|^(ampere|volta|turing|hopper)_|(^|_)sm\d{2,3}[af]?(_|$)"
+)
+_OPTIONAL = (
+    "est_occupancy_pct",
+    "static_shared_mem_bytes",
+    "dynamic_shared_mem_bytes",
+    "shared_mem_bytes",
+)
+
+
+def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    result = AnalyzerResult()
+    timelines = [r for r in job.traces if r.meta.get("source") != "ncu"]
+    paired = {r.meta.get("rank") for r in timelines}
+    for ref in timelines:
+        groups = _timeline_groups(job, ref.trace_id)
+        if not groups:
+            continue
+        ncu = profiles(job, timeline=ref.trace_id)
+        for device in sorted({g["device"] for g in groups}):
+            rows = [g for g in groups if g["device"] == device]
+            dev = _limits(job, ref.trace_id, device)
+            _analyze(job, result, ref, device, rows, dev, ncu, params, source="timeline")
+    for rank in sorted(
+        {r.meta.get("rank") for r in job.traces if r.meta.get("source") == "ncu"} - paired
+    ):
+        refs = [
+            r for r in job.traces if r.meta.get("source") == "ncu" and r.meta.get("rank") == rank
+        ]
+        ncu = profiles(job, ncu_traces=[r.trace_id for r in refs])
+        rows = _ncu_groups(ncu)
+        dev = next((d for r in refs if (d := _limits(job, r.trace_id, None))), None)
+        _analyze(job, result, refs[0], None, rows, dev, ncu, params, source="ncu")
+    return result
+
+
+def _timeline_groups(job: JobData, trace: str) -> list[dict]:
+    have = {r[0] for r in job.sql("SELECT column_name FROM (DESCRIBE gpu)").fetchall()}
+    col = {c: (f"g.{c}" if c in have else "NULL") for c in _OPTIONAL}
+    smem = f"coalesce({col['shared_mem_bytes']}, {col['static_shared_mem_bytes']} + {col['dynamic_shared_mem_bytes']})"
+    rows = job.sql(
+        f"""
+        SELECT g.device, n.name, g.grid_x, g.grid_y, g.grid_z, g.block_x, g.block_y, g.block_z,
+               g.registers_per_thread AS regs, {smem} AS smem, count(*) AS launches,
+               sum(g.end_ns - g.start_ns) AS gpu_ns, avg({col["est_occupancy_pct"]}) AS kineto_est,
+               bool_or(coalesce(g.is_comm, false)) AS is_comm
+        FROM gpu g JOIN names n ON n.trace_id = g.trace_id AND n.name_id = g.name_id
+        WHERE g.trace_id = ? AND g.kind = 'kernel'
+        GROUP BY ALL ORDER BY gpu_ns DESC, n.name
+        """,
+        [trace],
+    ).fetchall()
+    keys = ("device", "kernel", "gx", "gy", "gz", "bx", "by", "bz", "regs", "smem", "launches",
+            "gpu_ns", "kineto_est", "is_comm")  # fmt: skip
+    return [dict(zip(keys, r, strict=True)) for r in rows]
+
+
+def _ncu_groups(ncu: dict[tuple, Profile]) -> list[dict]:
+    """Kernel groups of an ncu-only job: GPU time = ncu duration x profiled launches."""
+    rows = []
+    for (kernel, grid, block), p in ncu.items():
+        static, dynamic = p.get("static_smem_bytes"), p.get("dynamic_smem_bytes")
+        regs = p.get("registers_per_thread")
+        rows.append({
+            "device": None, "kernel": kernel, **_xyz("g", grid), **_xyz("b", block),
+            "regs": None if regs is None else int(regs),
+            "smem": None if static is None or dynamic is None else int(round(static + dynamic)),
+            "launches": p.results, "gpu_ns": int((p.get("duration_ns") or 0) * p.results),
+            "kineto_est": None, "is_comm": False,
+        })  # fmt: skip
+    return sorted(rows, key=lambda r: (-r["gpu_ns"], r["kernel"]))
+
+
+def _xyz(prefix: str, dims) -> dict:
+    return {f"{prefix}{a}": (dims[i] if dims else None) for i, a in enumerate("xyz")}
+
+
+def _limits(job: JobData, trace: str, device: int | None) -> DeviceLimits | None:
+    cur = job.sql(
+        "SELECT * FROM devices WHERE trace_id = ? AND (? IS NULL OR device = ?) ORDER BY device",
+        [trace, device, device],
+    )
+    cols = [d[0] for d in cur.description]
+    row = cur.fetchone()
+    dev = device_limits(dict(zip(cols, row, strict=True))) if row else None
+    if dev is None and device is not None:  # e.g. an nsys trace without TARGET_INFO_GPU: ask ncu
+        other = job.sql(
+            "SELECT DISTINCT trace_id FROM kernel_metrics WHERE timeline_trace_id = ?", [trace]
+        ).fetchall()
+        dev = next((d for (t,) in other if (d := _limits(job, t, device))), None)
+    return dev
+
+
+def _analyze(job, result, ref, device, rows, dev, ncu, params, *, source: str) -> None:
+    trace, rank = ref.trace_id, int(ref.meta.get("rank") or 0)
+    total = sum(r["gpu_ns"] for r in rows)
+    if not total:
+        return
+    table = [_row(r, dev, ncu.get(_key(r)), total, params) for r in rows]
+    compute = [t for t in table if not t["is_comm"] and t["theoretical_occupancy_pct"] is not None]
+    weighted = _weighted(compute, lambda t: t["theoretical_occupancy_pct"])
+    if weighted is not None:
+        low_ns = sum(
+            t["gpu_ns"] for t in compute if t["theoretical_occupancy_pct"] < params["low_pct"]
+        )
+        low = 100 * low_ns / sum(t["gpu_ns"] for t in compute)
+        result.metrics.append(
+            Metric(trace, rank, device, "occupancy_weighted_pct", round(weighted, 3), "%")
+        )
+        result.metrics.append(
+            Metric(trace, rank, device, "low_occupancy_time_pct", round(low, 3), "%")
+        )
+    measured = [t for t in table if not t["is_comm"] and isinstance(t["ncu"], dict)
+                and t["ncu"].get("achieved_occupancy_pct") is not None]  # fmt: skip
+    achieved = _weighted(measured, lambda t: t["ncu"]["achieved_occupancy_pct"])
+    if achieved is not None:
+        result.metrics.append(
+            Metric(trace, rank, device, "achieved_occupancy_weighted_pct", round(achieved, 3), "%")
+        )
+    library = []
+    for row in table:
+        finding = _finding(trace, rank, device, row, dev, total, params, source)
+        if finding and source == "timeline":
+            finding.windows = _windows(job, trace, device, row)
+        if finding and finding.evidence.get("library_kernel"):
+            library.append(finding)
+        elif finding:
+            result.findings.append(finding)
+    if library:
+        result.findings.append(_library_finding(library))
+    result.findings.append(_table_finding(trace, rank, device, table, dev, total, weighted, source))
+
+
+def _weighted(rows: list[dict], value) -> float | None:
+    """GPU-time-weighted mean of ``value(row)``; None without GPU time."""
+    ns = sum(t["gpu_ns"] for t in rows)
+    return sum(value(t) * t["gpu_ns"] for t in rows) / ns if ns else None
+
+
+def _key(r: dict) -> tuple:
+    grid = (r["gx"], r["gy"], r["gz"]) if r["gx"] else None
+    block = (r["bx"], r["by"], r["bz"]) if r["bx"] else None
+    return (r["kernel"], grid, block)
+
+
+def _row(r: dict, dev: DeviceLimits | None, prof: Profile | None, total: int, params) -> dict:
+    threads = (r["bx"] or 0) * (r["by"] or 0) * (r["bz"] or 0)
+    # No register count (ROCm traces): the other limits alone would overstate it.
+    occ = occupancy(dev, threads, r["regs"], r["smem"]) if dev and r["regs"] is not None else None
+    grid_blocks = (r["gx"] or 0) * (r["gy"] or 0) * (r["gz"] or 0)
+    wave = waves(dev, grid_blocks, occ.blocks_per_sm) if occ and dev else None
+    theo = occ.occupancy_pct if occ else (prof.get("theoretical_pct") if prof else None)
+    return {
+        "kernel": r["kernel"], "launches": int(r["launches"]), "gpu_ns": int(r["gpu_ns"]),
+        "share_pct": round(100 * r["gpu_ns"] / total, 2), "is_comm": bool(r["is_comm"]),
+        "grid": [r["gx"], r["gy"], r["gz"]], "block": [r["bx"], r["by"], r["bz"]],
+        "registers_per_thread": r["regs"], "shared_mem_bytes": r["smem"],
+        "theoretical_occupancy_pct": None if theo is None else round(theo, 4),
+        "occupancy_from": _source_of(occ, theo, dev, r),
+        "limiter": occ.limiters if occ else (prof.limiters() if prof else None),
+        "blocks_per_sm": occ.blocks_per_sm if occ else None,
+        "limits_blocks_per_sm": occ.limits if occ else None,
+        "waves_per_sm": None if wave is None else round(wave, 3),
+        "tail_idle_pct": None if wave is None else round(tail_idle_pct(wave), 1),
+        "kineto_est_achieved_occupancy_pct": None if r["kineto_est"] is None else round(r["kineto_est"], 1),
+        "ncu": _ncu_part(prof, params) if prof else "no Nsight Compute profile of this kernel",
+        "_occ": occ,
+    }  # fmt: skip
+
+
+def _source_of(occ, theo, dev, r) -> str:
+    if occ:
+        return "launch configuration" + (
+            " (no shared memory size: an upper bound)" if r["smem"] is None else ""
+        )
+    if theo is not None:
+        return "Nsight Compute"
+    if dev is None:
+        return "not computable: device limits unknown"
+    return "not computable: " + (
+        "no register count in the trace" if r["regs"] is None else "no block size"
+    )
+
+
+def _ncu_part(p: Profile, params) -> dict:
+    theo, achieved = p.get("theoretical_pct"), p.get("achieved_pct")
+    sm, mem = p.get("compute_sol_pct"), p.get("memory_sol_pct")
+    roof = p.roofline()
+    return {
+        "profiled_launches": p.results,
+        "theoretical_occupancy_pct": _r(theo) if theo is not None else HOW_TO_MEASURE["occupancy"],
+        "achieved_occupancy_pct": _r(achieved),
+        "limiter": p.limiters() or HOW_TO_MEASURE["occupancy"],
+        "compute_sol_pct": _r(sm) if sm is not None else HOW_TO_MEASURE["sol"],
+        "memory_sol_pct": _r(mem) if mem is not None else HOW_TO_MEASURE["sol"],
+        "bound": p.bound(params["near_sol_pct"]) or HOW_TO_MEASURE["sol"],
+        "top_stalls": p.top_stalls() or HOW_TO_MEASURE["stalls"],
+        "roofline": roof or HOW_TO_MEASURE["roofline"],
+    }
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _finding(trace, rank, device, row, dev, total, params, source) -> Finding | None:
+    if (
+        row["is_comm"]
+        or row["share_pct"] < params["min_share_pct"]
+        or row["theoretical_occupancy_pct"] is None
+    ):
+        return None
+    theo, ncu = (
+        row["theoretical_occupancy_pct"],
+        row["ncu"] if isinstance(row["ncu"], dict) else None,
+    )
+    achieved = ncu.get("achieved_occupancy_pct") if ncu else None
+    sol = [
+        v
+        for v in ((ncu or {}).get("compute_sol_pct"), (ncu or {}).get("memory_sol_pct"))
+        if isinstance(v, float | int)
+    ]
+    peak = max(sol) if sol else None
+    if peak is not None and peak >= params["near_sol_pct"]:
+        return None  # bound by compute or memory throughput: occupancy is not what limits it
+    if theo < params["low_pct"]:
+        kind, ratio = (
+            "low_theoretical",
+            (achieved if achieved is not None else theo) / params["low_pct"],
+        )
+    elif achieved is not None and theo - achieved > params["achieved_gap_pts"]:
+        kind, ratio = "achieved_gap", achieved / theo
+    else:
+        return None
+    lost = int(row["gpu_ns"] * max(0.0, 1.0 - max(min(ratio, 1.0), (peak or 0.0) / 100)))
+    severity = _severity(100 * lost / total, lost, params)
+    if severity is None:
+        return None
+    capped = ncu is None and LIBRARY_KERNEL.search(row["kernel"]) is not None
+    name = kernel_base_name(row["kernel"]) or row["kernel"]
+    why, fix = _why_and_fix(kind, row, dev, achieved)
+    hurts = _hurts(ncu, name)
+    evidence = {k: v for k, v in row.items() if k != "_occ"}
+    evidence.update(
+        key=_key_of(row), kind=kind, estimated_loss_ns=lost, source=source, library_kernel=capped
+    )
+    return Finding(
+        analyzer="occupancy", trace=trace, rank=rank, device=device, severity=severity,
+        title=(f"{name}: {theo:.1f}% theoretical occupancy ({'/'.join(row['limiter'] or ['?'])}-limited), "
+               f"{row['share_pct']:.0f}% of GPU time" if kind == "low_theoretical" else
+               f"{name}: achieved occupancy {achieved:.1f}% of a theoretical {theo:.1f}%, "
+               f"{row['share_pct']:.0f}% of GPU time"),
+        detail=f"{row['launches']} launches, {row['gpu_ns'] / 1e6:.2f} ms. {why} {hurts}",
+        recommendation=fix, impact_ns=lost, evidence=evidence,
+    )  # fmt: skip
+
+
+def _why_and_fix(kind: str, row: dict, dev: DeviceLimits | None, achieved) -> tuple[str, str]:
+    occ, threads = row["_occ"], math.prod(b or 1 for b in row["block"])
+    wave_text = ""
+    if row["waves_per_sm"] is not None and row["waves_per_sm"] < 1:
+        wave_text = (f" The grid fills only {100 * row['waves_per_sm']:.0f}% of the GPU's block slots "
+                     "(less than one wave): launch more blocks (split the work, split-K).")  # fmt: skip
+    if kind == "achieved_gap":
+        tail = (
+            f"; the last of {row['waves_per_sm']:.2f} waves leaves {row['tail_idle_pct']:.0f}% of block slots idle"
+            if row["waves_per_sm"]
+            else ""
+        )
+        return (f"Warps are active only {achieved:.1f}% of the time against {row['theoretical_occupancy_pct']:.1f}% possible{tail}.",
+                "Look for load imbalance between blocks, a small or uneven grid (tail effect), or long-running "
+                "early-exit warps; give each block similar work and enough waves (several per SM)." + wave_text)  # fmt: skip
+    if occ is None or dev is None:
+        return ("The limiter comes from Nsight Compute.", "See the limiter in the evidence.")
+    b, b2 = occ.blocks_per_sm, occ.blocks_per_sm + 1
+    text = {
+        "shared_memory": (f"Shared memory: each block takes {occ.smem_per_block} B (with {dev.reserved_smem_per_block} B reserved "
+                          f"by the driver) of {dev.smem_per_sm} B per SM, so {b} block(s) fit.",
+                          f"Use smaller shared-memory tiles: at most {smem_for_blocks(dev, b2)} B per block allows {b2} blocks "
+                          "per SM (fewer pipeline stages, smaller BLOCK sizes; in Triton lower num_stages or the tile sizes)."),
+        "registers": (f"Registers: {row['registers_per_thread']} per thread ({occ.regs_per_warp} per warp) allow {b} block(s) "
+                      f"of {occ.warps_per_block} warps.",
+                      f"Cap registers at {regs_for_blocks(dev, threads, b2)} per thread for {b2} blocks per SM: "
+                      f"__launch_bounds__({threads}, {b2}) or -maxrregcount (check for spills); in Triton smaller "
+                      "BLOCK sizes or more num_warps spread the tile over more threads."),
+        "warps": (f"Block size: {occ.warps_per_block} warps per block fit {b} time(s) into {dev.max_warps_per_sm} warps per SM.",
+                  f"Use a block size that divides {dev.max_warps_per_sm} warps (e.g. 256 or 512 threads)."),
+        "blocks": (f"Small blocks: {threads} threads x at most {dev.max_blocks_per_sm} blocks per SM.",
+                   f"Use bigger blocks (at least {32 * math.ceil(dev.max_warps_per_sm / dev.max_blocks_per_sm)} threads) "
+                   "or more work per block; in Triton raise num_warps."),
+    }  # fmt: skip
+    parts = [text[limiter] for limiter in occ.limiters]  # ties: every limiter must give way
+    return " ".join(p[0] for p in parts), " ".join(p[1] for p in parts) + wave_text
+
+
+def _hurts(ncu: dict | None, name: str) -> str:
+    if ncu is None:
+        return (
+            f"Whether it hurts is not measured: profile it with ncu --set full -k regex:{name}"
+            " and ingest the CSV pages with this trace."
+        )
+    stalls = ncu["top_stalls"]
+    top = (
+        ", ".join(f"{s['reason']} {s['share_pct']}%" for s in stalls)
+        if isinstance(stalls, list)
+        else stalls
+    )
+    return (
+        f"Nsight Compute: {ncu['bound']}-bound (compute {_pct(ncu['compute_sol_pct'])}, memory "
+        f"{_pct(ncu['memory_sol_pct'])} of peak); top warp stalls: {top}."
+    )
+
+
+def _library_finding(findings: list[Finding]) -> Finding:
+    """Library kernels seen only on a timeline: one low finding, no time claimed as lost."""
+    first, rows = findings[0], [f.evidence for f in findings]
+    share = sum(r["share_pct"] for r in rows)
+    occs = sorted({r["theoretical_occupancy_pct"] for r in rows})
+    names = [kernel_base_name(r["kernel"]) for r in rows]
+    listed = "; ".join(f"{n} {r['theoretical_occupancy_pct']:.1f}% ({'/'.join(r['limiter'] or ['?'])}, "
+                       f"{r['share_pct']:.0f}% of GPU time)" for n, r in zip(names, rows, strict=True))  # fmt: skip
+    occ_text = f"{occs[0]:.1f}%" if len(occs) == 1 else f"{occs[0]:.1f}-{occs[-1]:.1f}%"
+    regex = "|".join(sorted({re.escape(n) for n in names}))[:200]
+    return Finding(
+        analyzer="occupancy", trace=first.trace, rank=first.rank, device=first.device, severity="low",
+        title=(f"{len(rows)} library GEMM/attention kernel(s) run at {occ_text} theoretical occupancy, "
+               f"{share:.0f}% of GPU time (by design; whether it hurts is not measured)"),
+        detail=(f"{listed}. cuBLAS, CUTLASS, cuDNN and flash-attention kernels use large register and "
+                "shared-memory tiles and are often compute-bound at low occupancy; the timeline cannot tell."),
+        recommendation=(f"Confirm with Nsight Compute (ncu --set full -k regex:'{regex}') and ingest its CSV pages "
+                        "with this trace. If they turn out latency-bound: shapes that are multiples of 64/128, "
+                        "another algorithm (torch.compile mode='max-autotune'), or batching small GEMMs."),
+        impact_ns=0,
+        evidence={"key": "library", "kernels": rows,
+                  "estimated_loss_upper_bound_ns": sum(r["estimated_loss_ns"] for r in rows)},
+        windows=first.windows,
+    )  # fmt: skip
+
+
+def _pct(value) -> str:
+    return f"{value:.0f}%" if isinstance(value, float | int) else "not measured"
+
+
+def _table_finding(trace, rank, device, table, dev, total, weighted, source) -> Finding:
+    rows = [{k: v for k, v in t.items() if k != "_occ"} for t in table[:TABLE_ROWS]]
+    device_text = f"GPU {device}" if device is not None else "Nsight Compute kernels"
+    return Finding(
+        analyzer="occupancy", trace=trace, rank=rank, device=device, severity="info",
+        title=(f"{device_text}: GPU-time-weighted theoretical occupancy {weighted:.1f}%" if weighted is not None
+               else f"{device_text}: occupancy unknown (no device limits or launch configuration)"),
+        detail=(f"{len(table)} kernel signatures, {total / 1e6:.2f} ms of kernel time; device limits: "
+                f"{dev.name + ' (' + dev.source + ')' if dev else 'unknown'}. The per-kernel table is in the evidence"
+                + (" (Kineto's est. achieved occupancy is a grid-capped estimate, not a measurement)." if source == "timeline"
+                   else "; GPU time is ncu's duration of the profiled launches.")),
+        recommendation="See the occupancy findings for the kernels that lose time, and their fixes.",
+        evidence={"key": "table", "source": source, "kernels": rows,
+                  "device_limits": dev.__dict__ if dev else None},
+    )  # fmt: skip
+
+
+def _windows(job: JobData, trace: str, device: int, row: dict) -> list[list[int]]:
+    """The kernel's longest launches, [start_ns, end_ns]."""
+    dims = " AND ".join(f"g.{c} IS NOT DISTINCT FROM ?" for c in
+                        ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread"))  # fmt: skip
+    rows = job.sql(
+        f"SELECT g.start_ns, g.end_ns FROM gpu g JOIN names n ON n.trace_id = g.trace_id AND n.name_id = g.name_id"
+        f" WHERE g.trace_id = ? AND g.device = ? AND g.kind = 'kernel' AND n.name = ? AND {dims}"
+        f" ORDER BY g.end_ns - g.start_ns DESC, g.start_ns LIMIT {MAX_WINDOWS}",
+        [trace, device, row["kernel"], *row["grid"], *row["block"], row["registers_per_thread"]],
+    ).fetchall()
+    return [[int(a), int(b)] for a, b in rows]
+
+
+def _key_of(row: dict) -> str:
+    text = f"{row['kernel']}|{row['grid']}|{row['block']}|{row['registers_per_thread']}|{row['shared_mem_bytes']}"
+    return "kernel-" + hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
+
+
+def _severity(share: float, lost: int, params) -> str | None:
+    if lost < params["min_impact_ms"] * 1e6:
+        return None
+    for level in ("high", "medium", "low"):
+        if share >= params[f"loss_pct_{level}"]:
+            return level
+    return None
+
+
+SPEC = AnalyzerSpec(
+    id="occupancy",
+    title="Occupancy",
+    description="Kernels with a material share of GPU time at low occupancy: limiter, bound, fix.",
+    run=run,
+    thresholds=THRESHOLDS,
+)
