@@ -191,7 +191,8 @@ def _analyze(job, result, ref, device, rows, dev, ncu, params, *, source: str) -
             result.findings.append(finding)
     if library:
         result.findings.append(_library_finding(library))
-    result.findings.append(_table_finding(trace, rank, device, table, dev, total, weighted, source))
+    kind = "kineto" if ref.meta.get("source") == "kineto" else source
+    result.findings.append(_table_finding(trace, rank, device, table, dev, total, weighted, kind))
 
 
 def _weighted(rows: list[dict], value) -> float | None:
@@ -413,10 +414,10 @@ def _table_finding(trace, rank, device, table, dev, total, weighted, source) -> 
                else f"{device_text}: occupancy unknown (no device limits or launch configuration)"),
         detail=(f"{len(table)} kernel signatures, {total / 1e6:.2f} ms of kernel time; device limits: "
                 f"{dev.name + ' (' + dev.source + ')' if dev else 'unknown'}. The per-kernel table is in the evidence"
-                + (" (Kineto's est. achieved occupancy is a grid-capped estimate, not a measurement)." if source == "timeline"
-                   else "; GPU time is ncu's duration of the profiled launches.")),
+                + (" (Kineto's est. achieved occupancy is a grid-capped estimate, not a measurement)." if source == "kineto"
+                   else "." if source == "timeline" else "; GPU time is ncu's duration of the profiled launches.")),
         recommendation="See the occupancy findings for the kernels that lose time, and their fixes.",
-        evidence={"key": "table", "source": source, "kernels": rows,
+        evidence={"key": "table", "source": "timeline" if source == "kineto" else source, "kernels": rows,
                   "device_limits": dev.__dict__ if dev else None},
     )  # fmt: skip
 
