@@ -1,0 +1,485 @@
+"""Match every collective across the ranks of a job, and time who waited for whom.
+
+:func:`match_collectives` reads the ``collectives`` table of all the job's
+traces (one row per communication kernel per rank) and returns
+:class:`CollectiveMatch`, columnar (numpy), cached on the JobData.
+
+**Participants** are (trace, device) pairs; a rank normally has one.
+
+**Group.** ``pg_name`` when the kernel carries process-group metadata. Without
+it (old traces, name fallback) the kernel's stream is the group when every
+participant uses the same set of communication streams (one NCCL stream per
+communicator and device), else one job-wide group ``""``.
+
+**Key** of a collective instance inside its group: ``seq`` when every row of
+the group has one; else (``op``, order of that op in the group on that rank).
+When ranks hold different counts of an op, each rank is aligned on the rank
+with the most, at the offset where completion times agree best (a collective
+ends at about the same moment everywhere), and a data-quality warning says so.
+An instance is *matched* when every participant of its group has it.
+
+**Clock skew.** For each participant, skew = median over matched instances
+it shares with the reference participant (lowest rank) of
+``end − end_ref``: waiting moves starts, never ends. Skew is corrected
+(subtracted from that participant's times) only when it exceeds
+``skew_tolerance_ns`` and is steady (MAD below half of it); below that the
+ranks are taken to share one clock (same host) and the estimate is reported.
+
+**Wait and transfer** (ns, per row of a matched instance, corrected clock):
+``last = max start over ranks``; ``wait = max(0, min(end, last) − start)``;
+``transfer = max(0, end − max(start, last))``. The straggler of an instance is
+the participant with the latest start (ties: lowest rank). Per instance,
+``transfer_ns`` is the median of the ranks' transfers; with a known size,
+``algbw = bytes / transfer_ns`` (GB/s) and ``busbw = algbw × f(n)`` with
+NCCL-tests factors: all-reduce 2(n−1)/n; all-gather, reduce-scatter,
+all-to-all (n−1)/n; others 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stallscope.jobdata import JobData
+
+SKEW_TOLERANCE_NS = 100_000
+MAX_ALIGN_OFFSET = 64
+ALGO_REGEX = r"_(RING|TREE|NVLS_TREE|NVLS|COLLNET_DIRECT|COLLNET_CHAIN|PAT)_(LL128|LL|SIMPLE)"
+
+# One trace's GPU operations, each with the step whose host ProfilerStep range
+# holds its launch call (else its own start). Per trace: integer keys only.
+ACTIVITY_SQL = """
+WITH launch AS (
+  SELECT correlation, min(start_ns) AS launch_ns FROM host
+  WHERE trace_id = $trace AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1
+), steps AS (
+  SELECT step, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE trace_id = $trace AND kind = 'step'
+), ops AS (
+  SELECT g.device, g.stream, g.kind = 'kernel' AS is_kernel, g.is_comm, g.start_ns, g.end_ns,
+         coalesce(l.launch_ns, g.start_ns) AS anchor_ns
+  FROM gpu g LEFT JOIN launch l USING (correlation)
+  WHERE g.trace_id = $trace AND g.kind IN ('kernel', 'memcpy', 'memset')
+)
+SELECT ops.* EXCLUDE (anchor_ns), CASE WHEN ops.anchor_ns < s.step_end THEN s.step END AS step
+FROM ops ASOF LEFT JOIN steps s ON ops.anchor_ns >= s.step_start
+ORDER BY device, start_ns, end_ns
+"""
+
+_ROWS_SQL = """
+SELECT c.trace_id, c.rank, c.device, c.stream, c.pg_name, c.pg_ranks, c.group_size, c.seq, c.op,
+  CASE WHEN c.op IN ('allgather') THEN c.out_bytes ELSE coalesce(c.in_bytes, c.out_bytes) END AS bytes,
+  c.start_ns, c.end_ns, c.order_in_group,
+  nullif(regexp_extract(n.name, '{algo}', 1) || '_' || regexp_extract(n.name, '{algo}', 2), '_')
+    AS algorithm
+FROM collectives c LEFT JOIN names n ON n.trace_id = c.trace_id AND n.name_id = c.name_id
+"""
+
+
+def gpu_activity(job: JobData) -> dict[tuple[str, int], dict[str, np.ndarray]]:
+    """Kernels, memcpys and memsets of every (trace, device), sorted by start (cached).
+
+    Columns: ``stream``, ``is_kernel`` (else a memcpy or memset), ``is_comm``,
+    ``start_ns``, ``end_ns``, ``step`` (−1 when launched outside every ``ProfilerStep#N``).
+    """
+    if "gpu_activity" not in job.cache:
+        out = {}
+        for ref in job.traces:  # one query per trace: integer sort keys, small joins
+            cols = job.con.execute(ACTIVITY_SQL, {"trace": ref.trace_id}).fetchnumpy()
+            device = cols["device"].astype(np.int64)
+            bounds = np.flatnonzero(np.r_[True, device[1:] != device[:-1], True])
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+                part = slice(lo, hi)
+                out[(ref.trace_id, int(device[lo]))] = {
+                    "stream": cols["stream"][part].astype(np.int64),
+                    "is_kernel": np.asarray(cols["is_kernel"][part], dtype=bool),
+                    "is_comm": np.asarray(cols["is_comm"][part], dtype=bool),
+                    "start_ns": cols["start_ns"][part].astype(np.int64),
+                    "end_ns": cols["end_ns"][part].astype(np.int64),
+                    "step": _masked_int(cols["step"][part]),
+                }
+        job.cache["gpu_activity"] = out
+    return job.cache["gpu_activity"]
+
+
+@dataclass
+class CollectiveMatch:
+    """Collectives of a job, matched across ranks. Times in int64 ns.
+
+    ``rows``: one entry per communication kernel, sorted by (rank, device,
+    start): ``trace_id, rank, device, step, start_ns, end_ns`` (own clock),
+    ``inst`` (instance index, −1 when unmatched), ``wait_ns``,
+    ``transfer_ns``, ``last`` (this rank arrived last).
+    ``instances``: one entry per matched instance: ``group, op, key,
+    size, start_ns`` (first arrival, reference clock), ``last_ns``,
+    ``straggler_rank``, ``straggler_trace``, ``straggler_device``,
+    ``max_wait_ns``, ``transfer_ns``, ``bytes`` (−1 unknown), ``algbw_gbps``,
+    ``busbw_gbps`` (NaN unknown), ``algorithm``.
+    ``skew_ns``/``skew_corrected``: per (trace_id, device).
+    """
+
+    rows: dict[str, np.ndarray]
+    instances: dict[str, np.ndarray]
+    skew_ns: dict[tuple[str, int], int] = field(default_factory=dict)
+    skew_corrected: dict[tuple[str, int], bool] = field(default_factory=dict)
+    methods: dict[str, str] = field(default_factory=dict)  # group -> 'seq' | 'order'
+    warnings: list[str] = field(default_factory=list)
+
+    def waits_of(self, trace_id: str, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """Wait intervals [start, start + wait) of one participant, on its own clock."""
+        r = self.rows
+        mask = (r["trace_id"] == trace_id) & (r["device"] == device) & (r["wait_ns"] > 0)
+        return r["start_ns"][mask], r["start_ns"][mask] + r["wait_ns"][mask]
+
+
+def match_collectives(
+    job: JobData, skew_tolerance_ns: int = SKEW_TOLERANCE_NS
+) -> CollectiveMatch | None:
+    """Matched collectives of the job (cached per tolerance); None when it has none."""
+    key = ("collectives", int(skew_tolerance_ns))
+    if key not in job.cache:
+        job.cache[key] = _match(job, int(skew_tolerance_ns))
+    return job.cache[key]
+
+
+def _match(job: JobData, tolerance: int) -> CollectiveMatch | None:
+    if job.sql("SELECT count(*) FROM collectives").fetchone()[0] == 0:
+        return None
+    r = job.numpy(
+        _ROWS_SQL.format(algo=ALGO_REGEX)
+        + " ORDER BY rank, trace_id, device, start_ns, order_in_group"
+    )
+    # participants: runs of (rank, trace, device) in row order, so numbered by rank
+    trace, device = r["trace_id"].astype(str), r["device"].astype(np.int64)
+    new = np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])]
+    part = np.cumsum(new) - 1
+    r["step"] = _steps_of(job, trace, device, r["start_ns"].astype(np.int64), new)
+    warnings: list[str] = []
+    group = _groups(r, part, warnings)
+    seq = _masked_int(r["seq"])
+    op = r["op"].astype(str)
+    _, gcode = np.unique(group, return_inverse=True)
+    has_seq = np.ones(gcode.max() + 1, dtype=bool)
+    np.logical_and.at(has_seq, gcode, seq >= 0)
+    by_seq = has_seq[gcode]
+    order = _order(part, gcode, op, r["start_ns"])
+    methods = {
+        str(g): ("seq" if has_seq[gcode[i]] else "order")
+        for g, i in zip(*_first_index(group), strict=True)
+    }
+    order = _align(part, gcode, op, order, r["end_ns"], by_seq, group, r["rank"], warnings)
+    _, opcode = np.unique(op, return_inverse=True)
+    key = np.where(by_seq, seq, order)
+    key_op = np.where(by_seq, -1, opcode)
+    _, inst = np.unique(np.stack([gcode, key_op, key]), axis=1, return_inverse=True)
+    inst = inst.reshape(-1)
+    matched = _complete(inst, part, gcode, r, group, warnings)
+    inst = np.where(matched, inst, -1)
+    _, inst = np.unique(inst, return_inverse=True)
+    inst = _by_time(inst.reshape(-1) - (1 if (~matched).any() else 0), r["start_ns"])
+    skew, corrected = _skew(inst, part, r["end_ns"], tolerance)
+    start = r["start_ns"] - np.where(corrected, skew, 0)[part]
+    end = r["end_ns"] - np.where(corrected, skew, 0)[part]
+    rows, instances = _waits(r, inst, part, start, end, group, op, key)
+    keys = [(str(r["trace_id"][i]), int(r["device"][i])) for i in _first_index(part)[1]]
+    return CollectiveMatch(
+        rows=rows,
+        instances=instances,
+        skew_ns={k: int(skew[p]) for p, k in enumerate(keys)},
+        skew_corrected={k: bool(corrected[p]) for p, k in enumerate(keys)},
+        methods=methods,
+        warnings=warnings,
+    )
+
+
+def _steps_of(job, trace, device, start, new) -> np.ndarray:
+    """Step of each collective kernel: that of the GPU operation starting when it starts."""
+    step = np.full(start.size, -1, dtype=np.int64)
+    bounds = np.r_[np.flatnonzero(new), start.size]
+    activity = gpu_activity(job)
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):  # per participant
+        ops = activity.get((str(trace[lo]), int(device[lo])))
+        if ops is None:
+            continue
+        idx = np.minimum(np.searchsorted(ops["start_ns"], start[lo:hi]), ops["start_ns"].size - 1)
+        step[lo:hi] = np.where(ops["start_ns"][idx] == start[lo:hi], ops["step"][idx], -1)
+    return step
+
+
+def _by_time(inst: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """Renumber instances (−1 stays) in order of their first arrival."""
+    ok = inst >= 0
+    if not ok.any():
+        return inst
+    first = np.full(inst.max() + 1, np.iinfo(np.int64).max)
+    np.minimum.at(first, inst[ok], start[ok])
+    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")
+    return np.where(ok, rank[np.where(ok, inst, 0)], -1)
+
+
+def _first_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values in order of first appearance, and that first index."""
+    uniq, idx = np.unique(values, return_index=True)
+    order = np.argsort(idx)
+    return uniq[order], idx[order]
+
+
+def _masked_int(values) -> np.ndarray:
+    """A nullable integer column as int64 with −1 for NULL."""
+    if np.ma.isMaskedArray(values):
+        return values.filled(-1).astype(np.int64)
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype == object:
+        return np.array([-1 if v is None else int(v) for v in arr], dtype=np.int64)
+    return np.nan_to_num(arr.astype(float), nan=-1).astype(np.int64)
+
+
+def _strs(values) -> np.ndarray:
+    """A nullable text column as str with '' for NULL."""
+    if np.ma.isMaskedArray(values):
+        values = values.filled("")
+    return np.array(["" if v is None else str(v) for v in values], dtype=object).astype(str)
+
+
+def _groups(r: dict, part: np.ndarray, warnings: list[str]) -> np.ndarray:
+    """Group of each row: pg_name, else the stream when all ranks share those streams, else ''."""
+    pg = _strs(r["pg_name"])
+    missing = pg == ""
+    if not missing.any():
+        return pg
+    stream = r["stream"].astype(np.int64)
+    sets = {p: frozenset(stream[missing & (part == p)].tolist()) for p in np.unique(part[missing])}
+    same = len(set(sets.values())) == 1 and len(sets) > 1
+    derived = np.char.add("stream ", stream.astype(str)) if same else np.full(pg.size, "")
+    warnings.append(
+        f"{int(missing.sum())} communication kernels carry no process-group metadata: "
+        + (
+            "grouped by their stream (the same on every rank) and matched by kernel order"
+            if same
+            else "matched by kernel order in one job-wide group"
+        )
+    )
+    return np.where(missing, derived, pg)
+
+
+def _order(part, gcode, op, start) -> np.ndarray:
+    """0-based order of each row among the rows of its (participant, group, op), by start."""
+    _, opcode = np.unique(op, return_inverse=True)
+    combo = (part.astype(np.int64) * (gcode.max() + 1) + gcode) * (opcode.max() + 1) + opcode
+    idx = np.lexsort((start, combo))
+    sorted_combo = combo[idx]
+    new = np.r_[True, sorted_combo[1:] != sorted_combo[:-1]]
+    run_start = np.maximum.accumulate(np.where(new, np.arange(idx.size), 0))
+    order = np.empty(idx.size, dtype=np.int64)
+    order[idx] = np.arange(idx.size) - run_start
+    return order
+
+
+def _align(part, gcode, op, order, end, by_seq, group, rank, warnings) -> np.ndarray:
+    """Shift each rank's order where counts differ, so that completion times line up."""
+    order = order.copy()
+    mask = ~by_seq
+    if not mask.any():
+        return order
+    combos = np.unique(np.stack([gcode[mask], np.unique(op, return_inverse=True)[1][mask]]), axis=1)
+    opcode = np.unique(op, return_inverse=True)[1]
+    for g, o in combos.T:  # one pass per (group, op): few, not per event
+        sel = mask & (gcode == g) & (opcode == o)
+        members, counts = np.unique(part[sel], return_counts=True)
+        if counts.min() == counts.max():
+            continue
+        ref = members[np.argmax(counts)]
+        ref_end = end[sel & (part == ref)][np.argsort(order[sel & (part == ref)])]
+        shifts = []
+        for p, c in zip(members, counts, strict=True):
+            rows = np.flatnonzero(sel & (part == p))
+            rows = rows[np.argsort(order[rows])]
+            k = _best_offset(end[rows], ref_end) if p != ref else 0
+            order[rows] += k
+            if c != counts.max():
+                shifts.append(f"rank {int(rank[rows[0]])}: {int(c)} (+{k})")
+        warnings.append(
+            f"group {group[sel][0] or '(none)'!s}, {op[sel][0]}: ranks hold different counts "
+            f"(most: {int(counts.max())}; {', '.join(shifts)}); matched by order after aligning "
+            "completion times"
+        )
+    return order
+
+
+def _best_offset(ends: np.ndarray, ref: np.ndarray) -> int:
+    """Offset k into ``ref`` at which ``ends − ref[k:k+n]`` is steadiest, then closest to 0.
+
+    Steadiest = smallest median absolute deviation (within 10 µs of the best); a
+    constant difference could also be clock skew, so among those the offset
+    with the smallest median difference wins.
+    """
+    n = ends.size
+    offsets = np.arange(min(ref.size - n, MAX_ALIGN_OFFSET) + 1)
+    diffs = np.stack([ends - ref[k : k + n] for k in offsets])
+    med = np.median(diffs, axis=1)
+    mad = np.median(np.abs(diffs - med[:, None]), axis=1)
+    steady = mad <= mad.min() + 10_000
+    return int(offsets[steady][np.argmin(np.abs(med[steady]))])
+
+
+def _complete(inst, part, gcode, r, group, warnings) -> np.ndarray:
+    """Rows whose instance holds every participant of its group (once)."""
+    members = np.zeros((gcode.max() + 1, part.max() + 1), dtype=bool)
+    members[gcode, part] = True
+    expected = members.sum(axis=1)
+    pairs = np.unique(np.stack([inst, part]), axis=1)
+    present = np.bincount(pairs[0], minlength=inst.max() + 1)
+    rows_per = np.bincount(inst, minlength=inst.max() + 1)
+    ok = (present[inst] == expected[gcode]) & (rows_per[inst] == present[inst])
+    ok &= expected[gcode] >= 2
+    unmatched = int((~ok & (expected[gcode] >= 2)).sum())
+    if unmatched:
+        warnings.append(
+            f"{unmatched} communication kernels have no counterpart on every rank of their group "
+            "(profiling windows differ, or point-to-point traffic): not matched"
+        )
+    listed = _listed_ranks(r, group)
+    held = set(np.unique(r["rank"]).tolist())
+    for g, ranks in listed.items():
+        if ranks - held:
+            warnings.append(
+                f"group {g} lists {len(ranks)} ranks, the job holds {len(ranks & held)} of them: "
+                "waits are relative to the captured ranks only"
+            )
+    return ok
+
+
+def _listed_ranks(r: dict, group: np.ndarray) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    text = _strs(r["pg_ranks"])
+    for g, i in zip(*_first_index(group), strict=True):
+        body = text[i].strip("[] ")
+        if body and "..." not in body:
+            try:
+                out[str(g)] = {int(x) for x in body.split(",")}
+            except ValueError:
+                continue
+    return out
+
+
+def _skew(inst, part, end, tolerance) -> tuple[np.ndarray, np.ndarray]:
+    """Per participant: median (end − end of participant 0) over shared instances; corrected?"""
+    nparts = part.max() + 1
+    skew = np.zeros(nparts, dtype=np.int64)
+    corrected = np.zeros(nparts, dtype=bool)
+    ok = inst >= 0
+    if not ok.any():
+        return skew, corrected
+    ref_end = np.full(inst.max() + 1, np.iinfo(np.int64).min)
+    is_ref = ok & (part == 0)
+    ref_end[inst[is_ref]] = end[is_ref]
+    usable = ok & (ref_end[np.where(ok, inst, 0)] != np.iinfo(np.int64).min)
+    d = end[usable] - ref_end[inst[usable]]
+    p = part[usable]
+    for q in np.unique(p):  # per participant
+        dq = d[p == q]
+        med = int(np.median(dq))
+        mad = float(np.median(np.abs(dq - med)))
+        skew[q] = med
+        corrected[q] = abs(med) > tolerance and mad < abs(med) / 2 and dq.size >= 3
+    return skew, corrected
+
+
+def _waits(r, inst, part, start, end, group, op, key):
+    n_inst = int(inst.max()) + 1 if inst.size else 0
+    ok = inst >= 0
+    i = np.where(ok, inst, 0)
+    last = np.full(max(n_inst, 1), np.iinfo(np.int64).min)
+    np.maximum.at(last, inst[ok], start[ok])
+    first = np.full(max(n_inst, 1), np.iinfo(np.int64).max)
+    np.minimum.at(first, inst[ok], start[ok])
+    wait = np.where(ok, np.clip(np.minimum(end, last[i]) - start, 0, None), 0)
+    transfer = np.where(ok, np.clip(end - np.maximum(start, last[i]), 0, None), 0)
+    # straggler: latest start; ties -> lowest rank (rows are sorted by rank)
+    cand = np.flatnonzero(ok)
+    cand = cand[np.lexsort((cand, -start[cand], inst[cand]))]
+    lead = cand[np.r_[True, inst[cand][1:] != inst[cand][:-1]]] if cand.size else cand
+    is_last = np.zeros(inst.size, dtype=bool)
+    is_last[lead] = True
+    max_wait = np.zeros(n_inst, dtype=np.int64)
+    np.maximum.at(max_wait, inst[ok], wait[ok])
+    med_transfer = _group_median(inst[ok], transfer[ok], n_inst)
+    size = np.bincount(inst[ok], minlength=n_inst)
+    nbytes = np.full(n_inst, -1, dtype=np.int64)
+    np.maximum.at(nbytes, inst[ok], _masked_int(r["bytes"])[ok])
+    algbw = np.where(
+        (nbytes > 0) & (med_transfer > 0), nbytes / np.maximum(med_transfer, 1), np.nan
+    )
+    inst_op = op[lead]
+    factor = np.where(
+        inst_op == "allreduce",
+        2 * (size - 1) / size,
+        np.where(
+            np.isin(inst_op, ["allgather", "reducescatter", "alltoall"]), (size - 1) / size, 1.0
+        ),
+    )
+    rows = {
+        "trace_id": r["trace_id"].astype(str),
+        "rank": r["rank"].astype(np.int64),
+        "device": r["device"].astype(np.int64),
+        "step": _masked_int(r["step"]),
+        "start_ns": r["start_ns"].astype(np.int64),
+        "end_ns": r["end_ns"].astype(np.int64),
+        "inst": inst,
+        "wait_ns": wait.astype(np.int64),
+        "transfer_ns": transfer.astype(np.int64),
+        "last": is_last,
+    }
+    instances = {
+        "group": group[lead],
+        "op": inst_op,
+        "key": key[lead],
+        "size": size,
+        "start_ns": first[:n_inst],
+        "last_ns": last[:n_inst],
+        "straggler_rank": rows["rank"][lead],
+        "straggler_trace": rows["trace_id"][lead],
+        "straggler_device": rows["device"][lead],
+        "max_wait_ns": max_wait,
+        "transfer_ns": med_transfer,
+        "bytes": nbytes,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * factor,
+        "algorithm": _strs(r["algorithm"])[lead],
+    }
+    return rows, instances
+
+
+def _group_median(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Median of ``values`` per group id in [0, n) (lower median), 0 for empty groups."""
+    out = np.zeros(n, dtype=np.int64)
+    if values.size == 0:
+        return out
+    idx = np.lexsort((values, groups))
+    g, v = groups[idx], values[idx]
+    starts = np.searchsorted(g, np.arange(n), side="left")
+    counts = np.bincount(g, minlength=n)
+    has = counts > 0
+    out[has] = v[starts[has] + (counts[has] - 1) // 2]
+    return out
+
+
+def covered_length(
+    union: tuple[np.ndarray, np.ndarray], a: np.ndarray, b: np.ndarray
+) -> np.ndarray:
+    """For each [a_i, b_i): how much of it the sorted, disjoint ``union`` covers (ns)."""
+    us, ue = union
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    if us.size == 0:
+        return np.zeros(a.size, dtype=np.int64)
+    lengths = ue - us
+    cum = np.r_[0, np.cumsum(lengths)]
+
+    def before(x: np.ndarray) -> np.ndarray:  # covered length of (-inf, x)
+        idx = np.searchsorted(us, x, side="right") - 1
+        j = np.maximum(idx, 0)
+        return np.where(idx >= 0, cum[j] + np.clip(x - us[j], 0, lengths[j]), 0)
+
+    return before(b) - before(a)

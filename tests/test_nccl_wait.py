@@ -1,0 +1,267 @@
+"""nccl_wait and collective matching on multi-rank traces whose answers are known by hand.
+
+Times in the builders are ns; ``MS`` = 1 ms.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallscope.analyzers import nccl_wait
+from stallscope.collectives import match_collectives
+from stallscope.ingest import ingest_paths
+from stallscope.jobdata import JobData
+from tests.conftest import CORPUS, SAMPLES
+from tests.kineto_builder import KinetoTrace
+
+MS = 1_000_000
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def meta(pg="0", ranks="[0, 1]", nelems=1_000_000, seq=None, op="allreduce") -> dict:
+    args = {
+        "Collective name": op,
+        "In msg nelems": nelems,
+        "Out msg nelems": nelems,
+        "Group size": ranks.count(",") + 1,
+        "dtype": "Float",
+        "Process Group Name": pg,
+        "Process Group Description": "default_pg",
+        "Process Group Ranks": ranks,
+    }
+    if seq is not None:
+        args["Seq"] = seq
+    return args
+
+
+def analyze(store, tmp_path, traces: list[KinetoTrace], **params):
+    paths = [str(t.write(tmp_path / f"rank{t.rank}.json")) for t in traces]
+    (res,) = ingest_paths(store, paths)
+    job = JobData(store, store.traces(res.job_id))
+    result = nccl_wait.run(job, nccl_wait.SPEC.params(params))
+    return job, result
+
+
+def metrics(result) -> dict:
+    return {(m.rank, m.name): m.value for m in result.metrics}
+
+
+def straggler_job() -> list[KinetoTrace]:
+    """3 steps of 100 ms. Rank 0: compute [0,10), all-reduce [10,45).
+
+    Rank 1: host op ``slow_host_work`` [0,38) with its GPU idle, compute [38,40),
+    all-reduce [40,45). So rank 0 waits 30 ms per step (40 - 10), both transfer 5 ms.
+    """
+    ranks = [KinetoTrace(rank=r, world_size=2) for r in (0, 1)]
+    for k in range(3):
+        base = 100 * MS * k
+        for t in ranks:
+            t.step(k, base, 100 * MS)
+        r0, r1 = ranks
+        r0.kernel("gemm", base, 10 * MS)
+        r0.kernel(ALLREDUCE, base + 10 * MS, 35 * MS, stream=20, extra=meta())
+        r1.cpu_op("slow_host_work", base, 38 * MS)
+        r1.kernel("gemm", base + 38 * MS, 2 * MS, device=1)
+        r1.kernel(ALLREDUCE, base + 40 * MS, 5 * MS, device=1, stream=20, extra=meta())
+    return ranks
+
+
+def test_wait_transfer_and_straggler_by_hand(store, tmp_path):
+    job, result = analyze(store, tmp_path, straggler_job())
+    m = metrics(result)
+    assert m[(0, "nccl_wait_ns")] == 3 * 30 * MS and m[(1, "nccl_wait_ns")] == 0
+    assert m[(0, "collective_count")] == m[(1, "collective_count")] == 3
+    match = match_collectives(job)
+    assert match.rows["transfer_ns"].tolist() == [5 * MS] * 6
+    (finding,) = [f for f in result.findings if f.severity != "info"]
+    assert (finding.rank, finding.severity) == (0, "high")  # 90 of 245 ms
+    ev = finding.evidence
+    assert ev["straggler_rank"] == 1 and ev["straggler_main_cause_in"] == "3/3 steps"
+    assert ev["exposed_wait_ns"] == finding.impact_ns == 90 * MS
+    assert [s["wait_ns"] for s in ev["steps"]] == [30 * MS] * 3
+    assert finding.windows[0] == [10 * MS, 40 * MS]
+    job.close()
+
+
+def test_straggler_activity_shows_its_host_work(store, tmp_path):
+    job, result = analyze(store, tmp_path, straggler_job())
+    (finding,) = [f for f in result.findings if f.severity != "info"]
+    doing = finding.evidence["straggler_activity"]
+    # windows [38,40) then [45,140) and [145,240) ms on rank 1's clock: 192 ms, 6 ms of compute
+    assert doing["window_ns"] == 192 * MS
+    assert doing["compute_pct"] == round(100 * 6 / 192, 1)
+    top = doing["top_host_ops"][0]
+    assert (top["name"], top["overlap_ns"]) == ("slow_host_work", 76 * MS)
+    assert doing["idle_by_cause_ns"]["cpu"] == 76 * MS
+    assert "host" in finding.recommendation
+    job.close()
+
+
+def test_summary_has_bus_bandwidth_and_skew(store, tmp_path):
+    job, result = analyze(store, tmp_path, straggler_job())
+    (summary,) = [f for f in result.findings if f.severity == "info"]
+    ev = summary.evidence
+    assert ev["matched"] == 3 and ev["unmatched_kernels"] == 0 and ev["methods"] == {"0": "order"}
+    assert ev["clock_skew_ns"] == {"0": 0, "1": 0} and ev["skew_corrected_ranks"] == []
+    (op,) = ev["ops"]
+    # 1e6 floats = 4 MB in 5 ms: 0.8 GB/s; all-reduce bus factor 2(n-1)/n = 1 for n = 2
+    assert op["median_bytes"] == 4_000_000 and op["median_busbw_gbps"] == 0.8
+    assert op["algorithms"] == ["RING_LL"] and ev["straggler_tally"] == {"0": 0, "1": 3}
+    job.close()
+
+
+def test_sequence_numbers_beat_order(store, tmp_path):
+    """Rank 1's profiler missed seq 5: by order its first kernel would pair with rank 0's seq 5."""
+    r0, r1 = KinetoTrace(rank=0, world_size=2), KinetoTrace(rank=1, world_size=2)
+    for i, seq in enumerate((5, 6, 7)):
+        r0.kernel(ALLREDUCE, i * 10 * MS, 4 * MS, stream=20, extra=meta(seq=seq))
+    for seq in (6, 7):  # arrives 1 ms after rank 0, ends with it
+        start = (seq - 5) * 10 * MS + 1 * MS
+        r1.kernel(ALLREDUCE, start, 3 * MS, device=1, stream=20, extra=meta(seq=seq))
+    job, result = analyze(store, tmp_path, [r0, r1])
+    match = match_collectives(job)
+    assert match.methods == {"0": "seq"}
+    assert metrics(result)[(0, "nccl_wait_ns")] == 2 * MS
+    summary = next(f for f in result.findings if f.severity == "info")
+    assert summary.evidence["unmatched_kernels"] == 1
+    job.close()
+
+
+def test_count_mismatch_is_aligned_on_completion_and_warned(store, tmp_path):
+    """No seq: rank 1 lacks rank 0's first all-reduce; aligned by end times, not by order."""
+    r0, r1 = KinetoTrace(rank=0, world_size=2), KinetoTrace(rank=1, world_size=2)
+    for i in range(4):
+        r0.kernel(ALLREDUCE, i * 10 * MS, 4 * MS, stream=20, extra=meta())
+    for i in range(1, 4):
+        r1.kernel(ALLREDUCE, i * 10 * MS + 3 * MS, 1 * MS, device=1, stream=20, extra=meta())
+    job, result = analyze(store, tmp_path, [r0, r1])
+    assert metrics(result)[(0, "nccl_wait_ns")] == 3 * 3 * MS
+    summary = next(f for f in result.findings if f.severity == "info")
+    assert any("different counts" in w and "(+1)" in w for w in summary.evidence["data_quality"])
+    assert not any(match_collectives(job).skew_corrected.values())
+    job.close()
+
+
+def test_count_mismatch_irregular_spacing_picks_the_steady_offset(store, tmp_path):
+    """Rank 1 misses the last of 4 irregularly spaced all-reduces; its ends match at offset 0."""
+    r0, r1 = KinetoTrace(rank=0, world_size=2), KinetoTrace(rank=1, world_size=2)
+    starts = [0, 7 * MS, 19 * MS, 40 * MS]
+    for s in starts:
+        r0.kernel(ALLREDUCE, s, 4 * MS, stream=20, extra=meta())
+    for s in starts[:3]:
+        r1.kernel(ALLREDUCE, s + 1 * MS, 3 * MS, device=1, stream=20, extra=meta())
+    job, result = analyze(store, tmp_path, [r0, r1])
+    assert metrics(result)[(0, "nccl_wait_ns")] == 3 * MS
+    job.close()
+
+
+def test_name_fallback_groups_by_stream_and_ignores_hip_compute(store, tmp_path):
+    r0, r1 = KinetoTrace(rank=0, world_size=2), KinetoTrace(rank=1, world_size=2)
+    for i in range(3):
+        r0.kernel("hipKernel_gemm_compute", i * 10 * MS, 1 * MS)
+        r0.kernel("ncclKernel_AllReduce_RING_LL_Sum_float", i * 10 * MS + 2 * MS, 4 * MS, stream=9)
+        r1.kernel("ncclKernel_AllReduce_RING_LL_Sum_float", i * 10 * MS + 5 * MS, 1 * MS, device=1, stream=9)  # fmt: skip
+    job, result = analyze(store, tmp_path, [r0, r1])
+    m = metrics(result)
+    assert m[(0, "collective_count")] == 3 and m[(0, "nccl_wait_ns")] == 3 * 3 * MS
+    assert match_collectives(job).methods == {"stream 9": "order"}
+    job.close()
+
+
+def test_clock_skew_between_hosts_is_estimated_and_corrected(store, tmp_path):
+    """Rank 1's clock runs 5 ms ahead. Truly: rank 0 arrives at 0, rank 1 at 2 ms, both end at 3 ms."""
+    r0, r1 = KinetoTrace(rank=0, world_size=2), KinetoTrace(rank=1, world_size=2)
+    for i in range(4):
+        base = i * 20 * MS
+        r0.kernel(ALLREDUCE, base, 3 * MS, stream=20, extra=meta())
+        r1.kernel(ALLREDUCE, base + 7 * MS, 1 * MS, device=1, stream=20, extra=meta())
+    job, result = analyze(store, tmp_path, [r0, r1])
+    match = match_collectives(job)
+    assert list(match.skew_ns.values()) == [0, 5 * MS]
+    assert list(match.skew_corrected.values()) == [False, True]
+    assert metrics(result)[(0, "nccl_wait_ns")] == 4 * 2 * MS  # not 4 x 7 ms
+    job.close()
+
+
+def test_process_groups_are_matched_apart(store, tmp_path):
+    """4 ranks: world all-reduce (rank 3 late by 2 ms), then pg '1' = [0, 1] (rank 1 late by 1 ms)."""
+    traces = [KinetoTrace(rank=r, world_size=4) for r in range(4)]
+    for i in range(2):
+        base = i * 20 * MS
+        for r, t in enumerate(traces):
+            arrive = 2 * MS if r == 3 else 0
+            t.kernel(ALLREDUCE, base + arrive, 3 * MS - arrive, device=r, stream=20, extra=meta(ranks="[0, 1, 2, 3]"))  # fmt: skip
+        for r in (0, 1):
+            arrive = 1 * MS if r == 1 else 0
+            traces[r].kernel(ALLREDUCE, base + 5 * MS + arrive, 2 * MS - arrive, device=r, stream=21, extra=meta(pg="1"))  # fmt: skip
+    job, result = analyze(store, tmp_path, traces, min_impact_ms=0)
+    m = metrics(result)
+    assert [m[(r, "nccl_wait_ns")] for r in range(4)] == [2 * 3 * MS, 2 * 2 * MS, 2 * 2 * MS, 0]
+    summary = next(f for f in result.findings if f.severity == "info")
+    assert summary.evidence["matched"] == 4
+    assert summary.evidence["straggler_tally"] == {"0": 0, "1": 2, "2": 0, "3": 2}
+    job.close()
+
+
+def test_single_rank_job_counts_only(store, tmp_path):
+    t = KinetoTrace(rank=0, world_size=1)
+    t.kernel(ALLREDUCE, 0, 1 * MS, stream=20, extra=meta(ranks="[0]"))
+    job, result = analyze(store, tmp_path, [t])
+    assert metrics(result) == {(0, "collective_count"): 1}
+    assert result.findings == []
+    job.close()
+
+
+# --- the real captures ------------------------------------------------------------------
+
+
+def sample_job(store, scenario: str):
+    files = sorted(str(p) for p in (SAMPLES / "kineto" / scenario).glob("*.pt.trace.json.gz"))
+    (res,) = ingest_paths(store, files)
+    return JobData(store, store.traces(res.job_id))
+
+
+def test_ddp_straggler_names_rank_1_and_rank_0_waits_about_50ms_per_step(store):
+    truth = json.loads(
+        (SAMPLES / "kineto" / "ddp_straggler" / "ddp_straggler.truth.json").read_text()
+    )
+    sleep = truth["measured_per_rank"][1]["planted_sleep_ns_measured"]["median_ns"]  # 50.1 ms
+    job = sample_job(store, "ddp_straggler")
+    result = nccl_wait.run(job, nccl_wait.SPEC.params())
+    (finding,) = [f for f in result.findings if f.severity != "info"]
+    assert finding.rank == 0 and finding.severity in ("high", "critical")
+    ev = finding.evidence
+    assert ev["straggler_rank"] == 1 and ev["straggler_main_cause_in"] == "4/4 steps"
+    for step in ev[
+        "steps"
+    ]:  # the first bucket waits out the sleep; later buckets wait ~0.6 ms each
+        assert sleep <= step["largest_wait_ns"] <= sleep + 2 * MS
+        assert step["largest_wait_ns"] <= step["wait_ns"] <= sleep + 8 * MS
+    assert ev["straggler_activity"]["gpu_busy_pct"] < 30  # rank 1's GPU sat idle during its sleep
+    assert metrics(result)[(1, "nccl_wait_ns")] == 0
+    job.close()
+
+
+def test_ddp_overlap_has_no_straggler(store):
+    job = sample_job(store, "ddp_overlap")
+    result = nccl_wait.run(job, nccl_wait.SPEC.params())
+    assert [f.severity for f in result.findings] == ["info"]
+    assert result.findings[0].evidence["matched"] == 40
+    job.close()
+
+
+DLRM = CORPUS / "param" / "dlrm_kineto"
+
+
+@pytest.mark.skipif(not DLRM.is_dir(), reason="trace corpus not found")
+def test_dlrm_8_ranks_all_collectives_matched(store):
+    (res,) = ingest_paths(store, sorted(str(p) for p in DLRM.glob("*.json.gz")))
+    job = JobData(store, store.traces(res.job_id))
+    result = nccl_wait.run(job, nccl_wait.SPEC.params())
+    summary = next(f for f in result.findings if f.severity == "info")
+    assert summary.evidence["matched"] == 8 and summary.evidence["unmatched_kernels"] == 0
+    assert all(abs(s) <= 2_000 for s in summary.evidence["clock_skew_ns"].values())  # one host
+    assert summary.evidence["straggler_tally"]["7"] == 5  # rank 7 arrives last in 5 of 8
+    job.close()
