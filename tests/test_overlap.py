@@ -1,0 +1,146 @@
+"""overlap on traces whose answers are known by hand, and on the DDP captures.
+
+Times in the builders are ns; ``MS`` = 1 ms.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallscope.analyzers import overlap
+from stallscope.ingest import ingest_paths
+from stallscope.jobdata import JobData
+from tests.conftest import SAMPLES
+from tests.kineto_builder import KinetoTrace
+from tests.test_nccl_wait import ALLREDUCE, meta
+
+MS = 1_000_000
+
+
+def hand_trace(comm_stream: int = 20) -> KinetoTrace:
+    """GPU 0, in ms: compute [0,10) [20,30) on stream 7; all-reduce [5,15) [25,40);
+    copies [12,14) (under comm) and [41,42) (exposed). Steps [0,20) and [20,45).
+
+    comm union 25, hidden [5,10)+[25,30) = 10 -> 40 % overlapped, 15 exposed;
+    copies 3, exposed 1 -> 66.667 %. Step 0: comm 10, exposed 5; step 1: comm 15, exposed 10.
+    """
+    t = KinetoTrace(rank=0, world_size=1)
+    t.step(0, 0, 20 * MS)
+    t.step(1, 20 * MS, 25 * MS)
+    t.kernel("gemm", 0, 10 * MS)
+    t.kernel("gemm", 20 * MS, 10 * MS)
+    t.kernel(ALLREDUCE, 5 * MS, 10 * MS, stream=comm_stream, extra=meta(ranks="[0]"))
+    t.kernel(ALLREDUCE, 25 * MS, 15 * MS, stream=comm_stream, extra=meta(ranks="[0]"))
+    t.memcpy("DtoD", "Device", "Device", 12 * MS, 2 * MS, 1 << 20)
+    t.memcpy("DtoH", "Device", "Pinned", 41 * MS, 1 * MS, 1 << 20)
+    return t
+
+
+def analyze(store, tmp_path, traces, **params):
+    paths = [str(t.write(tmp_path / f"rank{t.rank}.json")) for t in traces]
+    (res,) = ingest_paths(store, paths)
+    job = JobData(store, store.traces(res.job_id))
+    result = overlap.run(job, overlap.SPEC.params(params))
+    job.close()
+    return result
+
+
+def metrics(result) -> dict:
+    return {(m.rank, m.name): m.value for m in result.metrics}
+
+
+def test_metrics_by_hand(store, tmp_path):
+    m = metrics(analyze(store, tmp_path, [hand_trace()]))
+    assert m[(0, "comm_overlap_pct")] == 40.0
+    assert m[(0, "exposed_comm_ns")] == 15 * MS
+    assert m[(0, "memcpy_overlap_pct")] == round(100 * 2 / 3, 3)
+    assert m[(0, "exposed_memcpy_ns")] == 1 * MS
+
+
+def test_finding_per_step_and_windows(store, tmp_path):
+    (f,) = analyze(store, tmp_path, [hand_trace()]).findings
+    assert f.severity == "high"  # 15 of 42 ms = 35.7 %
+    assert f.impact_ns == f.evidence["exposed_transfer_ns"] == 15 * MS
+    steps = [(s["step"], s["comm_ns"], s["exposed_comm_ns"], s["comm_overlap_pct"]) for s in f.evidence["steps"]]  # fmt: skip
+    assert steps == [(0, 10 * MS, 5 * MS, 50.0), (1, 15 * MS, 10 * MS, 33.333)]
+    assert f.windows == [[30 * MS, 40 * MS], [10 * MS, 15 * MS]]
+    assert f.evidence["shared_streams"] == [] and "DistributedDataParallel" in f.recommendation
+
+
+def test_comm_on_the_compute_stream_is_called_out(store, tmp_path):
+    (f,) = analyze(store, tmp_path, [hand_trace(comm_stream=7)]).findings
+    assert f.evidence["shared_streams"] == [7] and "own" in f.recommendation
+
+
+def test_small_exposure_is_info_only(store, tmp_path):
+    (f,) = analyze(store, tmp_path, [hand_trace()], min_impact_ms=20).findings
+    assert f.severity == "info"
+
+
+def test_waiting_for_a_late_rank_is_not_counted_as_exposed_transfer(store, tmp_path):
+    """Rank 0's all-reduce [0,10) waits 9 ms for rank 1 (arrives at 9): 1 ms exposed transfer."""
+    r0, r1 = KinetoTrace(rank=0, world_size=2), KinetoTrace(rank=1, world_size=2)
+    r0.kernel(ALLREDUCE, 0, 10 * MS, stream=20, extra=meta())
+    r1.kernel("gemm", 0, 9 * MS, device=1)
+    r1.kernel(ALLREDUCE, 9 * MS, 1 * MS, device=1, stream=20, extra=meta())
+    result = analyze(store, tmp_path, [r0, r1], min_impact_ms=0)
+    f0 = next(f for f in result.findings if f.rank == 0)
+    assert f0.evidence["exposed_wait_ns"] == 9 * MS and f0.impact_ns == 1 * MS
+    assert metrics(result)[(0, "exposed_comm_ns")] == 10 * MS
+
+
+def test_no_comm_no_comm_metrics(store, tmp_path):
+    t = KinetoTrace()
+    t.kernel("hipLaunchKernelGGL_gemm", 0, 5 * MS)  # a hip* compute kernel is not communication
+    t.memcpy("HtoD", "Pinned", "Device", 6 * MS, 1 * MS, 4096)
+    result = analyze(store, tmp_path, [t])
+    assert metrics(result) == {(0, "memcpy_overlap_pct"): 0.0, (0, "exposed_memcpy_ns"): 1 * MS}
+    assert result.findings == []
+
+
+# --- the real captures ------------------------------------------------------------------
+
+
+def sample(store, scenario: str):
+    files = sorted(str(p) for p in (SAMPLES / "kineto" / scenario).glob("*.pt.trace.json.gz"))
+    (res,) = ingest_paths(store, files)
+    job = JobData(store, store.traces(res.job_id))
+    result = overlap.run(job, overlap.SPEC.params())
+    job.close()
+    truth = json.loads(next((SAMPLES / "kineto" / scenario).glob("*.truth.json")).read_text())
+    return result, truth
+
+
+@pytest.mark.parametrize("scenario", ["ddp_overlap", "ddp_no_overlap", "ddp_straggler"])
+def test_per_step_overlap_matches_the_truth_files(store, scenario):
+    """Truth ``trace_review`` per step (CPU step windows); ours uses launch-based step windows."""
+    result, truth = sample(store, scenario)
+    for rank in (0, 1):
+        review = truth["trace_review"][f"rank{rank}.pt.trace.json.gz"]["per_step"]
+        (f,) = [f for f in result.findings if f.rank == rank]
+        ours = f.evidence["steps"]
+        assert len(ours) == len(review)
+        for mine, theirs in zip(ours, review, strict=True):
+            assert abs(mine["comm_overlap_pct"] - 100 * theirs["nccl_overlap_frac"]) < 1.0
+            assert abs(mine["exposed_comm_ns"] / 1e6 - theirs["nccl_exposed_ms"]) < 0.05
+
+
+def test_ddp_overlap_is_high_and_no_overlap_is_zero(store):
+    healthy, _ = sample(store, "ddp_overlap")
+    serial, _ = sample(store, "ddp_no_overlap")
+    for rank in (0, 1):
+        assert 83 <= metrics(healthy)[(rank, "comm_overlap_pct")] <= 86
+        assert metrics(serial)[(rank, "comm_overlap_pct")] == 0.0
+    assert {f.severity for f in healthy.findings} == {"info"}
+    assert {f.severity for f in serial.findings} == {"medium"}
+
+
+def test_ddp_straggler_exposure_is_waiting_not_transfer(store):
+    result, _ = sample(store, "ddp_straggler")
+    f0 = next(f for f in result.findings if f.rank == 0)
+    assert (
+        f0.severity == "info"
+        and f0.evidence["exposed_wait_ns"] > 0.9 * f0.evidence["exposed_comm_ns"]
+    )
