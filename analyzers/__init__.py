@@ -5,7 +5,15 @@ Each module exposes ``SPEC`` (:class:`~stallscope.analyzers.base.AnalyzerSpec`).
 
 from __future__ import annotations
 
-from stallscope.analyzers import gpu_idle, launch_overhead, occupancy, step_breakdown, utilization
+from stallscope.analyzers import (
+    gpu_idle,
+    launch_overhead,
+    nccl_wait,
+    occupancy,
+    overlap,
+    step_breakdown,
+    utilization,
+)
 from stallscope.analyzers.base import AnalyzerSpec
 
 REGISTRY: dict[str, AnalyzerSpec] = {
@@ -15,6 +23,8 @@ REGISTRY: dict[str, AnalyzerSpec] = {
         gpu_idle.SPEC,
         launch_overhead.SPEC,
         step_breakdown.SPEC,
+        overlap.SPEC,
+        nccl_wait.SPEC,
         occupancy.SPEC,
     )
 }
