@@ -5,8 +5,9 @@
 Each run starts a fresh process, as a user would: ``stallscope ingest`` into
 a new, empty store, and HTA's ``TraceAnalysis(trace_dir=DIR)`` on a folder
 holding the same file as ``rank-<rank>.json`` (the name HTA's loader wants).
-Start-up and imports count. Wall time is measured around the child process,
-peak RSS is the child's own ``ru_maxrss`` (from ``os.wait4``). Runs of the two
+Start-up and imports count. Wall time is measured around the child process;
+CPU time (user + system, all threads) and peak RSS are the child's own
+``ru_utime + ru_stime`` and ``ru_maxrss`` (from ``os.wait4``). Runs of the two
 tools alternate, so a busy machine slows both alike; the table gives the
 median wall time and the largest peak RSS over the runs.
 
@@ -27,6 +28,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -52,6 +54,7 @@ _HTA_RUN = (
 @dataclass
 class Runs:
     wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # user + system seconds, all threads
     rss_mb: list[float] = field(default_factory=list)
     inner: list[float] = field(default_factory=list)  # the tool's own timing, if it gives one
 
@@ -60,12 +63,16 @@ class Runs:
         return statistics.median(self.wall)
 
     @property
+    def median_cpu(self) -> float:
+        return statistics.median(self.cpu)
+
+    @property
     def peak(self) -> float:
         return max(self.rss_mb)
 
 
-def run_child(cmd: list[str], **kw) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MB, stdout+stderr) of one child process."""
+def run_child(cmd: list[str], **kw) -> tuple[float, float, float, str]:
+    """(wall seconds, CPU seconds, peak RSS MB, stdout+stderr) of one child process."""
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
     output = proc.stdout.read()
@@ -75,10 +82,12 @@ def run_child(cmd: list[str], **kw) -> tuple[float, float, str]:
     text = output.decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{text[-3000:]}")
-    return wall, usage.ru_maxrss / 1024, text
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, text
 
 
-def stallscope_cmd() -> list[str]:
+def stallscope_cmd(choice: str | None = None) -> list[str]:
+    if choice:
+        return shlex.split(choice)
     exe = Path(sys.executable).with_name("stallscope")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "stallscope.cli"]
 
@@ -111,13 +120,14 @@ def trace_rank(path: Path) -> int:
     return int(match.group(1)) if match else 0
 
 
-def bench_stallscope(trace: Path, runs: Runs) -> dict:
+def bench_stallscope(trace: Path, runs: Runs, cmd: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store"
-        wall, rss, _ = run_child([*stallscope_cmd(), "ingest", "--store", str(store), str(trace)])
+        wall, cpu, rss, _ = run_child([*cmd, "ingest", "--store", str(store), str(trace)])
         [meta_path] = store.glob("jobs/*/*/meta.json")
         meta = json.loads(meta_path.read_text())
     runs.wall.append(wall)
+    runs.cpu.append(cpu)
     runs.rss_mb.append(rss)
     runs.inner.append(meta["ingest_seconds"])
     return meta
@@ -126,8 +136,9 @@ def bench_stallscope(trace: Path, runs: Runs) -> dict:
 def bench_hta(python: str, trace: Path, runs: Runs) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.symlink(trace.resolve(), Path(tmp) / f"rank-{trace_rank(trace)}.json")
-        wall, rss, text = run_child([python, "-c", _HTA_RUN, tmp])
+        wall, cpu, rss, text = run_child([python, "-c", _HTA_RUN, tmp])
     runs.wall.append(wall)
+    runs.cpu.append(cpu)
     runs.rss_mb.append(rss)
     match = re.search(r"HTA load seconds: ([\d.]+)", text)
     if match:
@@ -186,6 +197,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs per tool and trace (default 3)")
     parser.add_argument("--hta-python", default=None, help="a Python that can import hta")
     parser.add_argument("--no-hta", action="store_true", help="time stallscope alone")
+    parser.add_argument(
+        "--stallscope",
+        default=None,
+        metavar="CMD",
+        help="command that runs stallscope (default: the stallscope next to this Python);"
+        " e.g. 'env PYTHONPATH=/tmp/old python -m stallscope.cli' to time another checkout",
+    )
     args = parser.parse_args()
     traces = args.traces or sorted((HERE / "data").glob("*.json"), key=lambda p: p.stat().st_size)
     if not traces:
@@ -201,7 +219,10 @@ def main() -> int:
     info = machine()
     for key, value in {**info, **versions(hta_python)}.items():
         print(f"{key}: {value}")
-    print(f"runs: {args.runs} per tool and trace (median wall, largest peak RSS)\n")
+    with open("/proc/loadavg") as fh:
+        load = fh.read().split()[:3]
+    print(f"load average before: {' '.join(load)} (other work on the machine slows both tools)")
+    print(f"runs: {args.runs} per tool and trace (median wall and CPU, largest peak RSS)\n")
 
     rows = []
     for trace in traces:
@@ -209,7 +230,7 @@ def main() -> int:
         ours, theirs = Runs(), Runs()
         meta: dict = {}
         for i in range(args.runs):
-            meta = bench_stallscope(trace, ours)
+            meta = bench_stallscope(trace, ours, stallscope_cmd(args.stallscope))
             if hta_python:
                 bench_hta(hta_python, trace, theirs)
             print(
@@ -224,32 +245,39 @@ def main() -> int:
         rows.append((trace, mb, meta.get("event_count"), ours, theirs if hta_python else None))
 
     print(
-        "| input | MB | events | stallscope s | HTA s | stallscope MB/s | HTA MB/s | ratio |"
-        " stallscope peak RSS MB | HTA peak RSS MB | in-process s (stallscope / HTA) |"
+        "| input | MB | events | stallscope s | HTA s | stallscope MB/s | HTA MB/s | ratio"
+        " | stallscope CPU s | HTA CPU s | CPU ratio | stallscope peak RSS MB | HTA peak RSS MB"
+        " | in-process s (stallscope / HTA) |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|" + "---:|" * 13)
     verdicts = []
     for trace, mb, events, ours, theirs in rows:
-        cells = [trace.name, f"{mb:.1f}", f"{events:,}", f"{ours.median:.2f}"]
-        inner = f"{statistics.median(ours.inner):.2f} / "
+        t = theirs or Runs(wall=[float("nan")], cpu=[float("nan")], rss_mb=[float("nan")])
+        ratio = t.median / ours.median
+        cells = [
+            trace.name,
+            f"{mb:.1f}",
+            f"{events:,}",
+            f"{ours.median:.2f}",
+            f"{t.median:.2f}",
+            f"{mb / ours.median:.1f}",
+            f"{mb / t.median:.1f}",
+            f"{ratio:.1f}x",
+            f"{ours.median_cpu:.2f}",
+            f"{t.median_cpu:.2f}",
+            f"{t.median_cpu / ours.median_cpu:.1f}x",
+            f"{ours.peak:.0f}",
+            f"{t.peak:.0f}",
+            f"{statistics.median(ours.inner):.2f} / "
+            + (f"{statistics.median(t.inner):.2f}" if t.inner else "-"),
+        ]
+        print("| " + " | ".join(cells).replace("nan", "-") + " |")
         if theirs:
-            ratio = theirs.median / ours.median
-            cells += [
-                f"{theirs.median:.2f}",
-                f"{mb / ours.median:.1f}",
-                f"{mb / theirs.median:.1f}",
-            ]
-            cells += [f"{ratio:.1f}x", f"{ours.peak:.0f}", f"{theirs.peak:.0f}"]
-            inner += f"{statistics.median(theirs.inner):.2f}" if theirs.inner else "?"
             verdicts.append(
                 f"{trace.name}: throughput {ratio:.1f}x HTA's (target >= {TARGET_RATIO:.0f}x:"
                 f" {'met' if ratio >= TARGET_RATIO else 'NOT met'}); peak RSS {ours.peak:.0f} MB"
                 f" vs HTA's {theirs.peak:.0f} MB ({'met' if ours.peak <= theirs.peak else 'NOT met'})"
             )
-        else:
-            cells += ["-", f"{mb / ours.median:.1f}", "-", "-", f"{ours.peak:.0f}", "-"]
-            inner += "-"
-        print("| " + " | ".join([*cells, inner]) + " |")
     print()
     for verdict in verdicts:
         print(verdict)

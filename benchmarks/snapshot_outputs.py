@@ -74,6 +74,14 @@ _EDGE_EVENTS = [
     '{"ph":"i","cat":"cpu_instant_event","name":"mark","pid":0,"tid":1,"ts":7,"s":"t"}',
     '{"ph":"X","cat":"kernel","name":"big","pid":0,"tid":7,"ts":99999999999999999999,"dur":1,'
     '"args":{"grid":[1.5,2,3],"block":[1,null,3],"shared memory":9223372036854775808}}',
+    '{"ph":"X","cat":"\u212aernel","name":"kelvin","pid":0,"tid":7,"ts":20,"dur":1,'
+    '"args":{"device":0,"stream":7,"grid":[2,2,2]}}',
+    '{"ph":"X","cat":"KERNEL","name":"upper","pid":0,"tid":7,"ts":21.5,"dur":1,'
+    '"args":{"device":0,"stream":7,"block":[8,1,1],"bytes":"12"}}',
+    '{"ph":"X","cat":"CPU_OP","name":"ProfilerStep#9","pid":0,"tid":1,"ts":22,"dur":9}',
+    '{"ph":"X","cat":"cpu_op","name":"ProfilerStep#x","pid":0,"tid":1,"ts":23,"dur":1}',
+    '{"ph":"X","cat":"\u0130cpu_op","name":"dotted","pid":0,"tid":1,"ts":24,"dur":1}',
+    '{"ph":"X","cat":"cuda_runtime","name":"late","pid":0,"tid":1,"ts":"25","dur":"2.5"}',
 ]
 
 

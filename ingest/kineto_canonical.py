@@ -76,6 +76,17 @@ def to_canonical(
     events: pa.Table, header: dict[str, Any], trace_id: str, rank: int
 ) -> CanonicalTrace:
     """Canonical tables for one Kineto trace; ``events`` follows kineto_decode.RAW_COLUMNS."""
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())  # see kineto_decode.decode_kineto
+    try:
+        return _to_canonical(events, header, trace_id, rank)
+    finally:
+        pa.set_memory_pool(previous)
+
+
+def _to_canonical(
+    events: pa.Table, header: dict[str, Any], trace_id: str, rank: int
+) -> CanonicalTrace:
     con = duckdb.connect(config={"threads": 2})
     try:
         con.execute(MACROS_SQL)
@@ -92,22 +103,37 @@ def to_canonical(
         lengths = [len(chunk) for chunk in events["ph"].chunks]
         index = np.split(np.arange(events.num_rows), np.cumsum(lengths)[:-1])
         events = events.append_column("event_index", pa.chunked_array(index, pa.int64()))
-        con.register("raw_events", events)
-        con.execute(_BASE_SQL)
+        rows = _RowFilter(events)
         tid = trace_id.replace("'", "")
-        gpu = con.sql(_GPU_SQL.format(trace_id=tid)).to_arrow_table()
-        host = con.sql(_HOST_SQL.format(trace_id=tid)).to_arrow_table()
-        ranges = con.sql(_RANGES_SQL.format(trace_id=tid)).to_arrow_table()
-        collectives = con.sql(
-            _COLLECTIVES_SQL.format(trace_id=tid, rank=int(rank))
-        ).to_arrow_table()
-        threads = con.sql(_THREADS_SQL.format(trace_id=tid)).to_arrow_table()
-        [dropped] = con.execute(
-            "SELECT count(*) FROM evn WHERE ph = 'X' AND start_ns IS NULL"
-        ).fetchone()
+
+        def query(sql: str, mask: pa.ChunkedArray, gpu_args: bool = False) -> pa.Table:
+            # Each query gets only its own rows, copied out of the Arrow table
+            # in Arrow (a superset of its WHERE clause); nothing else is kept.
+            table, columns, view = (
+                ("evg_rows", _ALL, _EVG) if gpu_args else ("evn_rows", _COMMON, _EVN)
+            )
+            con.register(table, events.select(columns).filter(mask))
+            try:
+                return con.sql(view + sql).to_arrow_table()
+            finally:
+                con.unregister(table)
+
+        gpu = query(_GPU_SQL.format(trace_id=tid), rows.complete(*GPU_KINDS), gpu_args=True)
+        collectives = query(
+            _COLLECTIVES_SQL.format(trace_id=tid, rank=int(rank)),
+            rows.complete("kernel"),
+            gpu_args=True,
+        )
+        host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS))
+        ranges = query(_RANGES_SQL.format(trace_id=tid), rows.ranges())
+        threads = query(_THREADS_SQL.format(trace_id=tid), rows.metadata)
+        untimed = query(
+            "SELECT count(*) AS n FROM evn WHERE ph = 'X' AND start_ns IS NULL", rows.untimed()
+        )
+        dropped = untimed["n"][0].as_py()
     finally:
         con.close()
-    metadata = pc.sum(pc.equal(events["ph"], "M")).as_py() or 0
+    metadata = pc.sum(rows.metadata).as_py() or 0
     names = names.append_column("trace_id", pa.array([trace_id] * names.num_rows, pa.string()))
     return CanonicalTrace(
         gpu=gpu,
@@ -126,41 +152,80 @@ _RAW_TIMES = f"""
   coalesce(ts_fast_ns, {_ns_sql("ts_txt")}) AS start_ns,
   coalesce(dur_fast_ns, {_ns_sql("dur_txt")}, 0) AS dur_ns,"""
 
-# Two copies out of the Arrow table, each read by several queries below:
-# ``evn`` every complete event and metadata row with the columns all of them
-# carry, ``evg`` the GPU activities with their launch, copy and collective args.
-_BASE_SQL = f"""
-CREATE TEMP TABLE evn AS
-SELECT
-  ph,
-  lower(coalesce(cat, '')) AS cat,
-  -- names are read (below) only on metadata, annotation and step rows
-  CASE WHEN ph = 'M' OR starts_with(name, 'ProfilerStep#')
-            OR lower(coalesce(cat, '')) IN ('user_annotation', 'gpu_user_annotation')
-       THEN name END AS name,
-  pid, tid,{_RAW_TIMES}
-  device, stream, correlation, external_id,
-  meta_name,
-  name_id,
-  event_index
-FROM raw_events
-WHERE ph IN ('X', 'M');
-CREATE TEMP TABLE evg AS
+_COMMON = [
+    "ph", "cat", "name", "pid", "tid", "ts_txt", "ts_fast_ns", "dur_txt", "dur_fast_ns",
+    "device", "stream", "correlation", "external_id", "meta_name", "name_id", "event_index",
+]  # fmt: skip
+_GPU_ARGS = [
+    "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+    "registers", "shared_memory", "blocks_per_sm", "warps_per_sm", "est_occupancy",
+    "bytes", "kind", "sync_kind", "wait_on_stream",
+    "collective", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks", "seq",
+]  # fmt: skip
+_ALL = _COMMON + _GPU_ARGS
+
+# ``evn`` (rows with the columns every event has) and ``evg`` (GPU activities,
+# with their launch, copy and collective args): each query below reads one of
+# them, over the rows registered for that query alone.
+_EVN = f"""WITH evn AS (
 SELECT
   ph,
   lower(coalesce(cat, '')) AS cat,
   name,
   pid, tid,{_RAW_TIMES}
   device, stream, correlation, external_id,
-  grid_x, grid_y, grid_z, block_x, block_y, block_z,
-  registers, shared_memory, blocks_per_sm, warps_per_sm, est_occupancy,
-  bytes, kind, sync_kind, wait_on_stream,
-  collective, in_nelems, out_nelems, group_size, dtype, pg_name, pg_desc, pg_ranks, seq,
+  meta_name,
   name_id,
   event_index
-FROM raw_events
-WHERE ph = 'X' AND lower(coalesce(cat, '')) IN ({", ".join(f"'{c}'" for c in GPU_KINDS)})
+FROM evn_rows)
 """
+_EVG = f"""WITH evg AS (
+SELECT
+  ph,
+  lower(coalesce(cat, '')) AS cat,
+  name,
+  pid, tid,{_RAW_TIMES}
+  device, stream, correlation, external_id,
+  {", ".join(_GPU_ARGS)},
+  name_id,
+  event_index
+FROM evg_rows)
+"""
+
+
+class _RowFilter:
+    """Arrow masks that keep at least the rows each query's WHERE clause keeps.
+
+    Categories are compared lower-cased in ASCII; any non-ASCII category is
+    kept (DuckDB's Unicode ``lower`` then decides), as are null timestamps.
+    """
+
+    def __init__(self, events: pa.Table):
+        self.events = events
+        self.complete_rows = pc.equal(events["ph"], "X")
+        self.metadata = pc.equal(events["ph"], "M")
+        self.lowered = pc.ascii_lower(events["cat"])
+        self.odd = pc.invert(pc.string_is_ascii(events["cat"]))
+
+    def _kept(self, wanted: pa.ChunkedArray) -> pa.ChunkedArray:
+        return pc.and_kleene(self.complete_rows, pc.or_kleene(wanted, self.odd)).fill_null(False)
+
+    def complete(self, *categories: str) -> pa.ChunkedArray:
+        return self._kept(pc.is_in(self.lowered, value_set=pa.array(categories, pa.string())))
+
+    def ranges(self) -> pa.ChunkedArray:
+        annotation = pc.is_in(
+            self.lowered, value_set=pa.array(["user_annotation", "gpu_user_annotation"])
+        )
+        step = pc.and_(
+            pc.is_in(self.lowered, value_set=pa.array(["cpu_op", "operator"])),
+            pc.starts_with(self.events["name"], pattern="ProfilerStep#"),
+        )
+        return self._kept(pc.or_kleene(annotation, step))
+
+    def untimed(self) -> pa.ChunkedArray:
+        return pc.and_(self.complete_rows, pc.is_null(self.events["ts_fast_ns"]))
+
 
 _GPU_SQL = f"""
 SELECT
