@@ -23,7 +23,13 @@ import numpy as np
 
 from stallscope import intervals
 from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
-from stallscope.collectives import CollectiveMatch, covered_length, gpu_activity, match_collectives
+from stallscope.collectives import (
+    CollectiveMatch,
+    covered_length,
+    gpu_activity,
+    match_collectives,
+    step_windows,
+)
 from stallscope.idle import CAUSES, attribute_idle, launch_threads, top_host_ops
 from stallscope.jobdata import JobData
 
@@ -57,7 +63,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     min_wait = int(params["min_wait_us"] * 1000)
     activity: dict[tuple[str, int], dict] = {}
     for rank, trace, device in parts:
-        mine = (rows["trace_id"] == trace) & (rows["device"] == device)
+        mine = _in_steps(rows, (rows["trace_id"] == trace) & (rows["device"] == device))
         result.metrics.append(
             Metric(trace, rank, device, "collective_count", int(mine.sum()), "count")
         )
@@ -85,7 +91,10 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
     exposed_each = waits - covered_length(compute, starts, starts + waits)
     w_s, w_e = intervals.union(starts, starts + waits)
     exposed = int((w_e - w_s).sum() - covered_length(compute, w_s, w_e).sum())
-    span = int(ops["end_ns"].max() - ops["start_ns"].min())
+    step_ids, lo, hi = step_windows(ops)  # the profiled steps when there are any
+    span = (
+        int((hi - lo).sum()) if step_ids.size else int(ops["end_ns"].max() - ops["start_ns"].min())
+    )
     share = 100.0 * exposed / span if span else 0.0
     severity = _severity(share, exposed, params)
     if severity is None:
@@ -164,6 +173,12 @@ def _per_step(step, waits, exposed, culprit) -> list[dict]:
     ]
 
 
+def _in_steps(rows: dict, mask: np.ndarray) -> np.ndarray:
+    """``mask`` narrowed to kernels launched inside a step, when the rank has steps at all."""
+    inside = mask & (rows["step"] >= 0)
+    return inside if inside.any() else mask
+
+
 def _participant_of(inst, rank: int) -> tuple[str, int]:
     i = int(np.flatnonzero(inst["straggler_rank"] == rank)[0])
     return str(inst["straggler_trace"][i]), int(inst["straggler_device"][i])
@@ -180,6 +195,7 @@ def _straggler_activity(
     prev_end = np.r_[lo, rows["end_ns"][mine][:-1]]
     ids = rows["inst"][mine]
     hit = rows["last"][mine] & (ids >= 0) & (inst["max_wait_ns"][np.maximum(ids, 0)] >= min_wait)
+    hit &= _in_steps(rows, np.isin(np.arange(rows["step"].size), mine))[mine]
     a, b = prev_end[hit], rows["start_ns"][mine][hit]
     keep = b > a
     union = intervals.union(a[keep], b[keep])

@@ -27,7 +27,7 @@ import numpy as np
 
 from stallscope import intervals
 from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
-from stallscope.collectives import covered_length, gpu_activity, match_collectives
+from stallscope.collectives import covered_length, gpu_activity, match_collectives, step_windows
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (
@@ -61,8 +61,8 @@ def _device(job, result, trace, rank, device, ops, waits, params) -> None:
     kernel = ops["is_kernel"]
     comm_mask, comp_mask = kernel & ops["is_comm"], kernel & ~ops["is_comm"]
     comm, comp, copy = (_union(ops, m) for m in (comm_mask, comp_mask, ~kernel))
-    seg = _Segments(ops, [comm, comp, copy, intervals.union(*waits)])
-    in_comm, in_comp, in_copy, in_wait = seg.masks
+    seg = _Segments([comm, comp, copy, intervals.union(*waits)], step_windows(ops))
+    in_comm, in_comp, in_copy, in_wait = (m & seg.scope for m in seg.masks)
     exposed = in_comm & ~in_comp
     totals = {
         "comm": seg.total(in_comm),
@@ -81,14 +81,16 @@ def _device(job, result, trace, rank, device, ops, waits, params) -> None:
         )
         metric("exposed_memcpy_ns", totals["copy_exposed"], "ns")
     transfer = totals["exposed"] - totals["wait"]
-    span = int(ops["end_ns"].max() - ops["start_ns"].min())
+    span = (
+        seg.total(seg.scope) if seg.steps.size else int(ops["end_ns"].max() - ops["start_ns"].min())
+    )
     share = 100.0 * transfer / span if span else 0.0
     if not totals["comm"]:
         return
     severity = _severity(share, transfer, params)
     context = _context(job, trace, device, ops, comm_mask, comp_mask, params)
     overlap_pct = _pct(totals["comm"] - totals["exposed"], totals["comm"])
-    steps = seg.per_step(ops, {"comm_ns": in_comm, "exposed_comm_ns": exposed, "exposed_wait_ns": exposed & in_wait, "memcpy_ns": in_copy, "exposed_memcpy_ns": in_copy & ~in_comp & ~in_comm})  # fmt: skip
+    steps = seg.per_step({"comm_ns": in_comm, "exposed_comm_ns": exposed, "exposed_wait_ns": exposed & in_wait, "memcpy_ns": in_copy, "exposed_memcpy_ns": in_copy & ~in_comp & ~in_comm})  # fmt: skip
     for row in steps:
         row["comm_overlap_pct"] = _pct(row["comm_ns"] - row["exposed_comm_ns"], row["comm_ns"])
     per_step = f" ({transfer / len(steps) / 1e6:.2f} ms per step)" if steps else ""
@@ -131,6 +133,7 @@ def _device(job, result, trace, rank, device, ops, waits, params) -> None:
                 "memcpy_ns": totals["copy"],
                 "exposed_memcpy_ns": totals["copy_exposed"],
                 "share_of_span_pct": round(share, 3),
+                "scope": "steps" if seg.steps.size else "trace",
                 "comm_streams": context["comm_streams"],
                 "shared_streams": context["shared_streams"],
                 "ops": context["ops"],
@@ -144,37 +147,36 @@ def _device(job, result, trace, rank, device, ops, waits, params) -> None:
 
 
 class _Segments:
-    """Elementary segments between all edges of some unions, with membership masks."""
+    """Elementary segments between all edges of some unions and of the step windows.
 
-    def __init__(self, ops: dict, unions: list[tuple[np.ndarray, np.ndarray]]):
-        edges = np.sort(np.concatenate([e for u in unions for e in u] or [np.zeros(0, np.int64)]))
+    ``masks[i]``: segments inside ``unions[i]``; ``scope``: segments inside a
+    step window (every segment when there are no steps); ``which``: step index.
+    """
+
+    def __init__(self, unions: list[tuple[np.ndarray, np.ndarray]], windows):
+        self.steps, lo, hi = windows
+        edges = np.sort(np.concatenate([e for u in unions for e in u] + [lo, hi]))
         edges = edges[np.r_[True, edges[1:] != edges[:-1]]] if edges.size else edges
         self.start, self.end = edges[:-1], edges[1:]
         self.length = self.end - self.start
         self.masks = [covered_length(u, self.start, self.end) > 0 for u in unions]
+        self.which = np.searchsorted(lo, self.start, side="right") - 1
+        if self.steps.size:
+            self.scope = (self.which >= 0) & (self.start < hi[np.maximum(self.which, 0)])
+        else:
+            self.scope = np.ones(self.start.size, dtype=bool)
 
     def total(self, mask: np.ndarray) -> int:
         return int(self.length[mask].sum())
 
-    def per_step(self, ops: dict, columns: dict[str, np.ndarray]) -> list[dict]:
-        """Totals per step window: [first op of the step, first op of the next step)."""
-        steps = np.unique(ops["step"][ops["step"] >= 0])
-        if steps.size == 0:
-            return []
-        lo = np.full(steps.size, np.iinfo(np.int64).max)
-        hi = np.zeros(steps.size, dtype=np.int64)
-        owned = ops["step"] >= 0
-        idx = np.searchsorted(steps, ops["step"][owned])
-        np.minimum.at(lo, idx, ops["start_ns"][owned])
-        np.maximum.at(hi, idx, ops["end_ns"][owned])
-        hi[:-1] = lo[1:]  # a step's window runs until the next step's first operation
-        which = np.searchsorted(lo, self.start, side="right") - 1
-        inside = (which >= 0) & (self.start < hi[np.maximum(which, 0)])
-        rows = [{"step": int(s)} for s in steps]
+    def per_step(self, columns: dict[str, np.ndarray]) -> list[dict]:
+        """Totals of each column's segments per step."""
+        rows = [{"step": int(s)} for s in self.steps]
+        if not rows:
+            return rows
         for name, mask in columns.items():
-            sums = np.bincount(
-                which[inside & mask], self.length[inside & mask], minlength=steps.size
-            )
+            m = mask & self.scope
+            sums = np.bincount(self.which[m], self.length[m], minlength=self.steps.size)
             for row, value in zip(rows, sums, strict=True):
                 row[name] = int(value)
         return rows

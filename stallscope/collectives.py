@@ -102,6 +102,23 @@ def gpu_activity(job: JobData) -> dict[tuple[str, int], dict[str, np.ndarray]]:
     return job.cache["gpu_activity"]
 
 
+def step_windows(ops: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps of one device's ``gpu_activity`` and their GPU windows ``[lo, hi)``.
+
+    A step's window runs from its first operation to the next step's first
+    operation (the last one: to the end of its last operation).
+    """
+    owned = ops["step"] >= 0
+    steps = np.unique(ops["step"][owned])
+    lo = np.full(steps.size, np.iinfo(np.int64).max)
+    hi = np.zeros(steps.size, dtype=np.int64)
+    idx = np.searchsorted(steps, ops["step"][owned])
+    np.minimum.at(lo, idx, ops["start_ns"][owned])
+    np.maximum.at(hi, idx, ops["end_ns"][owned])
+    hi[:-1] = lo[1:]
+    return steps, lo, hi
+
+
 @dataclass
 class CollectiveMatch:
     """Collectives of a job, matched across ranks. Times in int64 ns.

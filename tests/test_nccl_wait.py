@@ -85,6 +85,19 @@ def test_wait_transfer_and_straggler_by_hand(store, tmp_path):
     job.close()
 
 
+def test_collectives_outside_steps_are_matched_but_not_charged(store, tmp_path):
+    """A shutdown all-reduce after the last step, where rank 0 waits 4 ms: matched, not counted."""
+    r0, r1 = straggler_job()
+    r0.kernel(ALLREDUCE, 310 * MS, 5 * MS, stream=20, extra=meta())
+    r1.kernel(ALLREDUCE, 314 * MS, 1 * MS, device=1, stream=20, extra=meta())
+    job, result = analyze(store, tmp_path, [r0, r1])
+    assert metrics(result)[(0, "nccl_wait_ns")] == 3 * 30 * MS
+    assert metrics(result)[(0, "collective_count")] == 3
+    summary = next(f for f in result.findings if f.severity == "info")
+    assert summary.evidence["matched"] == 4
+    job.close()
+
+
 def test_straggler_activity_shows_its_host_work(store, tmp_path):
     job, result = analyze(store, tmp_path, straggler_job())
     (finding,) = [f for f in result.findings if f.severity != "info"]

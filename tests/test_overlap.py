@@ -69,6 +69,16 @@ def test_finding_per_step_and_windows(store, tmp_path):
     assert f.evidence["shared_streams"] == [] and "DistributedDataParallel" in f.recommendation
 
 
+def test_work_outside_the_steps_is_left_out(store, tmp_path):
+    """A start-up all-reduce at [60,65) ms, after the last step: not in the step-scoped numbers."""
+    t = hand_trace()
+    t.kernel(ALLREDUCE, 60 * MS, 5 * MS, stream=20, extra=meta(ranks="[0]"))
+    result = analyze(store, tmp_path, [t])
+    m = metrics(result)
+    assert m[(0, "comm_overlap_pct")] == 40.0 and m[(0, "exposed_comm_ns")] == 15 * MS
+    assert result.findings[0].evidence["scope"] == "steps"
+
+
 def test_comm_on_the_compute_stream_is_called_out(store, tmp_path):
     (f,) = analyze(store, tmp_path, [hand_trace(comm_stream=7)]).findings
     assert f.evidence["shared_streams"] == [7] and "own" in f.recommendation
