@@ -48,12 +48,24 @@ def main() -> None:
     st.set_page_config(page_title="stallscope", page_icon="⏱", layout="wide")
     if not authorized():
         st.stop()
-    from stallscope.pages import compare, library, overview, sql, timeline
+    from stallscope.pages import (
+        compare,
+        distributed,
+        kernels,
+        library,
+        occupancy,
+        overview,
+        sql,
+        timeline,
+    )
 
     pages = {
         "library": st.Page(library.render, title="Library", default=True),
         "overview": st.Page(overview.render, title="Overview", url_path="overview"),
         "timeline": st.Page(timeline.render, title="Timeline", url_path="timeline"),
+        "kernels": st.Page(kernels.render, title="Kernels", url_path="kernels"),
+        "distributed": st.Page(distributed.render, title="Distributed", url_path="distributed"),
+        "occupancy": st.Page(occupancy.render, title="Occupancy", url_path="occupancy"),
         "compare": st.Page(compare.render, title="Compare", url_path="compare"),
         "sql": st.Page(sql.render, title="SQL", url_path="sql"),
     }

@@ -16,9 +16,16 @@ from stallscope.errors import NotFoundError
 from stallscope.store import Store, TraceRef
 
 
-@st.cache_resource
 def get_store() -> Store:
-    return Store().ensure()
+    """The store of ``$STALLSCOPE_STORE`` (one object per path, shared by all sessions)."""
+    from stallscope.store import default_store_path
+
+    return _store_at(str(default_store_path()))
+
+
+@st.cache_resource
+def _store_at(path: str) -> Store:
+    return Store(path).ensure()
 
 
 def jobs() -> list[dict[str, Any]]:
@@ -78,7 +85,9 @@ def _freeze(overrides: dict[str, dict[str, float]]) -> tuple:
 
 
 @st.cache_data(show_spinner="Analyzing…", max_entries=128)
-def _cached_report(job_id: str, trace_ids: tuple[str, ...], frozen: tuple) -> dict[str, Any]:
+def _cached_report(
+    job_id: str, trace_ids: tuple[str, ...], frozen: tuple, store_path: str
+) -> dict[str, Any]:
     from stallscope.report import build_report
 
     store = get_store()
@@ -91,9 +100,8 @@ def report_for(
     job_id: str, traces: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
 ) -> dict[str, Any]:
     """Report of some traces of a job, cached per (trace ids, thresholds): traces are immutable."""
-    return _cached_report(
-        job_id, tuple(sorted(r.trace_id for r in traces)), _freeze(overrides or {})
-    )
+    key = tuple(sorted(r.trace_id for r in traces))
+    return _cached_report(job_id, key, _freeze(overrides or {}), str(get_store().root))
 
 
 def max_upload_mb() -> int:

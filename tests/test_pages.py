@@ -10,6 +10,15 @@ from tests.test_gpu_idle import hand_trace as idle_trace
 from tests.test_utilization import hand_trace
 
 
+@pytest.fixture(autouse=True)
+def fresh_caches():
+    """Each test has its own store; page caches are per server (one store) in real use."""
+    import streamlit as st
+
+    st.cache_data.clear()
+    yield
+
+
 @pytest.fixture
 def app_store(store, tmp_path, monkeypatch):
     ingest_paths(
@@ -108,3 +117,32 @@ def test_shared_token_guards_the_dashboard(app_store, monkeypatch):
     at.text_input[0].set_value("s3cret")
     at.button[0].click().run()
     assert not at.error and at.dataframe  # the library's job table
+
+
+@pytest.fixture
+def ddp_store(store, monkeypatch):
+    from tests.conftest import SAMPLES
+
+    folder = SAMPLES / "kineto" / "ddp_straggler"
+    ingest_paths(store, [str(p) for p in sorted(folder.glob("*.pt.trace.json.gz"))])
+    monkeypatch.setenv("STALLSCOPE_STORE", str(store.root))
+    return store
+
+
+def test_kernels_page(ddp_store):
+    at = page("kernels")
+    assert not at.exception
+    assert at.dataframe and "gpu" not in str(at.exception)
+
+
+def test_distributed_page_names_the_straggler(ddp_store):
+    at = page("distributed")
+    assert not at.exception
+    assert any("rank 1" in e.value for e in at.error)
+    assert len(at.get("plotly_chart")) == 1
+
+
+def test_occupancy_page(ddp_store):
+    at = page("occupancy")
+    assert not at.exception
+    assert at.dataframe

@@ -1,0 +1,69 @@
+"""Distributed page: per-rank overlap, a rank × collective wait heatmap, the straggler."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from stallscope.charts import wait_heatmap
+from stallscope.pages.state import get_store, report_for, selected_job
+from stallscope.views import findings_of
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _waits(job_id: str) -> pd.DataFrame:
+    from stallscope.jobdata import JobData
+    from stallscope.views import wait_matrix
+
+    store = get_store()
+    job = JobData(store, store.traces(job_id))
+    try:
+        return wait_matrix(job)
+    finally:
+        job.close()
+
+
+def render() -> None:
+    st.title("Distributed")
+    picked = selected_job()
+    if picked is None:
+        return
+    job, traces = picked
+    report = report_for(job["job_id"], traces)
+    overlap = findings_of(report, "overlap")
+    if not overlap and not findings_of(report, "nccl_wait"):
+        st.info("No communication kernels in this job.")
+        return
+    rows = [
+        {
+            "rank": f["rank"],
+            "GPU": f["device"],
+            "comm ms": f["evidence"].get("comm_ns", 0) / 1e6,
+            "hidden under compute %": f["evidence"].get("comm_overlap_pct"),
+            "exposed ms": f["evidence"].get("exposed_comm_ns", 0) / 1e6,
+            "of which waiting ms": f["evidence"].get("exposed_wait_ns", 0) / 1e6,
+            "severity": f["severity"],
+        }
+        for f in overlap
+        if "comm_ns" in f["evidence"]
+    ]
+    if rows:
+        st.subheader("Communication overlap per rank")
+        st.dataframe(
+            pd.DataFrame(rows).sort_values(["rank", "GPU"]), width="stretch", hide_index=True
+        )
+    for f in findings_of(report, "nccl_wait"):
+        if f["severity"] != "info":
+            st.error(f"{f['title']} — {f['detail']}")
+    waits = _waits(job["job_id"])
+    if not waits.empty:
+        st.subheader("Time each rank waited in each collective")
+        st.caption(
+            "Darker: longer wait for the last rank to arrive. The straggler's row stays pale."
+        )
+        st.plotly_chart(wait_heatmap(waits), width="stretch")
+    for f in findings_of(report, "nccl_wait", key="collectives"):
+        ops = pd.DataFrame(f["evidence"].get("ops", []))
+        if not ops.empty:
+            st.subheader("Collectives by type")
+            st.dataframe(ops, width="stretch", hide_index=True)

@@ -1,0 +1,48 @@
+"""Kernels page: hotspots by GPU time, kernel categories and precision."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from stallscope.pages.state import report_for, selected_job
+from stallscope.views import findings_of
+
+
+def render() -> None:
+    st.title("Kernels")
+    picked = selected_job()
+    if picked is None:
+        return
+    job, traces = picked
+    report = report_for(job["job_id"], traces)
+    found = findings_of(report, "hotspots")
+    if not found:
+        st.info("No kernels in this job.")
+        return
+    labels = {f"rank {f['rank']} · GPU {f['device']}": f for f in found}
+    chosen = (
+        labels[st.selectbox("GPU", list(labels))]
+        if len(labels) > 1
+        else next(iter(labels.values()))
+    )
+    evidence = chosen["evidence"]
+    st.caption(chosen["title"])
+    categories = pd.DataFrame(evidence.get("categories") or [])
+    if not categories.empty:
+        categories["ms"] = categories["gpu_ns"] / 1e6
+        fig = px.bar(categories, x="ms", y="category", orientation="h", height=260, text="pct")
+        fig.update_traces(texttemplate="%{text:.1f}%")
+        st.plotly_chart(fig, width="stretch")
+    kernels = pd.DataFrame(evidence.get("top_kernels", []))
+    if not kernels.empty:
+        kernels["total ms"] = kernels.pop("total_ns") / 1e6
+        kernels["mean µs"] = kernels.pop("mean_ns") / 1e3
+        kernels["median µs"] = kernels.pop("median_ns") / 1e3
+        st.subheader("Top kernels by GPU time")
+        st.dataframe(kernels, width="stretch", hide_index=True)
+    ops = pd.DataFrame(evidence.get("top_ops", []))
+    if not ops.empty:
+        st.subheader("CPU operators by the GPU time they launched")
+        st.dataframe(ops, width="stretch", hide_index=True)

@@ -1,0 +1,45 @@
+"""Occupancy page: per-kernel theoretical (and, with Nsight Compute, achieved) occupancy."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from stallscope.pages.state import report_for, selected_job
+from stallscope.views import findings_of
+
+COLUMNS = [
+    "kernel", "share_pct", "launches", "theoretical_occupancy_pct", "achieved_occupancy_pct", "limiter",
+    "block", "grid", "registers_per_thread", "shared_mem_bytes", "waves_per_sm", "tail_idle_pct", "bound", "ncu",
+]  # fmt: skip
+
+
+def render() -> None:
+    st.title("Occupancy")
+    picked = selected_job()
+    if picked is None:
+        return
+    job, traces = picked
+    report = report_for(job["job_id"], traces)
+    for f in findings_of(report, "occupancy"):
+        if f["severity"] != "info":
+            st.warning(f"{f['severity'].upper()} · {f['title']}\n\n{f['recommendation']}")
+    tables = findings_of(report, "occupancy", key="table")
+    if not tables:
+        st.info("No kernels with a launch configuration in this job.")
+        return
+    for f in tables:
+        st.subheader(f["title"])
+        frame = pd.DataFrame(f["evidence"].get("kernels", []))
+        shown = [c for c in COLUMNS if c in frame.columns]
+        for column, sep in (("limiter", ", "), ("block", " × "), ("grid", " × ")):
+            if column in frame:
+                frame[column] = frame[column].map(
+                    lambda v, sep=sep: sep.join(map(str, v)) if isinstance(v, list) else v
+                )
+        st.dataframe(frame[shown], width="stretch", hide_index=True)
+    st.caption(
+        "Theoretical occupancy comes from the launch configuration and the device limits; Kineto's "
+        "'est. achieved occupancy' is a grid-capped estimate, not a measurement. Achieved occupancy, stall "
+        "reasons and the bound need an Nsight Compute profile of the same program (ingest its CSV with the trace)."
+    )
