@@ -41,7 +41,12 @@ def render() -> None:
         kernels["mean µs"] = kernels.pop("mean_ns") / 1e3
         kernels["median µs"] = kernels.pop("median_ns") / 1e3
         st.subheader("Top kernels by GPU time")
-        st.dataframe(kernels, width="stretch", hide_index=True)
+        st.dataframe(
+            kernels.round(3),
+            width="stretch",
+            hide_index=True,
+            column_config={"name": st.column_config.TextColumn("kernel", width="medium")},
+        )
     ops = pd.DataFrame(evidence.get("top_ops", []))
     if not ops.empty:
         st.subheader("CPU operators by the GPU time they launched")

@@ -98,11 +98,16 @@ def main() -> int:
         jobs = {j["name"]: j["job_id"] for j in Store(store).jobs()}
         job = next((v for k, v in jobs.items() if "dataloader" in k), next(iter(jobs.values())))
         other = next((v for k, v in jobs.items() if "healthy" in k), job)
+        ddp = next((v for k, v in jobs.items() if "straggler" in k), job)
+        occ = next((v for k, v in jobs.items() if "occupancy" in k), job)
         pages = {
             "library": "",
             "overview": f"overview?job={job}",
             "timeline": f"timeline?job={job}",
             "compare": f"compare?base={other}&new={job}",
+            "kernels": f"kernels?job={job}",
+            "distributed": f"distributed?job={ddp}",
+            "occupancy": f"occupancy?job={occ}",
             "sql": "sql",
         }
         with sync_playwright() as p:
