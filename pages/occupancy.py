@@ -37,7 +37,12 @@ def render() -> None:
                 frame[column] = frame[column].map(
                     lambda v, sep=sep: sep.join(map(str, v)) if isinstance(v, list) else v
                 )
-        st.dataframe(frame[shown], width="stretch", hide_index=True)
+        st.dataframe(
+            frame[shown].round(2),
+            width="stretch",
+            hide_index=True,
+            column_config={"kernel": st.column_config.TextColumn("kernel", width="medium")},
+        )
     st.caption(
         "Theoretical occupancy comes from the launch configuration and the device limits; Kineto's "
         "'est. achieved occupancy' is a grid-capped estimate, not a measurement. Achieved occupancy, stall "
