@@ -58,7 +58,9 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     if match is None:
         return result
     rows = match.rows
-    parts = sorted({(r, t, d) for r, t, d in zip(rows["rank"].tolist(), rows["trace_id"].tolist(), rows["device"].tolist(), strict=True)})  # fmt: skip
+    trace, device = rows["trace_id"], rows["device"]  # sorted by rank, trace, device
+    first = np.flatnonzero(np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])])
+    parts = [(int(rows["rank"][i]), str(trace[i]), int(device[i])) for i in first]
     multi = len(parts) > 1
     min_wait = int(params["min_wait_us"] * 1000)
     activity: dict[tuple[str, int], dict] = {}
@@ -314,8 +316,9 @@ def _summary(match: CollectiveMatch, parts, min_wait: int) -> Finding:
 
 def _op_table(inst) -> list[dict]:
     out = []
-    keys = sorted({(str(g), str(o)) for g, o in zip(inst["group"], inst["op"], strict=True)})
-    for g, o in keys:
+    combo = np.char.add(np.char.add(inst["group"].astype(str), "\x1f"), inst["op"].astype(str))
+    for key in np.unique(combo).tolist():
+        g, o = key.split("\x1f")
         m = (inst["group"] == g) & (inst["op"] == o)
         bw = inst["busbw_gbps"][m]
         bw = bw[~np.isnan(bw)]
@@ -324,7 +327,7 @@ def _op_table(inst) -> list[dict]:
                 "group": g,
                 "op": o,
                 "count": int(m.sum()),
-                "algorithms": sorted({a for a in inst["algorithm"][m].tolist() if a}),
+                "algorithms": [a for a in np.unique(inst["algorithm"][m]).tolist() if a],
                 "median_bytes": int(np.median(inst["bytes"][m]))
                 if (inst["bytes"][m] >= 0).all()
                 else None,

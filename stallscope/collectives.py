@@ -249,7 +249,7 @@ def _masked_int(values) -> np.ndarray:
     if arr.dtype.kind in "iu":
         return arr.astype(np.int64)
     if arr.dtype == object:
-        return np.array([-1 if v is None else int(v) for v in arr], dtype=np.int64)
+        return np.where(np.equal(arr, None), -1, arr).astype(np.int64)
     return np.nan_to_num(arr.astype(float), nan=-1).astype(np.int64)
 
 
@@ -257,7 +257,8 @@ def _strs(values) -> np.ndarray:
     """A nullable text column as str with '' for NULL."""
     if np.ma.isMaskedArray(values):
         values = values.filled("")
-    return np.array(["" if v is None else str(v) for v in values], dtype=object).astype(str)
+    arr = np.asarray(values, dtype=object)
+    return np.where(np.equal(arr, None), "", arr).astype(str)
 
 
 def _groups(r: dict, part: np.ndarray, warnings: list[str]) -> np.ndarray:
