@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from stallscope.analyzers import (
     gpu_idle,
+    host_sync,
+    hotspots,
     launch_overhead,
+    memcpy,
     nccl_wait,
     occupancy,
     overlap,
@@ -25,6 +28,9 @@ REGISTRY: dict[str, AnalyzerSpec] = {
         step_breakdown.SPEC,
         overlap.SPEC,
         nccl_wait.SPEC,
+        host_sync.SPEC,
+        memcpy.SPEC,
+        hotspots.SPEC,
         occupancy.SPEC,
     )
 }

@@ -17,9 +17,9 @@ Per device, an idle gap (a hole in the union of kernels, memcpys and memsets)
 is *drained* by a blocking call when the GPU ran out of work while the call
 was in progress and started again only after it returned. Its cost is the
 counterfactual gain of not blocking: min(gap length, host time blocked from
-the draining call's start to the end of the gap); a gap that was already
-open when a call began costs the part of it spent inside blocking calls.
-See docs/analyzers/host_sync.md.
+the draining call's start to the end of the gap), with time inside
+graph-launch calls (inflated by CUPTI) taken off the gap first. Gaps already
+open when a call began cost nothing here. See docs/analyzers/host_sync.md.
 
 :func:`op_stack` and :func:`enclosing_ops` (the innermost and outermost CPU
 operator around a host call, by time on the same thread) are shared with the
@@ -76,8 +76,15 @@ THRESHOLDS = (
         "per_step_low",
         3.0,
         "calls",
-        "blocking calls per ProfilerStep that make at least a low-severity finding",
+        "blocking calls per ProfilerStep that, with per_step_share_pct, make a low-severity finding",
         minimum=1,
+    ),
+    Threshold(
+        "per_step_share_pct",
+        1.0,
+        "%",
+        "GPU time lost, % of the span, that makes a low-severity finding when per_step_low is reached",
+        maximum=100,
     ),
 )
 MAX_WINDOWS = 20
@@ -93,11 +100,14 @@ SYNC_API_REGEX = (
 COPY_API_REGEX = r"^(cuda|hip|cu)Memcpy"
 
 _CALLS_SQL = f"""
-WITH calls AS (
-  SELECT h.pid, h.tid, h.start_ns, h.end_ns, h.correlation, {API_SQL} AS api
-  FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+WITH apis AS (  -- per distinct name, not per event
+  SELECT name_id, api FROM (
+    SELECT n.name_id, {API_SQL} AS api FROM names n WHERE n.trace_id = $trace)
+  WHERE regexp_matches(api, '{SYNC_API_REGEX}|{COPY_API_REGEX}')
+), calls AS (
+  SELECT h.pid, h.tid, h.start_ns, h.end_ns, h.correlation, a.api
+  FROM host h JOIN apis a ON a.name_id = h.name_id
   WHERE h.trace_id = $trace AND h.kind IN ('runtime', 'driver')
-    AND regexp_matches({API_SQL}, '{SYNC_API_REGEX}|{COPY_API_REGEX}')
 ), g AS (
   SELECT correlation, min(device) AS device, sum(bytes) AS bytes,
          any_value(copy_kind) AS copy_kind, any_value(src_kind) AS src_kind,
@@ -144,12 +154,12 @@ def _fallback_devices(job: JobData, trace_id: str, cols: dict, missing: np.ndarr
         "SELECT device FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset') "
         "GROUP BY device ORDER BY sum(end_ns - start_ns) DESC, device LIMIT 1",
         [trace_id],
-    ).fetchone()
-    default = int(busiest[0]) if busiest else -1
+    ).fetchall()
+    default = int(busiest[0][0]) if busiest else -1
     devices = job.sql(
         "SELECT count(DISTINCT device) FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset')",
         [trace_id],
-    ).fetchone()[0]
+    ).fetchall()[0][0]
     if devices <= 1:
         return np.full(int(missing.sum()), default, dtype=cols["device"].dtype)
     idx = np.flatnonzero(missing)
@@ -258,10 +268,7 @@ def enclosing_ops(
     outer = np.full(m, -1, dtype=np.int64)
     if m == 0 or stack.adj.size == 0:
         return inner, outer
-    pairs = np.stack([np.asarray(pid, dtype=np.int64), np.asarray(tid, dtype=np.int64)], axis=1)
-    uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
-    block_of_uniq = np.array([stack.threads.get((int(p), int(t)), -1) for p, t in uniq], dtype=np.int64)
-    block = block_of_uniq[inverse.reshape(-1)]
+    block = _thread_blocks(stack, np.asarray(pid, dtype=np.int64), np.asarray(tid, dtype=np.int64))
     has = block >= 0
     if not has.any():
         return inner, outer
@@ -289,6 +296,27 @@ def enclosing_ops(
     return inner, outer
 
 
+def _thread_blocks(stack: OpStack, pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """The OpStack thread block of each (pid, tid), -1 when the thread has no operators.
+
+    Sorting groups equal threads into runs, so the Python lookup runs once per
+    distinct thread, not per call.
+    """
+    if pid.size and (pid == pid[0]).all() and (tid == tid[0]).all():  # one thread: no sort
+        return np.full(pid.size, stack.threads.get((int(pid[0]), int(tid[0])), -1), dtype=np.int64)
+    order = np.lexsort((tid, pid))
+    p, t = pid[order], tid[order]
+    new = np.ones(order.size, dtype=bool)
+    new[1:] = (p[1:] != p[:-1]) | (t[1:] != t[:-1])
+    starts = np.flatnonzero(new)
+    run_block = np.array(
+        [stack.threads.get((int(p[i]), int(t[i])), -1) for i in starts], dtype=np.int64
+    )
+    block = np.empty(order.size, dtype=np.int64)
+    block[order] = np.repeat(run_block, np.diff(np.append(starts, order.size)))
+    return block
+
+
 def name_lookup(job: JobData, trace_id: str, name_ids: np.ndarray) -> dict[int, str]:
     ids = sorted({int(i) for i in np.unique(name_ids) if i >= 0})
     if not ids:
@@ -300,20 +328,32 @@ def name_lookup(job: JobData, trace_id: str, name_ids: np.ndarray) -> dict[int, 
     return {int(i): str(n) for i, n in rows}
 
 
-def call_sites(
-    job: JobData, trace_id: str, pid, tid, start, end, api: np.ndarray
-) -> np.ndarray:
-    """One label per call: ``outer > inner`` operator names, or the API outside any operator."""
+def call_sites(job: JobData, trace_id: str, pid, tid, start, end, api: np.ndarray) -> np.ndarray:
+    """One label per call: ``outer > inner`` operator names, or the API outside any operator.
+
+    Labels are built once per distinct (outer, inner) pair or API name, not per call.
+    """
     stack = op_stack(job, trace_id)
     inner, outer = enclosing_ops(stack, pid, tid, start, end)
     has = inner >= 0
-    ids = np.concatenate([stack.name_id[inner[has]], stack.name_id[outer[has]]])
-    names = name_lookup(job, trace_id, ids)
-    labels = np.array([f"{a} (outside any operator)" for a in api.tolist()], dtype=object)
-    for i in np.flatnonzero(has).tolist():
-        inner_name = names.get(int(stack.name_id[inner[i]]), "?")
-        outer_name = names.get(int(stack.name_id[outer[i]]), "?")
-        labels[i] = inner_name if inner[i] == outer[i] else f"{outer_name} > {inner_name}"
+    inner_id = np.where(has, stack.name_id[np.maximum(inner, 0)] if stack.name_id.size else -1, -1)
+    outer_id = np.where(has, stack.name_id[np.maximum(outer, 0)] if stack.name_id.size else -1, -1)
+    names = name_lookup(job, trace_id, np.concatenate([inner_id, outer_id]))
+    labels = np.empty(inner.size, dtype=object)
+    if (~has).any():
+        apis, api_inverse = np.unique(np.asarray(api)[~has].astype(str), return_inverse=True)
+        api_labels = np.array([f"{a} (outside any operator)" for a in apis], dtype=object)
+        labels[~has] = api_labels[api_inverse.reshape(-1)]
+    if has.any():
+        key = (inner_id[has].astype(np.int64) << 32) | outer_id[has].astype(np.int64)
+        keys, key_inverse = np.unique(key, return_inverse=True)
+        pair_labels = []
+        for k in keys.tolist():
+            inner_name = names.get(k >> 32, "?")
+            outer_name = names.get(k & 0xFFFFFFFF, "?")
+            same = inner_name == outer_name
+            pair_labels.append(inner_name if same else f"{outer_name} > {inner_name}")
+        labels[has] = np.array(pair_labels, dtype=object)[key_inverse.reshape(-1)]
     return labels
 
 
@@ -345,7 +385,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
         "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
     )
     step_union = intervals.union(steps["start_ns"], steps["end_ns"])
-    in_step = _covered(calls["start_ns"], step_union)
+    in_step = covered(calls["start_ns"], step_union)
     sites = call_sites(
         job, trace, calls["pid"], calls["tid"], calls["start_ns"], calls["end_ns"], calls["api"]
     )
@@ -355,10 +395,14 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
                 """SELECT count(*) FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
                    WHERE h.trace_id = ? AND h.kind = 'cpu_op' AND n.name = 'aten::_local_scalar_dense'""",
                 [trace],
-            ).fetchone()[0]
+            ).fetchall()[0][0]
         ),
         "gpu_sync_events": _gpu_sync_events(job, trace),
         "steps": int(steps["start_ns"].size),
+        "window": (int(steps["start_ns"].min()), int(steps["end_ns"].max()))
+        if steps["start_ns"].size
+        else None,
+        "graph_launches": graph_launches(job, trace),
     }
     for device in devices.tolist():
         mask = calls["device"] == device
@@ -386,51 +430,79 @@ class GapCost:
 
 
 def gap_costs(
-    gap_s: np.ndarray, gap_e: np.ndarray, call_s: np.ndarray, call_e: np.ndarray
+    gap_s: np.ndarray,
+    gap_e: np.ndarray,
+    call_s: np.ndarray,
+    call_e: np.ndarray,
+    exclude: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> GapCost:
     """GPU time lost in each idle gap to the blocking calls [call_s, call_e) (sorted by start).
 
-    A gap drained by a call (the call contains the gap's start, within
-    DRAIN_TOLERANCE_NS, and returned before the gap ended) loses
-    min(gap, host time blocked in calls from the draining call's start to the
-    gap's end). Any other gap loses the time it overlaps blocking calls.
+    A gap is *drained* by a call when the call was in progress as the GPU ran
+    out of work (it started at or before the gap and ended after the gap's
+    start, within DRAIN_TOLERANCE_NS) and the GPU restarted only after the
+    call returned. A drained gap loses min(gap length, host time blocked in
+    calls from the draining call's start to the gap's end); other gaps lose
+    nothing here: a call that starts while the GPU is already idle did not
+    empty its queue. Gap time inside ``exclude`` (sorted, disjoint intervals:
+    graph-launch calls, which CUPTI inflates) is taken off the gap first.
     """
     n = gap_s.size
     lost = np.zeros(n, dtype=np.int64)
     owner = np.full(n, -1, dtype=np.int64)
-    window_start = gap_s.copy()
     if n == 0 or call_s.size == 0:
-        return GapCost(lost, owner, window_start)
-    u_s, u_e = intervals.union(call_s, call_e)
-    cum = np.concatenate([[0], np.cumsum(u_e - u_s)])
-
-    def covered_before(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(u_s, t, side="right") - 1
-        inside = np.where(i >= 0, np.minimum(t, u_e[np.maximum(i, 0)]) - u_s[np.maximum(i, 0)], 0)
-        return cum[np.maximum(i, 0)] * (i >= 0) + inside
+        return GapCost(lost, owner, gap_s.copy())
+    blocked_before = _covered_before(intervals.union(call_s, call_e))
 
     run_max = np.maximum.accumulate(call_e)
     holder = np.maximum.accumulate(np.where(call_e == run_max, np.arange(call_s.size), 0))
     j = np.searchsorted(call_s, gap_s, side="right") - 1
-    valid = j >= 0
-    jj = np.maximum(j, 0)
-    h = holder[jj]
+    k = np.maximum(j, 0)
+    h = holder[k]
     drained = (
-        valid
-        & (run_max[jj] + DRAIN_TOLERANCE_NS > gap_s)
+        (j >= 0)
+        & (run_max[k] + DRAIN_TOLERANCE_NS > gap_s)
         & (call_e[h] <= gap_e + DRAIN_TOLERANCE_NS)
     )
-    inside_call = valid & (run_max[jj] > gap_e) & ~drained
     x = np.where(drained, call_s[h], gap_s)
-    blocked = covered_before(gap_e) - covered_before(x)
-    lost = np.where(drained, np.minimum(gap_e - gap_s, blocked), blocked)
-    lost[inside_call] = 0
+    blocked = blocked_before(gap_e) - blocked_before(x)
+    length = gap_e - gap_s
+    if exclude is not None and exclude[0].size:
+        excluded_before = _covered_before(exclude)
+        length = length - (excluded_before(gap_e) - excluded_before(gap_s))
+    lost = np.where(drained, np.maximum(np.minimum(length, blocked), 0), 0).astype(np.int64)
     owner = np.where(drained, h, -1)
-    first = np.searchsorted(call_s, gap_s, side="left")
-    other = ~drained & ~inside_call & (lost > 0) & (first < call_s.size)
-    owner[other] = first[other]
-    window_start = np.where(drained, x, gap_s)
-    return GapCost(lost.astype(np.int64), owner, window_start)
+    return GapCost(lost, owner, x)
+
+
+def _covered_before(union: tuple[np.ndarray, np.ndarray]):
+    """t -> length of the (sorted, disjoint) union that lies before t, vectorised."""
+    u_s, u_e = union
+    cum = np.concatenate([[0], np.cumsum(u_e - u_s)])
+
+    def before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(u_s, t, side="right") - 1
+        k = np.maximum(i, 0)
+        if u_s.size == 0:
+            return np.zeros(np.asarray(t).size, dtype=np.int64)
+        return np.where(i >= 0, cum[k] + np.minimum(t, u_e[k]) - u_s[k], 0)
+
+    return before
+
+
+GRAPH_LAUNCH_REGEX = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)$"
+
+
+def graph_launches(job: JobData, trace: str) -> tuple[np.ndarray, np.ndarray]:
+    """Union of the trace's CUDA/HIP graph-launch calls (any thread)."""
+    cols = job.numpy(
+        f"""SELECT h.start_ns, h.end_ns FROM host h
+            WHERE h.trace_id = $1 AND h.kind IN ('runtime', 'driver') AND h.name_id IN (
+              SELECT n.name_id FROM names n WHERE n.trace_id = $1
+                AND regexp_matches({API_SQL}, '{GRAPH_LAUNCH_REGEX}'))""",
+        [trace],
+    )
+    return intervals.union(cols["start_ns"], cols["end_ns"])
 
 
 def _device(
@@ -451,12 +523,19 @@ def _device(
     )
     if busy["start_ns"].size == 0 or calls["start_ns"].size == 0:
         return 0
-    span = int(busy["end_ns"].max() - busy["start_ns"].min())
+    first, last = int(busy["start_ns"].min()), int(busy["end_ns"].max())
     gap_s, gap_e = intervals.gaps(busy["start_ns"], busy["end_ns"])
+    window = context["window"]
+    if window and min(last, window[1]) > max(first, window[0]):
+        # with ProfilerSteps, only the steps count (not setup such as model.to(device))
+        first, last = max(first, window[0]), min(last, window[1])
+        keep = (gap_s >= first) & (gap_s < last)
+        gap_s, gap_e = gap_s[keep], gap_e[keep]
+    span = last - first
     order = np.argsort(calls["start_ns"], kind="stable")
     calls = {k: v[order] for k, v in calls.items()}
     in_step, sites = in_step[order], sites[order]
-    cost = gap_costs(gap_s, gap_e, calls["start_ns"], calls["end_ns"])
+    cost = gap_costs(gap_s, gap_e, calls["start_ns"], calls["end_ns"], context["graph_launches"])
     lost = int(cost.lost.sum())
     share = 100.0 * lost / span if span else 0.0
     steps = context["steps"]
@@ -466,13 +545,13 @@ def _device(
         return lost
     durations = calls["end_ns"] - calls["start_ns"]
     evidence = {
-        "share_of_span_pct": round(share, 3),
+        "share_of_span_pct": round(float(share), 3),
         "span_ns": span,
         "blocking_calls": int(durations.size),
         "blocked_ns": int(durations.sum()),
         "calls_in_steps": int(in_step.sum()),
         "steps": steps,
-        "calls_per_step": round(per_step, 2),
+        "calls_per_step": round(float(per_step), 2),
         "gaps_charged": int((cost.lost > 0).sum()),
         "by_api": _by_api(calls, durations),
         "d2h_blocking_copies": _d2h(calls),
@@ -517,7 +596,7 @@ def _severity(share: float, lost: int, per_step: float, params: dict) -> str | N
         for level in ("critical", "high", "medium", "low"):
             if share >= params[f"share_pct_{level}"]:
                 return level
-    if per_step >= params["per_step_low"]:
+    if per_step >= params["per_step_low"] and share >= params["per_step_share_pct"]:
         return "low"
     return None
 
@@ -602,7 +681,8 @@ def _recommendation(sites: list[dict], calls: dict) -> str:
     return " ".join(fixes)
 
 
-def _covered(points: np.ndarray, union: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def covered(points: np.ndarray, union: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Whether each point lies inside the (sorted, disjoint) union of intervals."""
     starts, ends = union
     if starts.size == 0:
         return np.zeros(points.size, dtype=bool)

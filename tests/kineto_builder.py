@@ -206,3 +206,25 @@ H100 = {
     "regsPerMultiprocessor": 65536, "warpSize": 32, "sharedMemPerBlock": 49152,
     "sharedMemPerMultiprocessor": 233472, "numSms": 132, "sharedMemPerBlockOptin": 232448,
 }  # fmt: skip
+
+
+def linked_sync(
+    trace: KinetoTrace,
+    api: str,
+    kind: str,
+    host_start: int,
+    host_dur: int,
+    gpu_start: int,
+    gpu_dur: int,
+    *,
+    device: int = 0,
+    stream: int = 7,
+    pid: int = 100,
+    tid: int = 100,
+    cat: str = "cuda_runtime",
+) -> int:
+    """A synchronize API call and the ``cuda_sync`` GPU event it produced (same correlation)."""
+    trace.sync(kind, gpu_start, gpu_dur, device=device, stream=stream)
+    corr = trace._corr  # the correlation sync() just used
+    trace.runtime(api, host_start, host_dur, corr=corr, pid=pid, tid=tid, cat=cat)
+    return corr

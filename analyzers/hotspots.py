@@ -1,0 +1,472 @@
+"""``hotspots``: where each GPU's time goes — top kernels, top operators, categories, precision.
+
+Per trace and device (docs/analyzers/hotspots.md), over the device's kernels,
+memcpys and memsets (durations summed, not unioned: this is a profile, not a
+timeline):
+
+* top kernels by total GPU time: name, category, count, total, share of
+  kernel time, mean and median duration;
+* top CPU operators by the GPU time they launched: every GPU operation is
+  joined to its launch call (correlation id) and charged to the innermost
+  ``cpu_op`` enclosing that call on the same thread (what the ``External id``
+  join gives on current Kineto, and still right on old schemas where the
+  runtime's ``External id`` is its correlation id);
+* kernel categories by name rules (:data:`CATEGORY_RULES`, first match wins;
+  communication is ``gpu.is_comm``, copies and memsets are ``memory``);
+* precision and Tensor Core use of matrix kernels (GEMM, attention,
+  convolution) read from kernel names (:func:`precision_of`, :func:`tensor_cores_of`).
+
+One ``info`` finding per device with the tables in ``evidence``; metrics
+``gpu_time_pct_<category>`` and ``tensor_core_pct``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.host_sync import enclosing_ops, name_lookup, op_stack
+from stallscope.jobdata import JobData
+
+THRESHOLDS = (
+    Threshold("top_n", 10, "rows", "rows in the top-kernel and top-operator tables", minimum=1),
+    Threshold(
+        "fp32_matmul_pct",
+        20.0,
+        "%",
+        "share of matrix-kernel time in FP32 without Tensor Cores that triggers the TF32/bf16 advice",
+        maximum=100,
+    ),
+    Threshold(
+        "memory_bound_pct",
+        40.0,
+        "%",
+        "share of GPU time in elementwise, normalization, reduction and memory kernels that "
+        "triggers the fusion advice",
+        maximum=100,
+    ),
+)
+MAX_WINDOWS = 20
+MATRIX = ("gemm", "attention", "convolution")
+CATEGORIES = (
+    "communication",
+    "memory",
+    "attention",
+    "convolution",
+    "gemm",
+    "normalization",
+    "reduction",
+    "elementwise",
+    "other",
+)
+# Kernel-name rules, case-insensitive, tried in order (communication and
+# memcpy/memset rows are decided before these, from is_comm and kind).
+CATEGORY_RULES = (
+    # torch.compile (Inductor) kernels say what they are in their prefix
+    ("gemm", r"^triton_tem_"),
+    ("reduction", r"^triton_(red|per)_"),
+    ("elementwise", r"^triton_poi_"),
+    (
+        "attention",
+        r"flash|fmha|attention|attn|sdpa|mha_|_mha|xformers|mem_eff|paged_?att",
+    ),
+    (
+        "normalization",
+        r"layer_?norm|rms_?norm|group_?norm|batch_?norm|instance_?norm|bn_fw|bn_bw|welford"
+        r"|gammabeta|rowwisemoments|computefusedparams|computeinternalgradients|computebackwardfused",
+    ),
+    (
+        "convolution",
+        r"conv(?!ert)|dgrad|wgrad|fprop|winograd|implicit_gemm|im2col|col2im|scudnn|hcudnn"
+        r"|igemm_(fwd|bwd|wrw)|fft2d|fft1d_[rc]2[rc]|flip_filter|miopen|depthwise",
+    ),
+    (
+        "gemm",
+        r"(?<!fb)gemm|gemv|matmul|cublas|xmma|wgmma|nvjet|^cijk_|cutlass|splitkreduce|bmm"
+        r"|dot_kernel|mfma",
+    ),
+    ("elementwise", r"rotary|rope_"),
+    (
+        "memory",
+        r"copy|fill|memset|memcpy|transpose|nchwtonhwc|nhwctonchw|catarray|concat|_cat_|permute"
+        r"|scatter|gather|index|embedding|kvcache|kv_cache",
+    ),
+    (
+        "reduction",
+        r"reduce|softmax|argmax|argmin|topk|cumsum|cumprod|scan|logsumexp|nll_loss|cross_entropy"
+        r"|nllcriterion|pool|sort|radix|histogram|bincount|unique",
+    ),
+    (
+        "elementwise",
+        r"elementwise|vectorized|unrolled|pointwise|functor|multi_tensor_apply"
+        r"|activation|relu|gelu|silu|swiglu|sigmoid|tanh|dropout|adam|sgd|clamp|threshold"
+        r"|rotary|rope|tensorop|scale|quant",
+    ),
+)
+_RULES = tuple((cat, re.compile(rx, re.I)) for cat, rx in CATEGORY_RULES)
+
+# Precision from names, first match wins. Tensile (rocBLAS/hipBLASLt) names
+# are read from their type token instead (Cijk_Ailk_Bljk_<type>...).
+PRECISION_RULES = (
+    ("fp4", r"fp4|nvf4|mxf4|e2m1"),
+    ("fp8", r"fp8|e4m3|e5m2|f8f6f4|_f8_|qmma"),
+    ("bf16", r"bf16|bfloat16"),
+    ("fp16", r"fp16|f16|half|h16816|h1688|h884|hgemm|hmma"),
+    ("tf32", r"tf32|s1688|xf32"),
+    ("int8", r"int8|i8816|imma|_i8_|s8s8|u8s8"),
+    ("fp64", r"dgemm|zgemm|fp64|f64|double"),
+    ("fp32", r"sgemm|scudnn|cgemm|fp32|f32|float|ffma"),
+)
+_PRECISION = tuple((p, re.compile(rx, re.I)) for p, rx in PRECISION_RULES)
+_TENSILE = re.compile(r"^cijk_a[a-z]+_b[a-z]+_([a-z0-9]+)", re.I)
+_TENSILE_TYPES = {"b": "bf16", "h": "fp16", "s": "fp32", "d": "fp64", "i": "int8", "f": "fp8"}
+_NVJET_16 = re.compile(r"^nvjet_.*_h_", re.I)  # cuBLAS nvjet 16-bit (bf16 or fp16)
+_NO_TENSOR_CORES = re.compile(
+    r"sgemm|scudnn|dgemm|cgemm|gemv|gemmsn|implicit_convolve|explicit_convolve|winograd"
+    r"|wgrad_alg[01]|dgrad_engine|dgrad_alg|fft|im2col|naive",
+    re.I,
+)
+_TENSOR_CORES = re.compile(
+    r"tensorop|xmma|wgmma|hmma|imma|qmma|mma_|_mma|h16816|h1688|s1688|i8816|h884|16816|1688"
+    r"|nvjet|flash|fmha|mfma|xdl|gtcx|_mi\d+x\d+|sm[89]0_|sm100_|ampere_.*(h|bf16)gemm|turing_.*h\d+gemm",
+    re.I,
+)
+
+
+def kernel_head(name: str) -> str:
+    """A kernel name without its parameter list (template arguments kept).
+
+    The rules look at the kernel and its template arguments only: parameter
+    types (``fbgemm_gpu::FixedDivisor``, ``float const*``) would mislead them.
+    """
+    text = name.replace("(anonymous namespace)", "anon")
+    depth = 0
+    for i, char in enumerate(text):
+        if char == "<":
+            depth += 1
+        elif char == ">":
+            depth = max(depth - 1, 0)
+        elif char == "(" and depth == 0 and i > 0:
+            return text[:i]
+    return text
+
+
+def category_of(name: str, kind: str = "kernel", is_comm: bool = False) -> str:
+    """The kernel's category by :data:`CATEGORY_RULES` (see docs/analyzers/hotspots.md)."""
+    if is_comm:
+        return "communication"
+    if kind in ("memcpy", "memset"):
+        return "memory"
+    head = kernel_head(name)
+    for category, pattern in _RULES:
+        if pattern.search(head):
+            return category
+    return "other"
+
+
+def precision_of(name: str) -> str:
+    """Numeric precision the kernel name shows, or ``unknown``."""
+    clean = re.sub(r"fp8kvcachedatatype", "", kernel_head(name), flags=re.I)
+    tensile = _TENSILE.match(clean)
+    if tensile:
+        return _TENSILE_TYPES.get(tensile.group(1)[0].lower(), "unknown")
+    if _NVJET_16.search(clean):
+        return "bf16/fp16"
+    for precision, pattern in _PRECISION:
+        if pattern.search(clean):
+            return precision
+    return "unknown"
+
+
+def tensor_cores_of(name: str) -> str:
+    """``yes``/``no``/``unknown``: whether the kernel name shows Tensor Core (MMA/MFMA) use."""
+    head = kernel_head(name)
+    if _NO_TENSOR_CORES.search(head):
+        return "no"
+    if _TENSOR_CORES.search(head):
+        return "yes"
+    return "unknown"
+
+
+_KERNELS_SQL = """
+SELECT device, name_id, kind, bool_or(coalesce(is_comm, false)) AS is_comm, count(*) AS count,
+       sum(end_ns - start_ns) AS total_ns, median(end_ns - start_ns) AS median_ns
+FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset')
+GROUP BY device, name_id, kind
+"""
+
+_LAUNCHES_SQL = """
+SELECT g.device, h.pid, h.tid, h.start_ns, h.end_ns,
+       sum(g.end_ns - g.start_ns) AS gpu_ns, count(*) AS ops
+FROM gpu g JOIN host h
+  ON h.trace_id = g.trace_id AND h.correlation = g.correlation AND h.kind IN ('runtime', 'driver')
+WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
+GROUP BY g.device, h.pid, h.tid, h.start_ns, h.end_ns
+"""
+
+
+def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    result = AnalyzerResult()
+    for ref in job.traces:
+        rank = int(ref.meta.get("rank", 0))
+        _trace(job, result, ref.trace_id, rank, params)
+    return result
+
+
+def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
+    kernels = {k: np.asarray(v) for k, v in job.numpy(_KERNELS_SQL, [trace]).items()}
+    if kernels["device"].size == 0:
+        return
+    names = name_lookup(job, trace, kernels["name_id"])
+    name = np.array([names.get(int(i), "?") for i in kernels["name_id"]], dtype=object)
+    # classification runs once per distinct (name, kind), not per event
+    category = np.array(
+        [
+            category_of(n, k, bool(c))
+            for n, k, c in zip(name, kernels["kind"], kernels["is_comm"], strict=True)
+        ],
+        dtype=object,
+    )
+    precision = np.array([precision_of(n) for n in name], dtype=object)
+    tensor = np.array([tensor_cores_of(n) for n in name], dtype=object)
+    ops = _top_ops(job, trace)
+    top_n = int(params["top_n"])
+    for device in np.unique(kernels["device"]).tolist():
+        m = kernels["device"] == device
+        table = {
+            "name": name[m],
+            "name_id": kernels["name_id"][m],
+            "kind": kernels["kind"][m],
+            "count": kernels["count"][m].astype(np.int64),
+            "total_ns": kernels["total_ns"][m].astype(np.int64),
+            "median_ns": kernels["median_ns"][m].astype(np.float64),
+            "category": category[m],
+            "precision": precision[m],
+            "tensor_cores": tensor[m],
+        }
+        _device(job, result, trace, rank, int(device), table, ops.get(device, []), top_n, params)
+
+
+def _top_ops(job: JobData, trace: str) -> dict[int, list[dict]]:
+    """Per device: [{name, gpu_ns, kernels, calls}] for every operator that launched GPU work."""
+    launches = {k: np.asarray(v) for k, v in job.numpy(_LAUNCHES_SQL, [trace]).items()}
+    if launches["device"].size == 0:
+        return {}
+    stack = op_stack(job, trace)
+    inner, _ = enclosing_ops(
+        stack, launches["pid"], launches["tid"], launches["start_ns"], launches["end_ns"]
+    )
+    op_name_id = np.full(inner.size, -1, dtype=np.int64)
+    op_name_id[inner >= 0] = stack.name_id[inner[inner >= 0]]
+    names = name_lookup(job, trace, op_name_id)
+    out: dict[int, list[dict]] = {}
+    for device in np.unique(launches["device"]).tolist():
+        m = launches["device"] == device
+        ids, inverse = np.unique(op_name_id[m], return_inverse=True)
+        gpu_ns = np.bincount(inverse, weights=launches["gpu_ns"][m], minlength=ids.size)
+        kernels = np.bincount(inverse, weights=launches["ops"][m], minlength=ids.size)
+        # operator instances per name: each distinct enclosing operator counted once
+        distinct_ops, first = np.unique(inner[m], return_index=True)
+        calls = np.bincount(inverse[first[distinct_ops >= 0]], minlength=ids.size)
+        rows = [
+            {
+                "name": names.get(int(i), "(no operator)") if i >= 0 else "(no operator)",
+                "gpu_ns": int(gpu_ns[j]),
+                "kernels": int(kernels[j]),
+                "calls": int(calls[j]) if i >= 0 else None,
+            }
+            for j, i in enumerate(ids.tolist())
+        ]
+        rows.sort(key=lambda r: -r["gpu_ns"])
+        out[int(device)] = rows
+    return out
+
+
+def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
+    gpu_ns = int(t["total_ns"].sum())
+    is_kernel = t["kind"] == "kernel"
+    kernel_ns = int(t["total_ns"][is_kernel].sum())
+    cat_ns = {c: int(t["total_ns"][t["category"] == c].sum()) for c in CATEGORIES}
+    for c in CATEGORIES:
+        value = round(100.0 * cat_ns[c] / gpu_ns, 3) if gpu_ns else 0.0
+        result.metrics.append(Metric(trace, rank, device, f"gpu_time_pct_{c}", value, "%"))
+    matrix = np.isin(t["category"], MATRIX)
+    matrix_ns = int(t["total_ns"][matrix].sum())
+    precision = _shares(t["precision"][matrix], t["total_ns"][matrix], matrix_ns)
+    tensor = _shares(t["tensor_cores"][matrix], t["total_ns"][matrix], matrix_ns)
+    if matrix_ns:
+        tc_pct = tensor.get("yes", {}).get("pct", 0.0)
+        result.metrics.append(Metric(trace, rank, device, "tensor_core_pct", tc_pct, "%"))
+    order = np.lexsort((t["name"].astype(str), -t["total_ns"]))
+    top = [i for i in order if is_kernel[i]][:top_n]
+    top_kernels = [
+        {
+            "name": str(t["name"][i]),
+            "category": str(t["category"][i]),
+            "precision": str(t["precision"][i]),
+            "tensor_cores": str(t["tensor_cores"][i]),
+            "count": int(t["count"][i]),
+            "total_ns": int(t["total_ns"][i]),
+            "share_pct": round(float(100.0 * t["total_ns"][i] / kernel_ns), 3)
+            if kernel_ns
+            else 0.0,
+            "mean_ns": int(round(t["total_ns"][i] / t["count"][i])),
+            "median_ns": int(round(t["median_ns"][i])),
+        }
+        for i in top
+    ]
+    unlaunched = gpu_ns - sum(row["gpu_ns"] for row in ops)
+    if unlaunched > 0:
+        ops = sorted(
+            [
+                *ops,
+                {
+                    "name": "(no launch record)",
+                    "gpu_ns": unlaunched,
+                    "kernels": None,
+                    "calls": None,
+                },
+            ],
+            key=lambda r: -r["gpu_ns"],
+        )
+    top_ops = [
+        dict(row, share_pct=round(100.0 * row["gpu_ns"] / gpu_ns, 3) if gpu_ns else 0.0)
+        for row in ops[:top_n]
+    ]
+    categories = [
+        {
+            "category": c,
+            "gpu_ns": cat_ns[c],
+            "pct": round(100.0 * cat_ns[c] / gpu_ns, 3) if gpu_ns else 0.0,
+        }
+        for c in sorted(CATEGORIES, key=lambda c: -cat_ns[c])
+        if cat_ns[c]
+    ]
+    fp32_no_tc = matrix & (t["precision"] == "fp32") & (t["tensor_cores"] == "no")
+    fp32_no_tc_pct = 100.0 * t["total_ns"][fp32_no_tc].sum() / matrix_ns if matrix_ns else 0.0
+    memory_bound = sum(cat_ns[c] for c in ("elementwise", "normalization", "reduction", "memory"))
+    memory_bound_pct = 100.0 * memory_bound / gpu_ns if gpu_ns else 0.0
+    windows = _windows(job, trace, device, t["name_id"][top[0]]) if top else []
+    head = top_kernels[0] if top_kernels else None
+    cats_text = ", ".join(f"{c['category']} {c['pct']:.0f}%" for c in categories[:4])
+    title = f"GPU {device} time: {cats_text}" + (
+        f"; top kernel {_short(head['name'])} {head['share_pct']:.0f}% of kernel time"
+        if head
+        else ""
+    )
+    detail = (
+        f"{gpu_ns / 1e6:.2f} ms of GPU operations ({kernel_ns / 1e6:.2f} ms in "
+        f"{int(t['count'][is_kernel].sum())} kernels of {int(is_kernel.sum())} distinct names)."
+    )
+    if matrix_ns:
+        prec_text = ", ".join(f"{p} {v['pct']:.0f}%" for p, v in precision.items())
+        detail += (
+            f" Matrix kernels (GEMM, attention, convolution) take {matrix_ns / 1e6:.2f} ms: {prec_text}; "
+            f"{tensor.get('yes', {}).get('pct', 0.0):.0f}% recognisably on Tensor Cores."
+        )
+    if top_ops:
+        detail += (
+            f" Top operator: {top_ops[0]['name']} ({top_ops[0]['share_pct']:.0f}% of GPU time)."
+        )
+    result.findings.append(
+        Finding(
+            analyzer="hotspots",
+            trace=trace,
+            rank=rank,
+            device=device,
+            severity="info",
+            title=title,
+            detail=detail,
+            recommendation=_recommendation(
+                fp32_no_tc_pct, memory_bound_pct, cat_ns, gpu_ns, head, params
+            ),
+            impact_ns=0,
+            evidence={
+                "gpu_ns": gpu_ns,
+                "kernel_ns": kernel_ns,
+                "top_kernels": top_kernels,
+                "top_ops": top_ops,
+                "categories": categories,
+                "matrix_ns": matrix_ns,
+                "precision": precision,
+                "tensor_cores": tensor,
+                "fp32_no_tensor_core_pct": round(float(fp32_no_tc_pct), 3),
+                "memory_bound_pct": round(float(memory_bound_pct), 3),
+            },
+            windows=windows,
+        )
+    )
+
+
+def _shares(labels: np.ndarray, ns: np.ndarray, whole: int) -> dict[str, dict]:
+    if not whole:
+        return {}
+    keys, inverse = np.unique(labels.astype(str), return_inverse=True)
+    sums = np.bincount(inverse, weights=ns, minlength=keys.size)
+    order = np.argsort(-sums, kind="stable")
+    return {
+        str(keys[i]): {"ns": int(sums[i]), "pct": round(float(100.0 * sums[i] / whole), 3)}
+        for i in order
+    }
+
+
+def _recommendation(fp32_pct, memory_pct, cat_ns, gpu_ns, head, params) -> str:
+    advice = []
+    if fp32_pct >= params["fp32_matmul_pct"]:
+        advice.append(
+            f"{fp32_pct:.0f}% of matrix-kernel time runs in FP32 without Tensor Cores (e.g. *sgemm, "
+            "scudnn): enable TF32 (torch.backends.cuda.matmul.allow_tf32 = True, "
+            "torch.backends.cudnn.allow_tf32 = True, or torch.set_float32_matmul_precision('high')) "
+            "or train under torch.autocast(dtype=torch.bfloat16)."
+        )
+    if memory_pct >= params["memory_bound_pct"]:
+        advice.append(
+            f"{memory_pct:.0f}% of GPU time is in elementwise, normalization, reduction and copy "
+            "kernels, which are memory-bound: fuse them with torch.compile, use fused optimizers "
+            "(fused=True / foreach=True) and fused normalization / attention kernels."
+        )
+    attention_share = 100.0 * cat_ns["attention"] / gpu_ns if gpu_ns else 0.0
+    if head and not advice:
+        advice.append(
+            f"Optimize from the top: {_short(head['name'])} alone is {head['share_pct']:.0f}% of kernel "
+            "time; check its shapes and library choice (cuBLAS/cuDNN heuristics, "
+            "torch.backends.cudnn.benchmark = True for fixed-shape convolutions)."
+        )
+    if attention_share >= 20 and not any("attention" in a for a in advice):
+        advice.append(
+            "Attention is a large share: use fused attention (F.scaled_dot_product_attention with "
+            "the flash / memory-efficient backends)."
+        )
+    return " ".join(advice) or "No GPU activity to profile."
+
+
+def _windows(job: JobData, trace: str, device: int, name_id) -> list[list[int]]:
+    rows = job.sql(
+        "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND name_id = ? "
+        "AND kind = 'kernel' ORDER BY end_ns - start_ns DESC, start_ns LIMIT ?",
+        [trace, device, int(name_id), MAX_WINDOWS],
+    ).fetchall()
+    return [[int(a), int(b)] for a, b in rows]
+
+
+def _short(name: str, limit: int = 60) -> str:
+    """A kernel name without ``void``, namespaces' template arguments and parameters."""
+    text = re.sub(r"^void |\(anonymous namespace\)::", "", name)
+    head = (re.split(r"[<(]", text, maxsplit=1)[0] or text).rsplit("::", 1)[-1]
+    wrapper = re.match(r"^[\w:]*Kernel\d*<(\w+)", text)  # cutlass::Kernel<cutlass_80_...>
+    text = wrapper.group(1) if wrapper else head
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+SPEC = AnalyzerSpec(
+    id="hotspots",
+    title="GPU hotspots",
+    description=(
+        "Top kernels and operators by GPU time, kernel categories (GEMM, attention, convolution, "
+        "elementwise, reduction, normalization, communication, memory), precision and Tensor Core use."
+    ),
+    run=run,
+    thresholds=THRESHOLDS,
+)

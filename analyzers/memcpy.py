@@ -1,0 +1,433 @@
+"""``memcpy``: copies that are slower, or more blocking, than they need to be.
+
+Per trace and device (docs/analyzers/memcpy.md):
+
+* **pageable host-to-device copies** (``src_kind = 'pageable'``): the driver
+  stages them through a pinned bounce buffer, so they run at a fraction of
+  the link's bandwidth and block the host. GPU time lost per copy
+  = max(0, duration − (bytes / pinned bandwidth + 1 µs)), the time a pinned
+  copy would have saved; the pinned bandwidth is measured from the trace's
+  own pinned H2D copies of at least 1 MiB when it has some, else assumed
+  from the GPU generation (threshold ``pinned_gbps`` overrides both);
+* **device-to-host copies inside a ProfilerStep** (``.item()``, ``.cpu()``,
+  ``.tolist()``): count, bytes and call sites when there are at least
+  ``d2h_per_step`` per step (``info``: the GPU time they cost through the
+  syncs they force is ``host_sync``'s impact, not counted twice);
+* **synchronous copy calls** (``cudaMemcpy``, ``hipMemcpyWithStream``…, not
+  ``*Async``; host-to-device copies of at most 64 KiB excepted, as nsys does):
+  count, bytes and call sites (``info``, same reason).
+
+Metrics: ``pageable_memcpy_bytes`` and ``pageable_memcpy_count`` per device
+(copies whose host memory is pageable, either direction).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stallscope import intervals
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.host_sync import (
+    API_SQL,
+    COPY_API_REGEX,
+    SMALL_H2D_BYTES,
+    call_sites,
+    covered,
+)
+from stallscope.jobdata import JobData
+
+THRESHOLDS = (
+    Threshold(
+        "share_pct_low",
+        3.0,
+        "%",
+        "GPU time lost to pageable host-to-device copies, % of the span, for a low-severity finding",
+        maximum=100,
+    ),
+    Threshold(
+        "share_pct_medium",
+        10.0,
+        "%",
+        "GPU time lost to pageable copies, % of the span, for a medium-severity finding",
+        maximum=100,
+    ),
+    Threshold(
+        "share_pct_high",
+        25.0,
+        "%",
+        "GPU time lost to pageable copies, % of the span, for a high-severity finding",
+        maximum=100,
+    ),
+    Threshold(
+        "share_pct_critical",
+        50.0,
+        "%",
+        "GPU time lost to pageable copies, % of the span, for a critical finding",
+        maximum=100,
+    ),
+    Threshold(
+        "min_impact_ms",
+        1.0,
+        "ms",
+        "GPU time lost to pageable copies below which they are not reported",
+    ),
+    Threshold(
+        "pinned_gbps",
+        0.0,
+        "GB/s",
+        "pinned host-to-device bandwidth for the lost-time estimate; 0 = measured from the trace, "
+        "else by GPU generation",
+    ),
+    Threshold(
+        "d2h_per_step",
+        2.0,
+        "copies",
+        "device-to-host copies per ProfilerStep that make an (info) finding",
+        minimum=1,
+    ),
+)
+MAX_WINDOWS = 20
+TOP_CALL_SITES = 10
+PINNED_LATENCY_NS = 1_000  # fixed cost of a small pinned copy on the GPU timeline
+MEASURE_MIN_BYTES = 1 << 20  # pinned copies at least this big measure the link
+# Assumed pinned H2D bandwidth (GB/s) by NVIDIA compute capability major, a little
+# below the practical peak of the PCIe generation those GPUs ship with.
+GENERATION_GBPS = ((9, 40.0), (8, 20.0), (0, 10.0))
+UNKNOWN_GBPS = 10.0
+
+_COPIES_SQL = f"""
+WITH launch AS (
+  SELECT h.correlation, any_value(h.pid) AS pid, any_value(h.tid) AS tid,
+         min(h.start_ns) AS host_start, max(h.end_ns) AS host_end, any_value({API_SQL}) AS api
+  FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+  WHERE h.trace_id = $trace AND h.kind IN ('runtime', 'driver')
+    AND h.correlation IN (SELECT correlation FROM gpu WHERE trace_id = $trace AND kind = 'memcpy')
+  GROUP BY h.correlation
+)
+SELECT g.device, g.start_ns, g.end_ns, coalesce(g.bytes, 0) AS bytes,
+       coalesce(g.copy_kind, '') AS copy_kind, coalesce(g.src_kind, '') AS src_kind,
+       coalesce(g.dst_kind, '') AS dst_kind,
+       coalesce(l.pid, -1) AS pid, coalesce(l.tid, -1) AS tid,
+       coalesce(l.host_start, g.start_ns) AS host_start, coalesce(l.host_end, g.end_ns) AS host_end,
+       coalesce(l.api, '') AS api,
+       l.api IS NOT NULL AND regexp_matches(l.api, '{COPY_API_REGEX}') AND NOT contains(l.api, 'Async') AS sync_api
+FROM gpu g LEFT JOIN launch l ON l.correlation = g.correlation
+WHERE g.trace_id = $trace AND g.kind = 'memcpy'
+ORDER BY g.start_ns
+"""
+
+
+def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    result = AnalyzerResult()
+    for ref in job.traces:
+        rank = int(ref.meta.get("rank", 0))
+        _trace(job, result, ref.trace_id, rank, params)
+    return result
+
+
+def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
+    copies = {
+        k: np.asarray(v)
+        for k, v in job.con.execute(_COPIES_SQL, {"trace": trace}).fetchnumpy().items()
+    }
+    devices = job.numpy(
+        "SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset') ORDER BY 1",
+        [trace],
+    )["device"]
+    steps = job.numpy(
+        "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
+    )
+    n_steps = int(steps["start_ns"].size)
+    window = (int(steps["start_ns"].min()), int(steps["end_ns"].max())) if n_steps else None
+    in_step = covered(copies["host_start"], intervals.union(steps["start_ns"], steps["end_ns"]))
+    if not n_steps:
+        in_step[:] = True
+    sites = (
+        call_sites(
+            job,
+            trace,
+            copies["pid"],
+            copies["tid"],
+            copies["host_start"],
+            copies["host_end"],
+            np.where(copies["api"] == "", "(no launch record)", copies["api"]).astype(object),
+        )
+        if copies["start_ns"].size
+        else np.zeros(0, dtype=object)
+    )
+    for device in devices.tolist():
+        mask = copies["device"] == device
+        dev = {k: v[mask] for k, v in copies.items()}
+        host_pageable = (dev["src_kind"] == "pageable") | (dev["dst_kind"] == "pageable")
+        result.metrics.append(
+            Metric(
+                trace,
+                rank,
+                int(device),
+                "pageable_memcpy_bytes",
+                int(dev["bytes"][host_pageable].sum()),
+                "bytes",
+            )
+        )
+        result.metrics.append(
+            Metric(
+                trace, rank, int(device), "pageable_memcpy_count", int(host_pageable.sum()), "count"
+            )
+        )
+        if not mask.any():
+            continue
+        ctx = (trace, rank, int(device), dev, in_step[mask], sites[mask], n_steps)
+        for finding in (
+            _pageable(job, *ctx, params, window),
+            _d2h_in_step(*ctx, params),
+            _sync_copies(*ctx),
+        ):
+            if finding:
+                result.findings.append(finding)
+
+
+def pinned_bandwidth(
+    job: JobData, trace: str, device: int, dev: dict, params: dict
+) -> tuple[float, str]:
+    """GB/s assumed for a pinned host-to-device copy, and where the number comes from."""
+    if params["pinned_gbps"] > 0:
+        return params["pinned_gbps"], "threshold pinned_gbps"
+    big = (
+        (dev["copy_kind"] == "HtoD")
+        & (dev["src_kind"] == "pinned")
+        & (dev["bytes"] >= MEASURE_MIN_BYTES)
+        & (dev["end_ns"] > dev["start_ns"])
+    )
+    if big.any():
+        gbps = float(np.median(dev["bytes"][big] / (dev["end_ns"][big] - dev["start_ns"][big])))
+        return gbps, f"median of {int(big.sum())} pinned HtoD copies ≥ 1 MiB in this trace"
+    rows = job.sql(
+        "SELECT compute_major, name FROM devices WHERE trace_id = ? AND device = ?", [trace, device]
+    ).fetchall()
+    row = rows[0] if rows else None
+    if row and row[0] is not None and "nvidia" in str(row[1] or "nvidia").lower():
+        for major, gbps in GENERATION_GBPS:
+            if row[0] >= major:
+                return gbps, f"assumed for compute capability {row[0]}.x"
+    return UNKNOWN_GBPS, "assumed (GPU generation unknown)"
+
+
+def _pageable(
+    job, trace, rank, device, dev, in_step, sites, n_steps, params, window
+) -> Finding | None:
+    pageable = (dev["copy_kind"] == "HtoD") & (dev["src_kind"] == "pageable")
+    if not pageable.any():
+        return None
+    counted = pageable & in_step
+    bw, source = pinned_bandwidth(job, trace, device, dev, params)
+    dur = dev["end_ns"] - dev["start_ns"]
+    pinned_ns = dev["bytes"] / bw + PINNED_LATENCY_NS  # bytes / (GB/s) = ns
+    lost_each = np.where(counted, np.maximum(dur - pinned_ns, 0), 0).astype(np.int64)
+    lost = int(lost_each.sum())
+    span = _span(job, trace, device, window)
+    share = 100.0 * lost / span if span else 0.0
+    if lost < params["min_impact_ms"] * 1e6:
+        return None
+    severity = "info"
+    for level in ("critical", "high", "medium", "low"):
+        if share >= params[f"share_pct_{level}"]:
+            severity = level
+            break
+    nbytes = int(dev["bytes"][counted].sum())
+    gpu_ns = int(dur[counted].sum())
+    achieved = nbytes / gpu_ns if gpu_ns else 0.0
+    order = np.argsort(-lost_each, kind="stable")[:MAX_WINDOWS]
+    order = order[lost_each[order] > 0]
+    scope = "inside ProfilerSteps" if n_steps else "in the trace"
+    per_step = f" ({_mib(nbytes // n_steps)} per step)" if n_steps else ""
+    return Finding(
+        analyzer="memcpy",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity=severity,
+        title=(
+            f"GPU {device}: {int(counted.sum())} pageable host-to-device copies, "
+            f"{_mib(nbytes)}{per_step}, at {achieved:.1f} GB/s"
+        ),
+        detail=(
+            f"{int(counted.sum())} copies from pageable host memory {scope} moved {nbytes:,} bytes in "
+            f"{gpu_ns / 1e6:.2f} ms of GPU time ({achieved:.1f} GB/s). From pinned memory at {bw:.1f} GB/s "
+            f"({source}) they would take about {(nbytes / bw + PINNED_LATENCY_NS * counted.sum()) / 1e6:.2f} ms: "
+            f"at least {lost / 1e6:.2f} ms lost ({share:.1f}% of the span). Pageable copies also block the "
+            f"host while the driver stages them."
+            + (
+                f" {int((pageable & ~in_step).sum())} more outside the steps are not counted."
+                if n_steps and (pageable & ~in_step).any()
+                else ""
+            )
+        ),
+        recommendation=(
+            "Copy from pinned memory: DataLoader(pin_memory=True), tensor.pin_memory(), or a reusable "
+            "torch.empty(..., pin_memory=True) staging buffer, then .to(device, non_blocking=True) so the "
+            "copy overlaps compute; prefetch the next batch to the GPU on a side stream."
+        ),
+        impact_ns=lost,
+        evidence={
+            "key": "pageable_h2d",
+            "count": int(counted.sum()),
+            "bytes": nbytes,
+            "gpu_ns": gpu_ns,
+            "achieved_gbps": round(float(achieved), 2),
+            "pinned_gbps": round(float(bw), 2),
+            "pinned_gbps_source": source,
+            "share_of_span_pct": round(float(share), 3),
+            "span_ns": span,
+            "steps": n_steps,
+            "outside_steps": int((pageable & ~in_step).sum()) if n_steps else 0,
+            "largest_bytes": int(dev["bytes"][counted].max()) if counted.any() else 0,
+            "call_sites": _by_site(sites[counted], dev["bytes"][counted], dur[counted]),
+        },
+        windows=[[int(dev["start_ns"][i]), int(dev["end_ns"][i])] for i in order],
+    )
+
+
+def _d2h_in_step(trace, rank, device, dev, in_step, sites, n_steps, params) -> Finding | None:
+    if not n_steps:
+        return None
+    d2h = (dev["copy_kind"] == "DtoH") & in_step
+    per_step = d2h.sum() / n_steps
+    if not d2h.any() or per_step < params["d2h_per_step"]:
+        return None
+    pageable = d2h & (dev["dst_kind"] == "pageable")
+    sync_api = d2h & dev["sync_api"]
+    dur = dev["end_ns"] - dev["start_ns"]
+    nbytes = int(dev["bytes"][d2h].sum())
+    by_site = _by_site(sites[d2h], dev["bytes"][d2h], dur[d2h])
+    top = ", ".join(f"{s['call_site']} ×{s['count']}" for s in by_site[:3])
+    longest = np.argsort(-(dur * d2h), kind="stable")[: min(MAX_WINDOWS, int(d2h.sum()))]
+    return Finding(
+        analyzer="memcpy",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="info",
+        title=f"GPU {device}: {per_step:.1f} device-to-host copies per step inside the training step",
+        detail=(
+            f"{int(d2h.sum())} device-to-host copies ({nbytes:,} bytes) were issued inside {n_steps} "
+            f"ProfilerSteps; {int(pageable.sum())} into pageable memory and {int(sync_api.sum())} through a "
+            f"synchronous copy call (both block the host by themselves). "
+            f"Top call sites: {top}. Each copy whose result the host reads forces a sync; the GPU time "
+            f"that costs is reported by host_sync."
+        ),
+        recommendation=(
+            "Keep values on the GPU inside the step: accumulate losses and metrics as tensors and read "
+            "them (.item(), .cpu(), .tolist()) every N steps in one copy; when the host needs a result "
+            "now, copy it into a pinned buffer with non_blocking=True and wait on a CUDA event."
+        ),
+        impact_ns=0,
+        evidence={
+            "key": "d2h_in_step",
+            "count": int(d2h.sum()),
+            "per_step": round(float(per_step), 2),
+            "bytes": nbytes,
+            "pageable": int(pageable.sum()),
+            "sync_api": int(sync_api.sum()),
+            "steps": n_steps,
+            "call_sites": by_site,
+        },
+        windows=[[int(dev["host_start"][i]), int(dev["end_ns"][i])] for i in longest],
+    )
+
+
+def _sync_copies(trace, rank, device, dev, in_step, sites, n_steps) -> Finding | None:
+    sync = dev["sync_api"] & ~((dev["copy_kind"] == "HtoD") & (dev["bytes"] <= SMALL_H2D_BYTES))
+    if not sync.any():
+        return None
+    kinds, counts = np.unique(dev["copy_kind"][sync].astype(str), return_counts=True)
+    by_kind = {str(k) or "unknown": int(c) for k, c in zip(kinds, counts, strict=True)}
+    apis = np.unique(dev["api"][sync].astype(str)).tolist()
+    dur = dev["end_ns"] - dev["start_ns"]
+    host_ns = int((dev["host_end"] - dev["host_start"])[sync].sum())
+    longest = np.argsort(-((dev["host_end"] - dev["host_start"]) * sync), kind="stable")[
+        : min(MAX_WINDOWS, int(sync.sum()))
+    ]
+    return Finding(
+        analyzer="memcpy",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="info",
+        title=f"GPU {device}: {int(sync.sum())} synchronous copy calls ({', '.join(apis)})",
+        detail=(
+            f"{int(sync.sum())} copies ({', '.join(f'{k} ×{c}' for k, c in by_kind.items())}, "
+            f"{int(dev['bytes'][sync].sum()):,} bytes) went through synchronous copy APIs, which block the "
+            f"host until the copy is done ({host_ns / 1e6:.2f} ms in the calls); "
+            f"{int((sync & in_step).sum())} of them inside the steps. The GPU idle time they cause is "
+            f"reported by host_sync."
+        ),
+        recommendation=(
+            "Use the asynchronous copy (cudaMemcpyAsync / hipMemcpyAsync; in PyTorch "
+            ".to(device, non_blocking=True) or .copy_(src, non_blocking=True)) from pinned memory, "
+            "and synchronize on an event only where the data is needed."
+        ),
+        impact_ns=0,
+        evidence={
+            "key": "sync_copy",
+            "count": int(sync.sum()),
+            "by_direction": by_kind,
+            "apis": apis,
+            "bytes": int(dev["bytes"][sync].sum()),
+            "host_ns": host_ns,
+            "gpu_ns": int(dur[sync].sum()),
+            "in_steps": int((sync & in_step).sum()),
+            "call_sites": _by_site(sites[sync], dev["bytes"][sync], dur[sync]),
+        },
+        windows=[[int(dev["host_start"][i]), int(dev["host_end"][i])] for i in longest],
+    )
+
+
+def _by_site(sites: np.ndarray, nbytes: np.ndarray, dur: np.ndarray) -> list[dict]:
+    if sites.size == 0:
+        return []
+    labels, inverse = np.unique(sites.astype(str), return_inverse=True)
+    counts = np.bincount(inverse, minlength=labels.size)
+    total_bytes = np.bincount(inverse, weights=nbytes, minlength=labels.size)
+    gpu_ns = np.bincount(inverse, weights=dur, minlength=labels.size)
+    order = np.lexsort((-counts, -gpu_ns))[:TOP_CALL_SITES]
+    return [
+        {
+            "call_site": str(labels[i]),
+            "count": int(counts[i]),
+            "bytes": int(total_bytes[i]),
+            "gpu_ns": int(gpu_ns[i]),
+        }
+        for i in order
+    ]
+
+
+def _span(job: JobData, trace: str, device: int, window: tuple[int, int] | None) -> int:
+    """The device's span; with steps, only its part inside [first step start, last step end]
+    (setup traffic before the steps, such as model.to(device), does not dilute the share)."""
+    row = job.sql(
+        "SELECT min(start_ns), max(end_ns) FROM gpu WHERE trace_id = ? AND device = ? "
+        "AND kind IN ('kernel', 'memcpy', 'memset')",
+        [trace, device],
+    ).fetchall()[0]
+    if row[0] is None:
+        return 0
+    start, end = int(row[0]), int(row[1])
+    if window and min(end, window[1]) > max(start, window[0]):
+        start, end = max(start, window[0]), min(end, window[1])
+    return end - start
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 1024:.1f} KiB"
+
+
+SPEC = AnalyzerSpec(
+    id="memcpy",
+    title="Memory copies",
+    description=(
+        "Pageable host-to-device copies (bytes, time, GPU time lost against pinned memory), "
+        "device-to-host copies inside the step, synchronous copy calls."
+    ),
+    run=run,
+    thresholds=THRESHOLDS,
+)
