@@ -60,4 +60,31 @@ def _ncu(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
     return parse_ncu(source, data, ctx)
 
 
+def _nsys(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+    from stallscope.ingest.nsys import parse_nsys
+
+    return parse_nsys(source, data, ctx)
+
+
+def _nsys_report(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+    from stallscope.ingest.nsys_export import parse_nsys_report
+
+    return parse_nsys_report(source, data, ctx)
+
+
 PARSERS: dict[str, Parser] = {"kineto": _kineto, "ncu": _ncu}
+PARSERS.update({"nsys": _nsys, "nsys-rep": _nsys_report})
+
+
+def detect_format(name: str, data: bytes) -> str:
+    """The :data:`PARSERS` key for decompressed ``data``.
+
+    Nsight Systems reports (``.nsys-rep``/``.qdrep``) are ``"nsys-rep"``: their
+    parser exports them to SQLite first. Everything else is :func:`sniff`'s call.
+    """
+    from stallscope.ingest.nsys_export import is_report
+    from stallscope.ingest.sniff import sniff
+
+    if is_report(name, data[:64]):
+        return "nsys-rep"
+    return sniff(name, data)

@@ -24,11 +24,10 @@ import pyarrow.parquet as pq
 
 from stallscope import __version__
 from stallscope.errors import InputError
-from stallscope.ingest.formats import PARSERS, ParseContext, ParsedTrace
+from stallscope.ingest.formats import PARSERS, ParseContext, ParsedTrace, detect_format
 from stallscope.ingest.ncu import source_is_ncu
 from stallscope.ingest.ncu_match import pair_ncu_traces
 from stallscope.ingest.reader import Source
-from stallscope.ingest.sniff import sniff
 from stallscope.store import Store, write_json
 
 Progress = Callable[[str, int, int], None]
@@ -123,7 +122,7 @@ def _ingest_source(
     """Parse one file and write its traces' tables into the staging folder."""
     started = time.perf_counter()
     data = source.read()
-    fmt = sniff(source.name, data)
+    fmt = detect_format(source.name, data)
     ctx = ParseContext(
         name=source.name,
         single=single,

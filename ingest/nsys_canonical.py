@@ -1,0 +1,223 @@
+"""Raw nsys tables -> the canonical tables of every trace in the file (docs/schema.md).
+
+:class:`NsysCanonical` loads the raw Arrow tables of ``nsys_tables`` into a
+private DuckDB connection and runs ``nsys_sql``: all per-event work is SQL,
+nothing per event passes through Python. The caller decides the traces
+(*units*: a process, or one GPU of a multi-GPU process) and their ranks, then
+:meth:`NsysCanonical.emit` returns each trace's tables, ready for the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stallscope.ingest.canonical import CanonicalTrace
+from stallscope.ingest.comm import MACROS_SQL
+from stallscope.ingest.nsys_ranks import payload_fields
+from stallscope.ingest.nsys_sql import (
+    COLLECTIVES_OUT_SQL,
+    CORR_DEV_SQL,
+    ENCLOSE_SQL,
+    GPU_OUT_SQL,
+    HOST_OUT_SQL,
+    PREPARE_SQL,
+    RANGES_OUT_SQL,
+    THREADS_OUT_SQL,
+)
+
+# (NVTX eventTypes, key columns): push/pop ranges hold what their own thread
+# launched; start/end ranges may end on another thread, so they hold what any
+# thread of their process launched (NVIDIA's nvtx_gpu_proj_* rules).
+_RANGE_SCOPES = (((59, 70), ("gp", "tid")), ((60, 71), ("gp",)))
+_MAX_PACKED = 1 << 62
+
+
+class NsysCanonical:
+    """One export's events in DuckDB, prepared once; emits the canonical tables."""
+
+    def __init__(self, raw: dict[str, pa.Table]):
+        self.con = duckdb.connect(config={"threads": 2})
+        # ``gid``: a stable id per GPU activity (file order), the tie-breaker of every ORDER BY.
+        act = raw["act"]
+        raw = dict(raw, act=act.append_column("gid", pa.array(np.arange(act.num_rows))))
+        for name, table in raw.items():
+            self.con.register(name, table)
+        self.con.execute(MACROS_SQL)
+        self.con.execute(PREPARE_SQL)
+        for name in ("act", "runtime", "osrt", "nvtx"):  # copied into DuckDB: let Arrow free them
+            self.con.unregister(name)
+        del raw, act
+        self._pairs()
+        self.con.execute(ENCLOSE_SQL)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def _pairs(self) -> None:
+        """``pairs(nvtx_id, gid)``: the GPU activities launched inside each NVTX range.
+
+        A range join on (key, time), done as a pure inequality join (DuckDB's
+        IEJoin) by packing each key's times into its own band of one integer.
+        """
+        con = self.con
+        con.execute("CREATE TEMP TABLE pairs (nvtx_id BIGINT, gid BIGINT)")
+        for types, keys in _RANGE_SCOPES:
+            cols, where = ", ".join(keys), f"event_type IN {types}"
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE rk AS SELECT {cols}, row_number() OVER (ORDER BY {cols}) - 1 AS ki "
+                f"FROM (SELECT DISTINCT {cols} FROM launch_points UNION SELECT DISTINCT {cols} FROM nv WHERE {where})"
+            )
+            t0, t1, keys_n = con.execute(
+                f"SELECT least((SELECT min(launch_ns) FROM launch_points), (SELECT min(start_ns) FROM nv WHERE {where})),"
+                f" greatest((SELECT max(launch_ns) FROM launch_points), (SELECT max(end_ns) FROM nv WHERE {where})),"
+                " (SELECT count(*) FROM rk)"
+            ).fetchone()
+            if t0 is None or t1 is None:
+                continue
+            span = t1 - t0 + 1
+            ranges = f"SELECT nv.nvtx_id, {{p}} AS ps, {{q}} AS pe FROM nv JOIN rk USING ({cols}) WHERE {where}"
+            points = f"SELECT lp.gid, {{p}} AS pt FROM launch_points lp JOIN rk USING ({cols})"
+            if keys_n * span < _MAX_PACKED:
+                band = f"rk.ki * {span} - {t0}"
+                con.execute(
+                    "INSERT INTO pairs SELECT r.nvtx_id, l.gid FROM ("
+                    + ranges.format(p=f"{band} + nv.start_ns", q=f"{band} + nv.end_ns")
+                    + ") r JOIN ("
+                    + points.format(p=f"{band} + lp.launch_ns")
+                    + ") l ON l.pt >= r.ps AND l.pt < r.pe"
+                )
+            else:  # times too far apart to pack: an equality join (slower, same result)
+                keys_eq = " AND ".join(f"l.{k} = r.{k}" for k in keys)
+                con.execute(
+                    f"INSERT INTO pairs SELECT r.nvtx_id, l.gid FROM (SELECT * FROM nv WHERE {where}) r "
+                    f"JOIN launch_points l ON {keys_eq} AND l.launch_ns >= r.start_ns AND l.launch_ns < r.end_ns"
+                )
+
+    # -- what the caller needs to decide traces and ranks -------------------------------
+    def unit_rows(self) -> list[tuple[int, int, int]]:
+        """(process key, device, activity count) of every process/GPU that ran GPU work."""
+        return self.con.execute(
+            "SELECT gp, device, count(*) FROM g WHERE kind <> 'sync' GROUP BY ALL ORDER BY gp, device"
+        ).fetchall()
+
+    def idle_processes(self) -> list[int]:
+        """Process keys with host events but no GPU activity (left out of the traces)."""
+        rows = self.con.execute(
+            "SELECT DISTINCT gp FROM (SELECT gp FROM api UNION SELECT gp FROM os UNION SELECT gp FROM nv) "
+            "WHERE gp NOT IN (SELECT gp FROM g WHERE kind <> 'sync') ORDER BY gp"
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def thread_name_rows(self) -> list[tuple[int, str]]:
+        """NVTX thread names (eventType 39), e.g. ``MPI Rank 3``."""
+        return self.con.execute("SELECT gp, text FROM thread_marks").fetchall()
+
+    def nccl_init_payloads(self) -> list[tuple[int, str]]:
+        """(process key, JSON payload) of NCCL-domain ``ncclCommInitRank*`` ranges."""
+        return self.con.execute(
+            "SELECT gp, json FROM nv WHERE domain = 'NCCL' AND json IS NOT NULL "
+            "AND starts_with(name, 'ncclCommInit') ORDER BY start_ns"
+        ).fetchall()
+
+    def has_nccl(self) -> bool:
+        """Whether the file shows NCCL: an NCCL NVTX domain or kernels launched inside one."""
+        return self.con.execute(
+            "SELECT EXISTS (SELECT 1 FROM nv WHERE domain = 'NCCL') OR EXISTS (SELECT 1 FROM nccl_of)"
+        ).fetchone()[0]
+
+    def counts(self) -> dict[str, int]:
+        """GPU activities dropped (no valid timestamps), NVTX ranges never ended, graph rows."""
+        row = self.con.execute("SELECT dropped, open_ranges, graphs FROM stats").fetchone()
+        return dict(zip(("dropped", "open_ranges", "graphs"), row, strict=True))
+
+    # -- output ---------------------------------------------------------------------------
+    def emit(self, units: list[dict[str, Any]]) -> list[CanonicalTrace]:
+        """The canonical tables of each unit (``tix, gp, device, split, trace_id, rank``)."""
+        con = self.con
+        con.register("units", pa.Table.from_pylist(units, schema=_UNITS_SCHEMA))
+        con.register("nccl_payload", self._payload_table())
+        con.execute(CORR_DEV_SQL)
+        n = len(units)
+        gpu = _split(con.sql(GPU_OUT_SQL).to_arrow_table(), n)
+        host = _split(con.sql(HOST_OUT_SQL).to_arrow_table(), n)
+        ranges = _split(con.sql(RANGES_OUT_SQL).to_arrow_table(), n)
+        collectives = _split(con.sql(COLLECTIVES_OUT_SQL).to_arrow_table(), n)
+        threads = _split(con.sql(THREADS_OUT_SQL).to_arrow_table(), n)
+        names = con.sql("SELECT name_id, name FROM names ORDER BY name_id").to_arrow_table()
+        out = []
+        for i, unit in enumerate(units):
+            used = pc.unique(
+                pa.chunked_array(
+                    [
+                        chunk
+                        for t in (gpu[i], host[i], ranges[i], collectives[i])
+                        for chunk in t["name_id"].chunks
+                    ],
+                    type=pa.int32(),
+                )
+            )
+            mine = names.filter(pc.is_in(names["name_id"], value_set=used))
+            ids = pa.array([unit["trace_id"]] * mine.num_rows, pa.string())
+            out.append(
+                CanonicalTrace(
+                    gpu=gpu[i],
+                    host=host[i],
+                    ranges=ranges[i],
+                    collectives=collectives[i],
+                    names=mine.add_column(0, "trace_id", ids),
+                    threads=threads[i],
+                    devices=pa.table({}),  # filled by the caller (device limits)
+                    event_count=gpu[i].num_rows + host[i].num_rows,
+                )
+            )
+        return out
+
+    def _payload_table(self) -> pa.Table:
+        """NCCL payload fields (JSON payloads, only exported with ``--include-json``)."""
+        rows = self.con.execute(
+            "SELECT nvtx_id, json FROM nv WHERE domain = 'NCCL' AND json IS NOT NULL"
+        ).fetchall()
+        parsed = []
+        size_of: dict[str, int] = {}  # communicator -> ranks, from its init payload
+        for nvtx_id, payload in rows:
+            fields = payload_fields(payload)
+            comm = fields.get("nccl communicator id")
+            comm = None if comm is None else str(comm)
+            nranks = _int(fields.get("no. of ranks"))
+            if comm is not None and nranks is not None:
+                size_of.setdefault(comm, nranks)
+            parsed.append((nvtx_id, comm, nranks, _int(fields.get("message size [bytes]"))))
+        cols: dict[str, list] = {"nvtx_id": [], "comm": [], "nranks": [], "msg_bytes": []}
+        for nvtx_id, comm, nranks, nbytes in parsed:
+            cols["nvtx_id"].append(nvtx_id)
+            cols["comm"].append(comm)
+            cols["nranks"].append(nranks if nranks is not None else size_of.get(comm))
+            cols["msg_bytes"].append(nbytes)
+        return pa.table(cols, schema=_PAYLOAD_SCHEMA)
+
+
+_UNITS_SCHEMA = pa.schema(
+    [("tix", pa.int32()), ("gp", pa.int64()), ("device", pa.int32()), ("split", pa.bool_()),
+     ("trace_id", pa.string()), ("rank", pa.int32())]
+)  # fmt: skip
+_PAYLOAD_SCHEMA = pa.schema(
+    [("nvtx_id", pa.int64()), ("comm", pa.string()), ("nranks", pa.int64()),
+     ("msg_bytes", pa.int64())]
+)  # fmt: skip
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _split(table: pa.Table, n: int) -> list[pa.Table]:
+    """Slices of a table sorted by ``tix``, one per trace, without the ``tix`` column."""
+    tix = table.column("tix").to_numpy() if table.num_rows else np.zeros(0, dtype=np.int32)
+    bounds = np.searchsorted(tix, np.arange(n + 1), side="left")
+    body = table.drop_columns(["tix"])
+    return [body.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i])) for i in range(n)]
