@@ -202,7 +202,8 @@ def _idle_warning(idle: list[int]) -> list[str]:
     if not idle:
         return []
     pids = ", ".join(str(gp & 0xFFFFFF) for gp in idle[:5]) + (", ..." if len(idle) > 5 else "")
-    return [f"left out {len(idle)} processes without GPU activity (pid {pids})"]
+    plural = "es" if len(idle) > 1 else ""
+    return [f"left out {len(idle)} process{plural} without GPU activity (pid {pids})"]
 
 
 def _devices(gpus: list[dict[str, Any]], cuda_map: list[tuple], pid: int) -> list[dict[str, Any]]:
