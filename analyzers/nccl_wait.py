@@ -123,8 +123,8 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
         device=device,
         severity=severity,
         title=(
-            f"Rank {rank} waited {exposed / 1e6:.1f} ms ({share:.0f}% of GPU {device}'s time) in "
-            f"collectives for rank {straggler}"
+            f"Rank {rank} sat {exposed / 1e6:.1f} ms ({share:.0f}% of GPU {device}'s time) in "
+            f"collectives waiting for rank {straggler}"
         ),
         detail=(
             f"Rank {rank} spent {waits.sum() / 1e6:.2f} ms inside {int(waiting.sum())} collectives before the "
@@ -228,11 +228,10 @@ def _doing_text(rank: int, doing: dict) -> str:
     if not doing.get("window_ns"):
         return ""
     causes = sorted(doing["idle_by_cause_ns"].items(), key=lambda kv: -kv[1])[:2]
-    idle = ", ".join(f"{c} {ns / 1e6:.1f} ms" for c, ns in causes)
-    if causes and causes[0][0] == "unknown":
-        idle += (
-            " ('unknown': its host recorded no operation then, e.g. sleep, I/O or a blocking call)"
-        )
+    note = " (its host recorded no operation then: sleep, I/O or a blocking call)"
+    idle = ", ".join(
+        f"{c} {ns / 1e6:.1f} ms" + (note if c == "unknown" else "") for c, ns in causes
+    )
     ops = ", ".join(o["name"] for o in doing["top_host_ops"][:3])
     return (
         f"Before arriving, rank {rank}'s GPU was busy {doing['gpu_busy_pct']:.0f}% of "
