@@ -257,6 +257,17 @@ def test_ddp_straggler_names_rank_1_and_rank_0_waits_about_50ms_per_step(store):
     job.close()
 
 
+def test_ddp_straggler_from_nsys_names_rank_1(store):
+    (res,) = ingest_paths(store, [str(SAMPLES / "nsys" / "ddp_straggler.sqlite.gz")])
+    job = JobData(store, store.traces(res.job_id))
+    result = nccl_wait.run(job, nccl_wait.SPEC.params())
+    (finding,) = [f for f in result.findings if f.severity != "info"]
+    assert finding.rank == 0 and finding.evidence["straggler_rank"] == 1
+    assert finding.evidence["straggler_main_cause_in"] == "5/5 steps"
+    assert all(50 * MS <= s["largest_wait_ns"] <= 52 * MS for s in finding.evidence["steps"])
+    job.close()
+
+
 def test_ddp_overlap_has_no_straggler(store):
     job = sample_job(store, "ddp_overlap")
     result = nccl_wait.run(job, nccl_wait.SPEC.params())

@@ -154,3 +154,18 @@ def test_ddp_straggler_exposure_is_waiting_not_transfer(store):
         f0.severity == "info"
         and f0.evidence["exposed_wait_ns"] > 0.9 * f0.evidence["exposed_comm_ns"]
     )
+
+
+@pytest.mark.parametrize("scenario", ["ddp_overlap", "ddp_no_overlap", "ddp_straggler"])
+def test_nsys_exports_match_their_truth_per_step(store, scenario):
+    """Both ranks in one nsys report, start-up broadcasts included: the step windows still agree."""
+    (res,) = ingest_paths(store, [str(SAMPLES / "nsys" / f"{scenario}.sqlite.gz")])
+    job = JobData(store, store.traces(res.job_id))
+    result = overlap.run(job, overlap.SPEC.params())
+    job.close()
+    truth = json.loads((SAMPLES / "nsys" / f"{scenario}.truth.json").read_text())
+    reviews = [p["per_step"] for p in truth["trace_review"]["processes"]]
+    ours = [f.evidence["steps"] for f in sorted(result.findings, key=lambda f: f.rank)]
+    assert len(ours) == len(reviews) == 2
+    for mine, theirs in zip(ours, reviews, strict=True):
+        assert [abs(a["comm_overlap_pct"] - 100 * b["nccl_overlap_frac"]) < 1.0 for a, b in zip(mine, theirs, strict=True)] == [True] * len(theirs)  # fmt: skip
