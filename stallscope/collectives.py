@@ -87,6 +87,8 @@ def gpu_activity(job: JobData) -> dict[tuple[str, int], dict[str, np.ndarray]]:
         for ref in job.traces:  # one query per trace: integer sort keys, small joins
             cols = job.con.execute(ACTIVITY_SQL, {"trace": ref.trace_id}).fetchnumpy()
             device = cols["device"].astype(np.int64)
+            if not device.size:  # CPU-only or Nsight Compute traces: no GPU timeline
+                continue
             bounds = np.flatnonzero(np.r_[True, device[1:] != device[:-1], True])
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
                 part = slice(lo, hi)

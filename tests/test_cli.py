@@ -120,3 +120,11 @@ def test_every_threshold_has_a_flag(cli):
 def test_progress_is_silent_when_not_a_terminal(cli, idle_trace):
     out = cli("ingest", str(idle_trace))
     assert out.stderr == ""
+
+
+def test_analyze_a_cpu_only_trace(cli, tmp_path):
+    t = KinetoTrace()
+    t.cpu_op("aten::mm", 0, 1_000)
+    out = cli("analyze", str(t.write(tmp_path / "cpu.json")), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["traces"][0]["kernel_count"] == 0
