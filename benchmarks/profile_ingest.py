@@ -71,11 +71,14 @@ def main(path: str) -> None:
     if os.environ.get("PANDAS_PROBE") != "1":  # as in the CLI (kineto_decode._skip_pandas_probe)
         import pyarrow as pa
 
-        from stallscope.ingest.kineto_decode import _NoPandas
-
-        sys.meta_path.insert(0, blocker := _NoPandas())
-        pa.array([0])
-        sys.meta_path.remove(blocker)
+        try:
+            from stallscope.ingest.kineto_decode import _NoPandas
+        except ImportError:  # an older checkout: it had no such thing
+            _NoPandas = None
+        if _NoPandas is not None:
+            sys.meta_path.insert(0, blocker := _NoPandas())
+            pa.array([0])
+            sys.meta_path.remove(blocker)
     print(f"{'(start-up)':<12} {time.perf_counter() - _T0:7.3f} s wall")
     _, [source] = expand_path(path)
     with Stage("read"):
