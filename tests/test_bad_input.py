@@ -511,3 +511,14 @@ def test_microsecond_text_becomes_exact_nanoseconds(store, tmp_path):
         1712195495519690047 + 1,
         1712195495519691999 + 1_000,
     ]
+
+
+def test_trace_events_without_any_event_object_is_refused(cli, tmp_path):
+    path = tmp_path / "ints.json"
+    path.write_text('{"traceEvents": [1, 2, "x"]}')
+    out = cli("ingest", str(path))
+    assert out.returncode == 3
+    assert (
+        out.stderr.strip()
+        == f"stallscope: error: {path}: not a Kineto trace: none of the 3 traceEvents entries is an event object"
+    )
