@@ -15,7 +15,7 @@ import duckdb
 import pandas as pd
 
 from stallscope.errors import StallscopeError
-from stallscope.store import Store
+from stallscope.store import Store, TraceRef
 
 ALLOWED_STATEMENTS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 
@@ -24,9 +24,11 @@ class QueryError(StallscopeError):
     """A refused, failed or timed-out user query (the message is safe to show)."""
 
 
-def readonly_connection(store: Store) -> duckdb.DuckDBPyConnection:
-    """Views over the whole store; afterwards no file outside ``jobs/`` can be touched."""
-    con = store.connect()
+def readonly_connection(
+    store: Store, traces: list[TraceRef] | None = None
+) -> duckdb.DuckDBPyConnection:
+    """Views over the whole store (or ``traces``); afterwards no file outside ``jobs/`` can be touched."""
+    con = store.connect(traces)
     jobs = str(store.jobs_dir.resolve()) + "/"
     con.execute("SET allowed_directories = [?]", [jobs])
     con.execute("SET enable_external_access = false")
@@ -38,13 +40,21 @@ def readonly_connection(store: Store) -> duckdb.DuckDBPyConnection:
 
 
 def readonly_query(
-    store: Store, sql: str, *, timeout_s: float = 30.0, max_rows: int = 10_000
+    store: Store,
+    sql: str,
+    *,
+    timeout_s: float = 30.0,
+    max_rows: int | None = 10_000,
+    traces: list[TraceRef] | None = None,
 ) -> pd.DataFrame:
-    """Result of one read-only query (at most ``max_rows`` rows)."""
+    """Result of one read-only query (at most ``max_rows`` rows; None for all).
+
+    With ``traces`` the views cover only those traces (one job's), else the whole store.
+    """
     text = sql.strip().rstrip(";").strip()
     if not text:
         raise QueryError("empty query")
-    con = readonly_connection(store)
+    con = readonly_connection(store, traces)
     try:
         try:
             statements = con.extract_statements(text)
@@ -57,7 +67,10 @@ def readonly_query(
         timer = threading.Timer(timeout_s, con.interrupt)
         timer.start()
         try:
-            return con.execute(text).fetch_df_chunk(max(1, max_rows // 2048 + 1)).head(max_rows)
+            cursor = con.execute(text)
+            if max_rows is None:
+                return cursor.fetchdf()
+            return cursor.fetch_df_chunk(max(1, max_rows // 2048 + 1)).head(max_rows)
         except duckdb.InterruptException:
             raise QueryError(f"query stopped after {timeout_s:g} s") from None
         except duckdb.Error as exc:
