@@ -70,9 +70,12 @@ def ingest_job(
         # Nsight Compute results describe a timeline's kernels: they are not ranks of their own.
         single = sum(not source_is_ncu(s) for s in sources) <= 1
         for index, (source, digest) in enumerate(zip(sources, hashes, strict=True)):
-            if progress:
-                progress(f"parsing {source.name}", index, len(sources))
-            metas += _ingest_source(source, job_id, digest, staging, single=single)
+
+            def stage(label: str, index: int = index, source: Source = source) -> None:
+                if progress:
+                    progress(f"{label} {source.name}", index, len(sources))
+
+            metas += _ingest_source(source, job_id, digest, staging, single=single, stage=stage)
             source.release()
         pair_ncu_traces(metas, staging)
         _check_ranks(metas)
@@ -117,11 +120,20 @@ def _reject_duplicate_files(sources: list[Source], hashes: list[str]) -> None:
 
 
 def _ingest_source(
-    source: Source, job_id: str, digest: str, staging: Path, *, single: bool
+    source: Source,
+    job_id: str,
+    digest: str,
+    staging: Path,
+    *,
+    single: bool,
+    stage: Callable[[str], None] = lambda label: None,
 ) -> list[dict[str, Any]]:
     """Parse one file and write its traces' tables into the staging folder."""
     started = time.perf_counter()
+    stage("reading")
     data = source.read()
+    source.release()  # the (compressed) file bytes are no longer needed: keep one copy only
+    stage("parsing")
     fmt = detect_format(source.name, data)
     ctx = ParseContext(
         name=source.name,
@@ -130,6 +142,7 @@ def _ingest_source(
     )
     parsed = PARSERS[fmt](source, data, ctx)
     del data
+    stage("writing")
     metas = []
     for trace in parsed:
         trace_id = ctx.trace_id(trace.key)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 
 class Progress:
-    """Callable ``(label, done, total)``; silent unless stdout and stderr are terminals."""
+    """Callable ``(label, done, total)``; silent unless stdout and stderr are terminals.
+
+    While enabled, a background thread redraws the line twice a second so the
+    elapsed time keeps moving during a long parse of a single file.
+    """
 
     def __init__(self, enabled: bool | None = None):
         if enabled is None:
@@ -15,18 +20,42 @@ class Progress:
         self.enabled = enabled
         self.started = time.monotonic()
         self._width = 0
+        self._state = ("", 0, 1)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     def __call__(self, label: str, done: int, total: int) -> None:
         if not self.enabled:
             return
+        self._state = (label, done, total)
+        if self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, daemon=True)
+            self._ticker.start()
+        self._draw()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            self._draw()
+
+    def _draw(self) -> None:
+        label, done, total = self._state
         filled = int(20 * done / total) if total else 20
         bar = "#" * filled + "-" * (20 - filled)
         text = f"\r[{bar}] {done}/{total} {label[:60]} ({time.monotonic() - self.started:.1f}s)"
-        self._width = max(self._width, len(text))
-        sys.stderr.write(text.ljust(self._width))
-        sys.stderr.flush()
+        with self._lock:
+            if self._stop.is_set() and self._width == -1:
+                return
+            self._width = max(self._width, len(text))
+            sys.stderr.write(text.ljust(self._width))
+            sys.stderr.flush()
 
     def done(self) -> None:
-        if self.enabled and self._width:
-            sys.stderr.write("\r" + " " * self._width + "\r")
-            sys.stderr.flush()
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=1)
+        if self.enabled and self._width > 0:
+            with self._lock:
+                sys.stderr.write("\r" + " " * self._width + "\r")
+                sys.stderr.flush()
+                self._width = -1

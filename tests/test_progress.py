@@ -1,0 +1,40 @@
+"""The progress line appears on a terminal (and only there), with stages and elapsed time."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+import time
+
+from tests.test_store_concurrency import big_trace
+
+
+def run_on_terminal(args: list[str], env: dict) -> str:
+    """Run a command with stdout and stderr on a pseudo-terminal; return what it printed."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(args, stdout=follower, stderr=follower, env=env, close_fds=True)
+    os.close(follower)
+    chunks = []
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_on_a_terminal(tmp_path):
+    trace = big_trace(tmp_path / "rank0.json", 60_000, 0)
+    env = dict(os.environ, STALLSCOPE_STORE=str(tmp_path / "store"))
+    out = run_on_terminal([sys.executable, "-m", "stallscope.cli", "ingest", str(trace)], env)
+    assert "[--------------------] 0/1 parsing" in out
+    assert "writing" in out and "s)" in out
+    assert out.rstrip().splitlines()[-1].startswith("ingested: job ")
