@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from stallscope.ingest.job import IngestResult, Progress, ingest_job
+from stallscope.ingest.job import (
+    IngestResult,
+    PreparedJob,
+    Progress,
+    discard_job,
+    ingest_job,
+    prepare_job,
+    publish_job,
+)
 from stallscope.ingest.reader import Source, expand_path
 from stallscope.store import Store
 
@@ -56,13 +64,26 @@ def ingest_paths(
     notes: str = "",
     progress: Progress | None = None,
 ) -> list[IngestResult]:
-    """Ingest files, directories and zips; see :func:`plan_jobs` for grouping."""
-    return [
-        ingest_job(
-            store, name, sources, uploaded_by=uploaded_by, tags=tags, notes=notes, progress=progress
-        )
-        for name, sources in plan_jobs(paths, each=each)
-    ]
+    """Ingest files, directories and zips; see :func:`plan_jobs` for grouping.
+
+    All or nothing: every job is parsed first, and only when all of them parse
+    are they published; one bad input leaves the store as it was.
+    """
+    prepared: list[PreparedJob] = []
+    try:
+        for name, sources in plan_jobs(paths, each=each):
+            options = {
+                "uploaded_by": uploaded_by,
+                "tags": tags,
+                "notes": notes,
+                "progress": progress,
+            }
+            prepared.append(prepare_job(store, name, sources, **options))
+    except BaseException:
+        for job in prepared:
+            discard_job(store, job)
+        raise
+    return [publish_job(store, job) for job in prepared]
 
 
 __all__ = ["IngestResult", "Source", "ingest_job", "ingest_paths", "plan_jobs"]

@@ -48,7 +48,32 @@ def short_hash(*parts: str) -> str:
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=6).hexdigest()
 
 
-def ingest_job(
+@dataclass
+class PreparedJob:
+    """A parsed job waiting in its staging folder (``None`` when already stored)."""
+
+    result: IngestResult
+    staging: Path | None
+
+
+def ingest_job(store: Store, job_name: str, sources: list[Source], **options: Any) -> IngestResult:
+    """Parse every source of one job and publish it in one atomic step."""
+    return publish_job(store, prepare_job(store, job_name, sources, **options))
+
+
+def publish_job(store: Store, prepared: PreparedJob) -> IngestResult:
+    """Make a prepared job visible (or find it already stored)."""
+    if prepared.staging is not None:
+        prepared.result.existed = not store.publish(prepared.staging, prepared.result.job_id)
+    return prepared.result
+
+
+def discard_job(store: Store, prepared: PreparedJob) -> None:
+    if prepared.staging is not None:
+        store.discard(prepared.staging)
+
+
+def prepare_job(
     store: Store,
     job_name: str,
     sources: list[Source],
@@ -57,13 +82,14 @@ def ingest_job(
     tags: list[str] | None = None,
     notes: str = "",
     progress: Progress | None = None,
-) -> IngestResult:
-    """Parse every source of one job and publish it in one atomic step."""
+) -> PreparedJob:
+    """Parse every source of one job into a staging folder; nothing is visible yet."""
     hashes = [s.file_hash for s in sources]
     _reject_duplicate_files(sources, hashes)
     job_id = short_hash(*sorted(hashes))
     if store.has_job(job_id):
-        return IngestResult(job_id, job_name, store.job(job_id).get("trace_ids", []), existed=True)
+        stored = store.job(job_id).get("trace_ids", [])
+        return PreparedJob(IngestResult(job_id, job_name, stored, existed=True), None)
     staging = store.new_staging()
     try:
         metas = []
@@ -101,12 +127,13 @@ def ingest_job(
         write_json(staging / "job.json", job)
         if progress:
             progress("publishing", len(sources), len(sources))
-        existed = not store.publish(staging, job_id)
     except BaseException:
         store.discard(staging)
         raise
     warnings = [f"{m['file_name']}: {w}" for m in metas for w in m.get("warnings", [])]
-    return IngestResult(job_id, job_name, ordered, existed=existed, warnings=warnings)
+    return PreparedJob(
+        IngestResult(job_id, job_name, ordered, existed=False, warnings=warnings), staging
+    )
 
 
 def _reject_duplicate_files(sources: list[Source], hashes: list[str]) -> None:
@@ -238,4 +265,4 @@ def _current_user() -> str:
         return "unknown"
 
 
-__all__ = ["IngestResult", "ingest_job"]
+__all__ = ["IngestResult", "PreparedJob", "discard_job", "ingest_job", "prepare_job", "publish_job"]

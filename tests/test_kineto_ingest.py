@@ -271,3 +271,13 @@ def test_concatenated_gzip_members(store, tmp_path):
     path.write_bytes(gzip.compress(text[:half]) + gzip.compress(text[half:]))
     (result,) = ingest_paths(store, [str(path)])
     assert store.resolve(result.trace_ids[0])[0].meta["kernel_count"] == 3
+
+
+def test_one_bad_job_publishes_none_of_the_others(store, tmp_path):
+    good = build_basic().write(tmp_path / "good.json")
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "rank0.json").write_text("{not json")
+    with pytest.raises(InputError):
+        ingest_paths(store, [str(good), str(folder)])
+    assert store.jobs() == [] and not any((store.root / "staging").iterdir())
