@@ -1,7 +1,8 @@
 """The ``stallscope`` command line (a thin front end over the core).
 
 Exit codes (documented API, see docs/cli.md):
-  0 success; 1 a finding at or above ``--fail-on``; 2 usage error;
+  0 success; 1 a finding at or above ``--fail-on`` (analyze) or a regression
+  (compare); 2 usage error;
   3 input error (unreadable or unsupported trace, unknown id); 70 internal error.
 """
 
@@ -47,16 +48,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from stallscope.commands import analyze, ingest, listing, remove, serve
+    from stallscope.commands import analyze, compare, ingest, listing, remove, serve
 
     parser = argparse.ArgumentParser(
         prog="stallscope",
         description="Find where GPU training and inference jobs lose time, from PyTorch profiler traces.",
-        epilog="Exit codes: 0 ok, 1 findings at or above --fail-on, 2 usage error, 3 input error, 70 internal error.",
+        epilog=(
+            "Exit codes: 0 ok, 1 findings at or above --fail-on (analyze) or a regression (compare), "
+            "2 usage error, 3 input error, 70 internal error."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"stallscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (ingest, listing, analyze, serve, remove):
+    for module in (ingest, listing, analyze, compare, serve, remove):
         module.register(sub)
     return parser
 

@@ -16,7 +16,7 @@ INTRO = """# Command-line reference
 Generated from `stallscope --help` by `tools/gen_cli_docs.py`; do not edit by hand.
 
 Exit codes (all commands): `0` success; `1` a finding at or above `--fail-on`
-(`analyze`); `2` usage error; `3` input error (unreadable, unsupported or
+(`analyze`) or a regression (`compare`, see [compare.md](compare.md)); `2` usage error; `3` input error (unreadable, unsupported or
 malformed trace, unknown id; one line on stderr, store unchanged); `70`
 internal error (one line; set `STALLSCOPE_DEBUG=1` for the traceback).
 
