@@ -125,5 +125,22 @@ class AnalyzerSpec:
         return values
 
 
+def graded_severity(
+    share_pct: float, impact_ns: int, params: dict[str, float], *, prefix: str = "share_pct"
+) -> str | None:
+    """The worst severity whose ``<prefix>_<level>`` threshold ``share_pct`` reaches.
+
+    None when ``impact_ns`` is below the ``min_impact_ms`` threshold or no
+    level is reached; levels an analyzer does not declare are skipped.
+    """
+    if impact_ns < params["min_impact_ms"] * 1e6:
+        return None
+    for level in ("critical", "high", "medium", "low"):
+        key = f"{prefix}_{level}"
+        if key in params and share_pct >= params[key]:
+            return level
+    return None
+
+
 def severity_at_least(severity: str, floor: str) -> bool:
     return SEVERITY_RANK[severity] >= SEVERITY_RANK[floor]

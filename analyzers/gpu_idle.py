@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    graded_severity,
+)
 from stallscope.idle import CAUSES, IdleAttribution, attribute_idle, top_host_ops
 from stallscope.jobdata import JobData
 
@@ -117,12 +124,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def severity_for(share_pct: float, impact_ns: int, params: dict[str, float]) -> str | None:
-    if impact_ns < params["min_impact_ms"] * 1e6:
-        return None
-    for level in ("critical", "high", "medium", "low"):
-        if share_pct >= params[f"share_pct_{level}"]:
-            return level
-    return None
+    return graded_severity(share_pct, impact_ns, params)
 
 
 def _finding(

@@ -34,7 +34,14 @@ import numpy as np
 import pyarrow as pa
 
 from stallscope import intervals
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    graded_severity,
+)
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (
@@ -592,10 +599,9 @@ def _device(
 
 
 def _severity(share: float, lost: int, per_step: float, params: dict) -> str | None:
-    if lost >= params["min_impact_ms"] * 1e6:
-        for level in ("critical", "high", "medium", "low"):
-            if share >= params[f"share_pct_{level}"]:
-                return level
+    graded = graded_severity(share, lost, params)
+    if graded:
+        return graded
     if per_step >= params["per_step_low"] and share >= params["per_step_share_pct"]:
         return "low"
     return None

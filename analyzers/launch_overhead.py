@@ -13,7 +13,14 @@ Documented in docs/analyzers/launch_overhead.md.
 
 from __future__ import annotations
 
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    graded_severity,
+)
 from stallscope.idle import CAUSES, LAUNCH_API_REGEX, attribute_idle
 from stallscope.jobdata import JobData
 
@@ -235,12 +242,7 @@ def _graph_finding(
 
 
 def _severity(share: float, impact_ns: int, params) -> str | None:
-    if impact_ns < params["min_impact_ms"] * 1e6:
-        return None
-    for level in ("critical", "high", "medium", "low"):
-        if share >= params[f"share_pct_{level}"]:
-            return level
-    return None
+    return graded_severity(share, impact_ns, params, prefix="share_pct")
 
 
 def _int(value) -> int | None:

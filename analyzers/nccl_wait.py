@@ -22,7 +22,14 @@ from __future__ import annotations
 import numpy as np
 
 from stallscope import intervals
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    graded_severity,
+)
 from stallscope.collectives import (
     CollectiveMatch,
     covered_length,
@@ -363,12 +370,7 @@ def _union(ops: dict, mask) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _severity(share: float, impact_ns: int, params) -> str | None:
-    if impact_ns < params["min_impact_ms"] * 1e6:
-        return None
-    for level in ("critical", "high", "medium", "low"):
-        if share >= params[f"share_pct_{level}"]:
-            return level
-    return None
+    return graded_severity(share, impact_ns, params, prefix="share_pct")
 
 
 SPEC = AnalyzerSpec(

@@ -33,7 +33,14 @@ import hashlib
 import math
 import re
 
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    graded_severity,
+)
 from stallscope.gpu_specs import (
     DeviceLimits,
     device_limits,
@@ -440,13 +447,8 @@ def _key_of(row: dict) -> str:
     return "kernel-" + hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
 
 
-def _severity(share: float, lost: int, params) -> str | None:
-    if lost < params["min_impact_ms"] * 1e6:
-        return None
-    for level in ("high", "medium", "low"):
-        if share >= params[f"loss_pct_{level}"]:
-            return level
-    return None
+def _severity(share: float, impact_ns: int, params) -> str | None:
+    return graded_severity(share, impact_ns, params, prefix="loss_pct")
 
 
 SPEC = AnalyzerSpec(

@@ -26,7 +26,14 @@ from __future__ import annotations
 import numpy as np
 
 from stallscope import intervals
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    graded_severity,
+)
 from stallscope.collectives import covered_length, gpu_activity, match_collectives, step_windows
 from stallscope.jobdata import JobData
 
@@ -269,12 +276,7 @@ def _pct(part: int, whole: int) -> float:
 
 
 def _severity(share: float, impact_ns: int, params) -> str | None:
-    if impact_ns < params["min_impact_ms"] * 1e6:
-        return None
-    for level in ("critical", "high", "medium", "low"):
-        if share >= params[f"share_pct_{level}"]:
-            return level
-    return None
+    return graded_severity(share, impact_ns, params, prefix="share_pct")
 
 
 SPEC = AnalyzerSpec(
