@@ -23,6 +23,7 @@ import numpy as np
 from stallscope import intervals
 from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric
 from stallscope.jobdata import JobData
+from stallscope.scope import in_scope, step_scope
 
 MAX_WINDOWS = 20
 
@@ -39,7 +40,13 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         for device in np.unique(cols["device"]):
             mask = cols["device"] == device
             dev = {k: np.asarray(v)[mask] for k, v in cols.items()}
-            _device_metrics(job, result, ref.trace_id, rank, int(device), dev)
+            keep, dev["start_ns"], dev["end_ns"] = in_scope(
+                dev["start_ns"], dev["end_ns"], step_scope(job, ref.trace_id, int(device))
+            )
+            for column in ("device", "kind", "is_comm"):
+                dev[column] = dev[column][keep]
+            if keep.any():
+                _device_metrics(job, result, ref.trace_id, rank, int(device), dev)
         _step_metric(job, result, ref.trace_id, rank)
     return result
 
