@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from stallscope.commands import analyze, compare, ingest, listing, remove, serve
+    from stallscope.commands import analyze, compare, export, ingest, listing, remove, serve
 
     parser = argparse.ArgumentParser(
         prog="stallscope",
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"stallscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (ingest, listing, analyze, compare, serve, remove):
+    for module in (ingest, listing, analyze, compare, export, serve, remove):
         module.register(sub)
     return parser
 

@@ -104,7 +104,9 @@ def test_usage_errors_exit_2(cli):
     assert cli("analyze", "x", "--format", "yaml").returncode == 2
 
 
-@pytest.mark.parametrize("command", ["", "ingest", "ls", "analyze", "compare", "serve", "rm"])
+@pytest.mark.parametrize(
+    "command", ["", "ingest", "ls", "analyze", "compare", "export", "serve", "rm"]
+)
 def test_help_everywhere(cli, command):
     out = cli(*([command] if command else []), "--help")
     assert out.returncode == 0 and "usage: stallscope" in out.stdout
