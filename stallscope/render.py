@@ -1,4 +1,4 @@
-"""Render a report dict as text, JSON or Markdown (pure functions of the dict)."""
+"""Render a report dict as text, JSON, Markdown or HTML (pure functions of the dict)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ HEADLINE_METRICS = (
     "memcpy_pct",
     "kernel_count",
 )
-FORMATS = ("text", "json", "markdown")
+FORMATS = ("text", "json", "markdown", "html")
 
 
 def render(report: dict[str, Any], fmt: str) -> str:
@@ -23,6 +23,8 @@ def render(report: dict[str, Any], fmt: str) -> str:
         return render_markdown(report)
     if fmt == "text":
         return render_text(report)
+    if fmt == "html":
+        return render_html(report)
     raise ValueError(f"unknown format {fmt!r}")
 
 
@@ -130,3 +132,72 @@ def _short(text: str, width: int) -> str:
 
 def _md(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+_HTML_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #212121; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f5f5f5; }
+.sev { font-weight: bold; text-transform: uppercase; }
+.critical { color: #b71c1c; } .high { color: #e65100; } .medium { color: #f9a825; }
+.low { color: #558b2f; } .info { color: #546e7a; }
+"""
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """One self-contained page: headline table, time-by-cause chart (plotly.js inlined), findings.
+
+    The page loads no script, style or font from the network, so it opens offline.
+    """
+    from html import escape
+
+    from stallscope.charts import time_by_cause_figure
+
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>stallscope report</title>',
+        f"<style>{_HTML_STYLE}</style></head><body>",
+        "<h1>stallscope report</h1>",
+        f"<p>{len(report['traces'])} trace(s), {len(report['findings'])} finding(s); "
+        f"schema <code>{escape(report['schema'])}</code>.</p>",
+    ]
+    rows = _metric_rows(report)
+    if rows:
+        parts.append(
+            "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in _METRIC_HEADER) + "</tr>"
+        )
+        parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows]
+        parts.append("</table>")
+        figure = time_by_cause_figure(report)
+        figure.update_layout(title="GPU time by cause")
+        parts.append(
+            figure.to_html(
+                full_html=False,
+                include_plotlyjs=True,
+                div_id="stallscope-time-by-cause",
+                config={"displaylogo": False, "responsive": True},
+            )
+        )
+    else:
+        parts.append("<p>No GPU activity in these traces.</p>")
+    parts.append(f"<h2>Findings ({len(report['findings'])})</h2>")
+    if not report["findings"]:
+        parts.append("<p>No findings.</p>")
+    else:
+        header = ("severity", "analyzer", "finding", "where", "ms lost", "fix")
+        parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr>")
+        for f in report["findings"]:
+            where = f"trace {f['trace']} rank {f['rank']}" + (
+                "" if f["device"] is None else f" gpu {f['device']}"
+            )
+            parts.append(
+                f'<tr><td class="sev {escape(f["severity"])}">{escape(f["severity"])}</td>'
+                f"<td>{escape(f['analyzer'])}</td>"
+                f"<td><b>{escape(f['title'])}</b><br>{escape(f['detail'])}</td>"
+                f"<td>{escape(where)}</td><td>{f['impact_ns'] / 1e6:.2f}</td>"
+                f"<td>{escape(f['recommendation'])}</td></tr>"
+            )
+        parts.append("</table>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
