@@ -6,7 +6,9 @@ in the ``stallscope.report/1`` contract; renderers live in ``render``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from stallscope.analyzers import all_specs
@@ -46,22 +48,98 @@ def trace_entry(ref: TraceRef) -> dict[str, Any]:
     }
 
 
+def job_report_part(
+    store: Store, refs: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The report entries (traces, metrics, findings) of one job."""
+    job = JobData(store, refs)
+    try:
+        result = analyze_job(job, overrides)
+    finally:
+        job.close()
+    return {
+        "traces": [trace_entry(r) for r in job.traces],
+        "metrics": [m.to_dict() for m in result.metrics],
+        "findings": [f.to_dict() for f in result.findings],
+    }
+
+
+def _part_in_worker(
+    store_root: str, job_id: str, trace_ids: list[str], overrides
+) -> dict[str, list[dict[str, Any]]]:
+    """``job_report_part`` in a worker process (arguments are picklable names, not refs)."""
+    store = Store(store_root)
+    wanted = set(trace_ids)
+    refs = [r for r in store.traces(job_id) if r.trace_id in wanted]
+    return job_report_part(store, refs, overrides)
+
+
+@contextmanager
+def _pool(executor: Executor | None, workers: int) -> Iterator[Executor]:
+    if executor is not None:
+        yield executor
+        return
+    with process_pool(workers) as pool:
+        yield pool
+
+
+def process_pool(workers: int) -> ProcessPoolExecutor:
+    """Worker processes started fresh (spawn): never fork a process holding DuckDB threads."""
+    import multiprocessing
+
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
 def build_report(
     store: Store,
     jobs: Iterable[list[TraceRef]],
     overrides: dict[str, dict[str, float]] | None = None,
+    *,
+    workers: int = 1,
+    executor: Executor | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Report over several jobs (each a list of its traces)."""
+    """Report over several jobs (each a list of its traces).
+
+    With several jobs and ``executor`` (a process pool) or ``workers > 1``,
+    jobs are analyzed in parallel processes; the report is the same as a
+    sequential run's.
+    """
     report: dict[str, Any] = {"schema": REPORT_SCHEMA, "traces": [], "metrics": [], "findings": []}
-    for refs in jobs:
-        job = JobData(store, refs)
-        try:
-            result = analyze_job(job, overrides)
-        finally:
-            job.close()
-        report["traces"].extend(trace_entry(r) for r in job.traces)
-        report["metrics"].extend(m.to_dict() for m in result.metrics)
-        report["findings"].extend(f.to_dict() for f in result.findings)
+    jobs = [refs for refs in jobs if refs]
+    parts: list[dict[str, list[dict[str, Any]]]] = []
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        context = multiprocessing.get_context(
+            "spawn"
+        )  # never fork a process holding DuckDB threads
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+            futures = {
+                pool.submit(
+                    _part_in_worker,
+                    str(store.root),
+                    refs[0].job_id,
+                    [r.trace_id for r in refs],
+                    overrides,
+                ): index
+                for index, refs in enumerate(jobs)
+            }
+            by_index: dict[int, dict] = {}
+            for done, future in enumerate(as_completed(futures), start=1):
+                by_index[futures[future]] = future.result()
+                if progress:
+                    progress("analyzed", done, len(jobs))
+            parts = [by_index[i] for i in range(len(jobs))]
+    else:
+        for done, refs in enumerate(jobs, start=1):
+            parts.append(job_report_part(store, refs, overrides))
+            if progress:
+                progress("analyzed", done, len(jobs))
+    for part in parts:
+        for key in ("traces", "metrics", "findings"):
+            report[key].extend(part[key])
     report["findings"].sort(key=lambda f: (-SEVERITY_RANK[f["severity"]], -f["impact_ns"], f["id"]))
     return report
 

@@ -21,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Analyze trace files, directories, zips or stored trace/job ids. Files are ingested into the "
             "store first (grouped into jobs as by 'stallscope ingest'). A trace id analyzes that trace; "
-            "a job id analyzes all its ranks."
+            "a job id analyzes all its ranks. Quoted glob patterns ('runs/**/*.json.gz') are expanded "
+            "here too. Jobs are ingested and analyzed in parallel (--jobs); progress is shown on "
+            "stderr when it is a terminal."
         ),
     )
     p.add_argument(
@@ -40,6 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"exit with code 1 when a finding has this severity or worse ({', '.join(SEVERITIES)})",
     )
     p.add_argument("--each", action="store_true", help="treat every file argument as its own job")
+    p.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="processes that ingest and analyze jobs in parallel (default: the number of CPUs)",
+    )
     add_store_option(p)
     group = p.add_argument_group("analyzer thresholds")
     for spec in all_specs():
@@ -63,20 +73,65 @@ def threshold_overrides(args: argparse.Namespace) -> dict[str, dict[str, float]]
     return overrides
 
 
-def resolve_targets(store, targets: list[str], each: bool):
-    """Targets -> list of jobs, each a list of TraceRefs (ingesting files first)."""
-    from stallscope.ingest import ingest_paths
-    from stallscope.progress import Progress
+GLOB_CHARS = frozenset("*?[")
 
+
+def expand_globs(targets: list[str]) -> list[str]:
+    """Targets with quoted glob patterns expanded (sorted); a pattern matching nothing is an error."""
+    import glob
+
+    out: list[str] = []
+    for target in targets:
+        if os.path.exists(target) or not GLOB_CHARS & set(target):
+            out.append(target)
+            continue
+        matches = sorted(glob.glob(target, recursive=True))
+        if not matches:
+            raise InputError(target, "no file matches this pattern")
+        out += [m for m in matches if not m.endswith(".truth.json")]
+    return list(dict.fromkeys(out))
+
+
+def ingest_units(paths: list[str], each: bool) -> list[list[str]]:
+    """Paths grouped as ``plan_jobs`` groups them: plain files together (one job, unless
+    ``each``), every directory or zip alone; each group can be ingested independently."""
+    import zipfile
+
+    containers = [p for p in paths if os.path.isdir(p) or zipfile.is_zipfile(p)]
+    loose = [p for p in paths if p not in containers]
+    units = [[p] for p in loose] if each else ([loose] if loose else [])
+    return units + [[c] for c in containers]
+
+
+def _ingest_in_worker(store_root: str, paths: list[str], each: bool) -> list[str]:
+    from stallscope.ingest import ingest_paths
+    from stallscope.store import Store
+
+    return [r.job_id for r in ingest_paths(Store(store_root), paths, each=each)]
+
+
+def resolve_targets(store, targets: list[str], each: bool, pool=None, progress=None):
+    """Targets -> list of jobs, each a list of TraceRefs (ingesting files first)."""
+    targets = expand_globs(targets)
     paths = [t for t in targets if os.path.exists(t)]
     jobs = []
     if paths:
-        progress = Progress()
-        try:
-            results = ingest_paths(store, paths, each=each, progress=progress)
-        finally:
-            progress.done()
-        jobs += [store.traces(r.job_id) for r in results]
+        units = ingest_units(paths, each)
+        job_ids: list[list[str]] = []
+        if pool is not None and len(units) > 1:
+            futures = [pool.submit(_ingest_in_worker, str(store.root), u, each) for u in units]
+            for done, future in enumerate(futures, start=1):
+                job_ids.append(future.result())
+                if progress:
+                    progress("ingested", done, len(units))
+        else:
+            from stallscope.ingest import ingest_paths
+
+            for unit in units:
+                job_ids.append(
+                    [r.job_id for r in ingest_paths(store, unit, each=each, progress=progress)]
+                )
+        jobs += [store.traces(job_id) for ids in job_ids for job_id in ids]
     for ref in (t for t in targets if not os.path.exists(t)):
         if _looks_like_path(ref):
             raise InputError(ref, "no such file or directory")
@@ -86,12 +141,28 @@ def resolve_targets(store, targets: list[str], each: bool):
 
 def run(args: argparse.Namespace) -> int:
     from stallscope.analyzers.base import severity_at_least
+    from stallscope.progress import Progress
     from stallscope.render import render
-    from stallscope.report import build_report, worst_severity
+    from stallscope.report import build_report, process_pool, worst_severity
 
+    if args.jobs < 1:
+        raise InputError("--jobs", "must be at least 1")
     store = open_store(args)
-    jobs = resolve_targets(store, args.targets, args.each)
-    report = build_report(store, jobs, threshold_overrides(args))
+    progress = Progress()
+    targets = expand_globs(args.targets)
+    # one pool for ingest and analysis, only when there is more than one job to share out
+    parallel = args.jobs > 1 and len(targets) > 1
+    pool = process_pool(min(args.jobs, len(targets))) if parallel else None
+    try:
+        jobs = resolve_targets(store, targets, args.each, pool, progress)
+        report = build_report(
+            store, jobs, threshold_overrides(args), executor=pool if len(jobs) > 1 else None,
+            progress=progress,
+        )  # fmt: skip
+    finally:
+        progress.done()
+        if pool is not None:
+            pool.shutdown()
     text = render(report, args.format)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
