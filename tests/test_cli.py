@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -130,3 +131,38 @@ def test_analyze_a_cpu_only_trace(cli, tmp_path):
     out = cli("analyze", str(t.write(tmp_path / "cpu.json")), "--format", "json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["traces"][0]["kernel_count"] == 0
+
+
+def _small_trace(path, busy_ms: int):
+    t = KinetoTrace(rank=0, world_size=1)
+    t.kernel("k", 0, busy_ms * 1_000_000)
+    t.kernel("k", 90_000_000, 10_000_000)
+    return t.write(path)
+
+
+def test_parallel_analyze_matches_sequential_and_expands_quoted_globs(cli, tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for i in range(3):
+        _small_trace(folder / f"r{i}.pt.trace.json", 10 + i)
+    pattern = str(folder / "*.pt.trace.json")
+    par = cli("analyze", pattern, "--each", "--format", "json", "--jobs", "3")
+    assert par.returncode == 0, par.stderr
+    seq = cli(
+        "analyze", pattern, "--each", "--format", "json", "--jobs", "1", store=tmp_path / "s2"
+    )
+    assert par.stdout == seq.stdout
+    assert len(json.loads(par.stdout)["traces"]) == 3
+    assert par.stderr == ""  # no progress when stderr is not a terminal
+    missing = cli("analyze", str(folder / "*.nothing"))
+    assert missing.returncode == 3 and "no file matches" in missing.stderr
+
+
+def test_html_report_is_self_contained(cli, idle_trace, tmp_path):
+    out = tmp_path / "r.html"
+    assert cli("analyze", str(idle_trace), "--format", "html", "-o", str(out)).returncode == 0
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "stallscope-time-by-cause" in page
+    assert re.search(r"<script[^>]*\bsrc\s*=", page) is None  # plotly.js is inline: opens offline
+    assert re.search(r"<link[^>]*https?://", page) is None
+    assert "GPU 0 idle 70.0% of the time with no host activity" in page
