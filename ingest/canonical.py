@@ -100,3 +100,49 @@ def _as_int(value: Any) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def reference_schemas() -> dict[str, pa.Schema]:
+    """The canonical schema of every table, as the Kineto parser writes it.
+
+    Kineto's SQL is the reference layout (docs/schema.md); every other parser
+    is conformed to it before writing, so the store's views always have every
+    column, whatever format a trace came from.
+    """
+    global _REFERENCE
+    if _REFERENCE is None:
+        from stallscope.ingest.kineto_canonical import to_canonical
+        from stallscope.ingest.kineto_decode import _empty_table
+
+        empty = to_canonical(_empty_table(), {}, "reference", 0)
+        _REFERENCE = {name: table.schema for name, table in empty.tables().items()}
+    return _REFERENCE
+
+
+_REFERENCE: dict[str, pa.Schema] | None = None
+
+
+def conform(name: str, table: pa.Table) -> pa.Table:
+    """``table`` with the reference columns of ``name`` first (missing ones as nulls), extras after."""
+    reference = reference_schemas().get(name)
+    if reference is None:
+        return table
+    columns, fields = [], []
+    for ref_field in reference:
+        out_field = ref_field
+        if ref_field.name in table.column_names:
+            column = table[ref_field.name]
+            if column.type != ref_field.type:
+                try:
+                    column = column.cast(ref_field.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    out_field = ref_field.with_type(column.type)
+        else:
+            column = pa.nulls(table.num_rows, ref_field.type)
+        columns.append(column)
+        fields.append(out_field)
+    for extra in table.column_names:
+        if extra not in reference.names:
+            columns.append(table[extra])
+            fields.append(table.schema.field(extra))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from stallscope import __version__
 from stallscope.errors import InputError
+from stallscope.ingest.canonical import conform
 from stallscope.ingest.formats import PARSERS, ParseContext, ParsedTrace, detect_format
 from stallscope.ingest.ncu import source_is_ncu
 from stallscope.ingest.ncu_match import pair_ncu_traces
@@ -177,7 +178,10 @@ def _ingest_source(
         folder.mkdir()
         for table_name, table in trace.canonical.tables().items():
             pq.write_table(
-                table, folder / f"{table_name}.parquet", compression="zstd", compression_level=1
+                conform(table_name, table),
+                folder / f"{table_name}.parquet",
+                compression="zstd",
+                compression_level=1,
             )
         meta = _trace_meta(source, digest, trace_id, trace, single=single)
         meta["ingest_seconds"] = round(time.perf_counter() - started, 3)

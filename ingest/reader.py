@@ -32,6 +32,22 @@ _CHUNK = 1 << 20
 MAX_COMPRESSION_RATIO = 1000
 _RATIO_FLOOR = 64 << 20
 _SKIP_NAMES = {".DS_Store", "Thumbs.db"}
+# Files that sit beside traces in a job folder or zip and are never traces:
+# notes, logs, scripts, images, and stallscope's own ground-truth sidecars.
+_SKIP_SUFFIXES = (
+    ".truth.json",
+    ".md",
+    ".txt",
+    ".log",
+    ".py",
+    ".sh",
+    ".yaml",
+    ".yml",
+    ".toml",
+    ".png",
+    ".jpg",
+    ".jpeg",
+)
 MAX_ZIP_MEMBERS = 4096
 
 
@@ -276,6 +292,7 @@ def _wanted_member(name: str) -> bool:
         bool(base)
         and not base.startswith(".")
         and base not in _SKIP_NAMES
+        and not base.lower().endswith(_SKIP_SUFFIXES)
         and "__MACOSX" not in name
     )
 

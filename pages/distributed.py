@@ -50,7 +50,9 @@ def render() -> None:
     if rows:
         st.subheader("Communication overlap per rank")
         st.dataframe(
-            pd.DataFrame(rows).sort_values(["rank", "GPU"]).round(2), width="stretch", hide_index=True
+            pd.DataFrame(rows).sort_values(["rank", "GPU"]).round(2),
+            width="stretch",
+            hide_index=True,
         )
     for f in findings_of(report, "nccl_wait"):
         if f["severity"] != "info":

@@ -37,17 +37,22 @@ def _headline(job: dict, report: dict) -> None:
         return
     span = table["span_ms"].max()
     busy = (table["gpu_busy_pct"] * table["span_ms"]).sum() / table["span_ms"].sum()
-    lost = sum(f["impact_ns"] for f in report["findings"] if f["severity"] not in ("info",)) / 1e6
+    idle = (table["gpu_idle_pct"] * table["span_ms"]).sum() / 100
     cols = st.columns(4)
     cols[0].metric("GPU busy", f"{busy:.0f}%", help="Time-weighted over all ranks and GPUs")
     cols[1].metric("GPU span", _ms(span), help="Longest first-to-last GPU activity of any GPU")
-    cols[2].metric("Time lost", _ms(lost), help="GPU time lost in the findings above info")
+    cols[2].metric(
+        "GPU idle",
+        _ms(idle),
+        help="Idle time summed over every rank and GPU (its causes are in the chart)",
+    )
     cols[3].metric("GPUs", f"{len(table)}", help="Rank × GPU pairs with activity")
     st.plotly_chart(time_by_cause_figure(report), width="stretch")
 
 
 def _findings(report: dict) -> None:
-    ranked = sorted(report["findings"], key=lambda f: (f["severity"] == "info", -f["impact_ns"]))
+    order = {"critical": 0, "high": 1, "medium": 2, "low": 3, "info": 4}
+    ranked = sorted(report["findings"], key=lambda f: (order[f["severity"]], -f["impact_ns"]))
     real = [f for f in ranked if f["severity"] != "info"]
     st.subheader(f"Findings ({len(real)})")
     if not real:

@@ -98,7 +98,7 @@ def timeline_figure(
                 base=(part["start_ns"] - t0) / 1e6,
                 x=(part["end_ns"] - part["start_ns"]).clip(lower=1) / 1e6,
                 orientation="h",
-                name=str(kind),
+                name="many events (busy share)" if kind == "bin" else str(kind),
                 marker={"color": _kind_color(str(kind)), "opacity": opacity},
                 customdata=part[["name", "count", "busy"]].to_numpy(),
                 hovertemplate="%{customdata[0]}<br>start %{base:.3f} ms, %{x:.3f} ms<br>busy %{customdata[2]:.0%}<extra></extra>",
@@ -128,11 +128,12 @@ def _kind_color(kind: str) -> str:
     return {
         "kernel": "#2e7d32",
         "memcpy": "#6a1b9a",
-        "memset": "#8e24aa",
+        "memset": "#d81b60",
         "bin": "#455a64",
         "cpu_op": "#8d6e63",
         "runtime": "#f9a825",
-        "driver": "#fbc02d",
+        "driver": "#00897b",
+        "annotation": "#1e88e5",
     }.get(kind, "#90a4ae")
 
 

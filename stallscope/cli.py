@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="stallscope",
-        description="Find where GPU training and inference jobs lose time, from PyTorch profiler traces.",
+        description=(
+            "Find where GPU training and inference jobs lose time, from PyTorch profiler (Kineto), "
+            "Nsight Systems and Nsight Compute traces."
+        ),
         epilog=(
             "Exit codes: 0 ok, 1 findings at or above --fail-on (analyze) or a regression (compare), "
             "2 usage error, 3 input error, 70 internal error."

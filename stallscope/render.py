@@ -65,7 +65,7 @@ _METRIC_HEADER = [
 
 def render_text(report: dict[str, Any]) -> str:
     lines = [
-        f"stallscope report ({len(report['traces'])} traces, {len(report['findings'])} findings)",
+        f"stallscope report ({_count(len(report['traces']), 'trace')}, {_count(len(report['findings']), 'finding')})",
         "",
     ]
     rows = _metric_rows(report)
@@ -201,3 +201,7 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

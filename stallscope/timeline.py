@@ -24,6 +24,10 @@ UNION ALL
 SELECT 'host', 'host ' || pid || ' · thread ' || tid, pid, tid, count(*)
 FROM host WHERE trace_id = $trace AND kind IN ('cpu_op', 'runtime', 'driver') AND end_ns > $t0 AND start_ns < $t1
 GROUP BY ALL
+UNION ALL
+SELECT 'annotation', 'host ' || pid || ' · thread ' || tid || ' · ranges', pid, tid, count(*)
+FROM host WHERE trace_id = $trace AND kind = 'annotation' AND end_ns > $t0 AND start_ns < $t1
+GROUP BY ALL
 """
 
 
@@ -51,7 +55,7 @@ def timeline_window(
     lanes = job.con.execute(LANES_SQL, params).fetchdf()
     frames = []
     bin_ns = max(1, (window.end_ns - window.start_ns) // bins)
-    for side in ("gpu", "host"):
+    for side in ("gpu", "host", "annotation"):
         rows = lanes[lanes.side == side]
         raw = [(int(r.d), int(r.s)) for r in rows.itertuples() if r.n <= max_items_per_lane]
         dense = [(int(r.d), int(r.s)) for r in rows.itertuples() if r.n > max_items_per_lane]
@@ -74,7 +78,8 @@ def _lane_filter(side: str, lanes: list[tuple[int, int]]) -> str:
 def _lane_label(side: str) -> str:
     if side == "gpu":
         return "'GPU ' || device || ' · stream ' || stream"
-    return "'host ' || pid || ' · thread ' || tid"
+    suffix = " || ' · ranges'" if side == "annotation" else ""
+    return "'host ' || pid || ' · thread ' || tid" + suffix
 
 
 def _table(side: str) -> str:
@@ -82,7 +87,11 @@ def _table(side: str) -> str:
 
 
 def _kinds(side: str) -> str:
-    return "kind <> 'sync'" if side == "gpu" else "kind IN ('cpu_op', 'runtime', 'driver')"
+    if side == "gpu":
+        return "kind <> 'sync'"
+    return (
+        "kind = 'annotation'" if side == "annotation" else "kind IN ('cpu_op', 'runtime', 'driver')"
+    )
 
 
 def _raw_events(job: JobData, side: str, trace_id: str, window: Window, lanes) -> pd.DataFrame:

@@ -43,8 +43,10 @@ def test_serve_preloads_samples_and_answers(tmp_path):
         assert "<title>" in wait_for(f"http://127.0.0.1:{port}/")
         jobs = Store(store_dir).jobs()
         sample_dirs = [p for p in (SAMPLES / "kineto").iterdir() if p.is_dir()]
-        assert len(jobs) == len(sample_dirs)
-        assert all(j["tags"] == ["sample"] for j in jobs)
+        nsys_files = list((SAMPLES / "nsys").glob("*.sqlite*"))
+        assert len(jobs) == len(sample_dirs) + len(nsys_files)
+        assert all("sample" in j["tags"] for j in jobs)
+        assert {tuple(j["sources"]) for j in jobs} == {("kineto",), ("nsys",)}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

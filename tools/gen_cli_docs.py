@@ -22,7 +22,11 @@ internal error (one line; set `STALLSCOPE_DEBUG=1` for the traceback).
 
 Environment: `STALLSCOPE_STORE` (store folder), `STALLSCOPE_USER` (uploader
 name), `STALLSCOPE_MAX_TRACE_BYTES` (largest decompressed trace, default
-16 GiB), `STALLSCOPE_SAMPLES` (sample traces folder for `serve`).
+16 GiB), `STALLSCOPE_SAMPLES` (sample traces folder for `serve`),
+`STALLSCOPE_MAX_UPLOAD_MB` and `STALLSCOPE_TOKEN` (dashboard upload limit and
+shared access token, see docs/dashboard.md), `STALLSCOPE_NSYS` and
+`STALLSCOPE_NSYS_CACHE` (the `nsys` that exports `.nsys-rep` reports and where
+exports are cached, see docs/formats/nsys.md).
 """
 
 

@@ -12,13 +12,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "ingest",
         help="add trace files, directories or zips to the store",
         description=(
-            "Add PyTorch profiler (Kineto) traces to the store. Files given together form one job "
+            "Add traces to the store: PyTorch profiler (Kineto) JSON, Nsight Systems exports (.sqlite, "
+            ".sqlite.gz, .nsys-rep) and Nsight Compute CSVs. Files given together form one job "
             "(the ranks of one run; use --each for unrelated files); each directory or .zip is one job. "
             "Re-ingesting the same files finds the stored job instead of duplicating it."
         ),
     )
     p.add_argument(
-        "paths", nargs="+", metavar="PATH", help="trace file (.json, .json.gz), directory or .zip"
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="trace file (.json[.gz], .sqlite[.gz], .nsys-rep, ncu .csv), directory or .zip",
     )
     p.add_argument("--each", action="store_true", help="ingest every file as its own job")
     p.add_argument(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -50,7 +49,7 @@ def sample_traces_dir() -> Path | None:
 
 
 def preload_samples(store) -> int:
-    """Ingest every sample job (one per folder under sample_traces/kineto) into an empty store."""
+    """Ingest the samples (each folder of sample_traces/kineto, each nsys export) into an empty store."""
     from stallscope.ingest import ingest_paths
 
     if store.traces():
@@ -69,8 +68,16 @@ def preload_samples(store) -> int:
             str(p) for p in folder.glob("*.json*") if not p.name.endswith(".truth.json")
         )
         if traces:
-            ingest_paths(store, traces, uploaded_by="samples", tags=["sample"])
+            ingest_paths(store, traces, uploaded_by="samples", tags=["sample", "kineto"])
             count += 1
+    nsys = (
+        sorted(str(p) for p in (root / "nsys").glob("*.sqlite*"))
+        if (root / "nsys").is_dir()
+        else []
+    )
+    if nsys:
+        done = ingest_paths(store, nsys, each=True, uploaded_by="samples", tags=["sample", "nsys"])
+        count += len(done)
     return count
 
 
@@ -95,4 +102,7 @@ def run(args: argparse.Namespace) -> int:
         "--server.maxUploadSize", str(args.max_upload_mb),
     ]  # fmt: skip
     print(f"stallscope dashboard on http://{args.host}:{args.port} (store {store.root})")
-    return subprocess.call(cmd, env=env)
+    sys.stdout.flush()
+    # Become the Streamlit server (same PID): SIGTERM from systemd or docker reaches it directly.
+    os.execve(sys.executable, cmd, env)
+    return 0  # not reached

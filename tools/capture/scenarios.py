@@ -220,7 +220,7 @@ SCHEDULE_PER_SCENARIO = {
 
 
 def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def ns(seconds: float) -> int:
