@@ -166,3 +166,28 @@ def test_html_report_is_self_contained(cli, idle_trace, tmp_path):
     assert re.search(r"<script[^>]*\bsrc\s*=", page) is None  # plotly.js is inline: opens offline
     assert re.search(r"<link[^>]*https?://", page) is None
     assert "GPU 0 idle 70.0% of the time with no host activity" in page
+
+
+def test_sample_folder_with_truth_sidecar_is_one_job(cli):
+    from tests.conftest import SAMPLES
+
+    out = cli(
+        "analyze",
+        str(SAMPLES / "kineto" / "ddp_straggler"),
+        "--format",
+        "json",
+        "--fail-on",
+        "high",
+    )
+    assert out.returncode == 1, out.stderr  # the straggler is a critical finding
+    report = json.loads(out.stdout)
+    assert sorted(t["rank"] for t in report["traces"]) == [0, 1]
+    assert any(f["evidence"].get("straggler_rank") == 1 for f in report["findings"])
+
+
+def test_a_lone_nsight_compute_csv_analyzes(cli):
+    from tests.conftest import SAMPLES
+
+    out = cli("analyze", str(SAMPLES / "ncu" / "occupancy.raw.csv"), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["traces"][0]["source"] == "ncu"
