@@ -170,7 +170,9 @@ def render_html(report: dict[str, Any]) -> str:
         parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows]
         parts.append("</table>")
         figure = time_by_cause_figure(report)
-        figure.update_layout(title="GPU time by cause")
+        figure.update_layout(
+            title="GPU time by cause", template="plotly_white"
+        )  # not pio.templates.default
         parts.append(
             figure.to_html(
                 full_html=False,
