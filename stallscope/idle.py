@@ -103,8 +103,7 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
         return IdleAttribution(0, 0, empty, empty, np.zeros((0, len(CAUSES)), dtype=np.int64), [])
     gap_s, gap_e = intervals.gaps(starts, ends)
     threads = launch_threads(job, trace_id, device)
-    cause_unions = [_union_of(job, _cause_query(c), trace_id, device, threads) for c in HOST_CAUSES]
-    graph_union = _union_of(job, _graph_launch_query(), trace_id, device, threads)
+    cause_unions, graph_union = _host_unions(job, trace_id, threads)
     per_gap, graph_per_gap = _label_gaps(gap_s, gap_e, cause_unions, graph_union)
     queued = _queued_gaps(job, trace_id, device, gap_s, gap_e)
     per_gap[queued] = 0
@@ -112,14 +111,6 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
     graph_per_gap[queued] = 0
     return IdleAttribution(
         int(starts.min()), int(ends.max()), gap_s, gap_e, per_gap, threads, graph_per_gap
-    )
-
-
-def _graph_launch_query() -> str:
-    return (
-        "SELECT h.start_ns, h.end_ns FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id "
-        f"WHERE h.trace_id = ? AND {_THREAD_FILTER} AND h.kind IN ('runtime', 'driver') "
-        f"AND regexp_matches(n.name, '{GRAPH_LAUNCH_REGEX}')"
     )
 
 
@@ -160,42 +151,55 @@ def launch_threads(job: JobData, trace_id: str, device: int) -> list[tuple[int, 
     return [(int(p), int(t)) for p, t in rows]
 
 
-_THREAD_FILTER = "(h.pid, h.tid) IN (SELECT pid, tid FROM _threads)"
 
 
-def _cause_query(cause: str) -> str:
-    """SQL selecting (start_ns, end_ns) of the host intervals that show ``cause``."""
-    name = "regexp_replace(n.name, '_v[0-9]+$', '')"
-    base = "FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id WHERE h.trace_id = ? "
-    if cause == "dataloader":
-        return f"SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER} AND regexp_matches(n.name, '{DATALOADER_REGEX}')"
-    if cause == "host_sync":
-        return f"""SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER} AND (
-            (h.kind IN ('runtime', 'driver') AND regexp_matches({name}, '{SYNC_API_REGEX}'))
-            OR (h.kind = 'cpu_op' AND regexp_matches(n.name, '{SYNC_OP_REGEX}'))
-            OR (h.kind IN ('runtime', 'driver') AND regexp_matches({name}, '{MEMCPY_API_REGEX}') AND EXISTS (
-                SELECT 1 FROM gpu g WHERE g.trace_id = h.trace_id AND g.correlation = h.correlation
-                AND g.kind = 'memcpy' AND g.copy_kind = 'DtoH'
-                AND (NOT regexp_matches({name}, 'Async') OR g.dst_kind = 'pageable'))))"""
-    if cause == "memcpy":
-        return f"""SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER}
-            AND h.kind IN ('runtime', 'driver') AND regexp_matches({name}, '{MEMCPY_API_REGEX}')
-            AND EXISTS (SELECT 1 FROM gpu g WHERE g.trace_id = h.trace_id AND g.correlation = h.correlation
-                AND g.kind = 'memcpy' AND g.copy_kind IS DISTINCT FROM 'DtoH'
-                AND (NOT regexp_matches({name}, 'Async') OR g.src_kind = 'pageable'))"""
-    if cause == "launch":
-        return f"""SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER} AND (
-            (h.kind IN ('runtime', 'driver') AND regexp_matches({name}, '{LAUNCH_API_REGEX}'))
-            OR (h.kind = 'cpu_op' AND h.external_id IN (
-                SELECT l.external_id FROM host l JOIN names ln ON ln.trace_id = l.trace_id AND ln.name_id = l.name_id
-                WHERE l.trace_id = h.trace_id AND l.kind IN ('runtime', 'driver')
-                AND regexp_matches(ln.name, '{LAUNCH_API_REGEX}'))))"""
-    if cause == "cpu":
-        return f"SELECT h.start_ns, h.end_ns {base} AND {_THREAD_FILTER} AND h.kind IN ('cpu_op', 'python', 'runtime', 'driver', 'overhead')"
-    raise ValueError(cause)
+_CLASSIFY_SQL = f"""
+WITH nm AS (
+  SELECT name_id, name, regexp_replace(name, '_v[0-9]+$', '') AS api FROM names WHERE trace_id = $trace
+), flags AS (
+  SELECT name_id,
+    regexp_matches(name, '{DATALOADER_REGEX}') AS dl,
+    regexp_matches(api, '{SYNC_API_REGEX}') AS sync_api,
+    regexp_matches(name, '{SYNC_OP_REGEX}') AS sync_op,
+    regexp_matches(api, '{MEMCPY_API_REGEX}') AS memcpy_api,
+    regexp_matches(api, 'Async') AS is_async,
+    regexp_matches(api, '{LAUNCH_API_REGEX}') AS launch_api,
+    regexp_matches(api, '{GRAPH_LAUNCH_REGEX}') AS graph_api
+  FROM nm
+), copies AS (
+  SELECT correlation,
+    bool_or(copy_kind = 'DtoH') AS d2h, bool_or(copy_kind IS DISTINCT FROM 'DtoH') AS other,
+    bool_or(dst_kind = 'pageable') AS to_pageable, bool_or(src_kind = 'pageable') AS from_pageable
+  FROM gpu WHERE trace_id = $trace AND kind = 'memcpy' GROUP BY correlation
+), launch_ext AS (
+  SELECT DISTINCT h.external_id FROM host h JOIN flags f USING (name_id)
+  WHERE h.trace_id = $trace AND h.kind IN ('runtime', 'driver') AND f.launch_api AND h.external_id IS NOT NULL
+)
+SELECT h.start_ns, h.end_ns,
+  CASE
+    WHEN f.dl THEN 0
+    WHEN (api_call AND f.sync_api) OR (h.kind = 'cpu_op' AND f.sync_op)
+      OR (api_call AND f.memcpy_api AND coalesce(c.d2h, false) AND (NOT f.is_async OR coalesce(c.to_pageable, false))) THEN 1
+    WHEN api_call AND f.memcpy_api AND coalesce(c.other, false) AND (NOT f.is_async OR coalesce(c.from_pageable, false)) THEN 2
+    WHEN (api_call AND f.launch_api) OR (h.kind = 'cpu_op' AND h.external_id IN (SELECT external_id FROM launch_ext)) THEN 3
+    WHEN h.kind IN ('cpu_op', 'python', 'runtime', 'driver', 'overhead') THEN 4
+    ELSE -1
+  END AS cause,
+  api_call AND f.graph_api AS graph
+FROM (SELECT *, kind IN ('runtime', 'driver') AS api_call FROM host WHERE trace_id = $trace) h
+JOIN flags f USING (name_id)
+LEFT JOIN copies c ON c.correlation = h.correlation
+WHERE (h.pid, h.tid) IN (SELECT pid, tid FROM _threads)
+"""
 
 
-def _union_of(job: JobData, query: str, trace_id: str, device: int, threads: list[tuple[int, int]]):
+def _host_unions(job: JobData, trace_id: str, threads: list[tuple[int, int]]):
+    """Unions of the host intervals of each host cause (in HOST_CAUSES order) and of graph launches.
+
+    Each host row gets the first cause it shows, in priority order: the
+    labelled result is the same as with one union per cause, since a row's
+    lower-priority causes are covered by its higher one anyway.
+    """
     con = job.con
     con.execute("CREATE OR REPLACE TEMP TABLE _threads (pid BIGINT, tid BIGINT)")
     if threads:
@@ -204,8 +208,15 @@ def _union_of(job: JobData, query: str, trace_id: str, device: int, threads: lis
         con.execute(
             "INSERT INTO _threads SELECT DISTINCT pid, tid FROM host WHERE trace_id = ?", [trace_id]
         )
-    cols = con.execute(query, [trace_id]).fetchnumpy()
-    return intervals.union(cols["start_ns"], cols["end_ns"])
+    cols = con.execute(_CLASSIFY_SQL, {"trace": trace_id}).fetchnumpy()
+    starts, ends = cols["start_ns"], cols["end_ns"]
+    cause = np.asarray(cols["cause"])
+    graph = np.asarray(cols["graph"], dtype=bool)
+    unions = [
+        intervals.union(starts[cause == code], ends[cause == code])
+        for code in range(len(HOST_CAUSES))
+    ]
+    return unions, intervals.union(starts[graph], ends[graph])
 
 
 def _covered(points: np.ndarray, union: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
