@@ -51,7 +51,9 @@ STALLSCOPE = Path(sys.executable).with_name("stallscope")
 def make_trace(out: Path, copies: int = 5) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     script = REPO / "benchmarks" / "make_big_trace.py"
-    subprocess.run([sys.executable, str(script), str(SRC), str(out), "--copies", str(copies)], check=True)
+    subprocess.run(
+        [sys.executable, str(script), str(SRC), str(out), "--copies", str(copies)], check=True
+    )
 
 
 def run_once(store: Store, job_id: str, specs) -> dict[str, tuple[float, float]]:
@@ -82,7 +84,9 @@ def main() -> None:
         ref = store.traces(res.job_id)[0]
         events = ref.meta.get("event_count")
         print(f"trace {args.trace.name}: {events:,} events, ingested in {ingest_s:.1f} s")
-        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores {os.cpu_count()}")
+        print(
+            f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, cores {os.cpu_count()}"
+        )
 
         runs = [run_once(store, res.job_id, specs) for _ in range(args.runs)]
         print(f"\n{'analyzer':>16} {'wall s':>8} {'CPU s':>8}   (best of {args.runs})")

@@ -256,7 +256,9 @@ def main() -> None:
         mine, theirs = ours(path), hta(path, args.hta_python)
         for rank, v in sorted(mine.items()):
             if "error" in theirs:
-                rows.append((name, rank, f"error: {theirs['error']}", "", _f(v["ours"])) + ("",) * 7)
+                rows.append(
+                    (name, rank, f"error: {theirs['error']}", "", _f(v["ours"])) + ("",) * 7
+                )
                 continue
             h = _get(theirs["default"], rank)
             h_all = _get(theirs["all"], rank)
@@ -294,7 +296,11 @@ def _get(d: dict, rank: int):
 def _f(value) -> str:
     if value is None:
         return "-"
-    return "nan" if value != value or (isinstance(value, float) and math.isinf(value)) else f"{value:.2f}"
+    return (
+        "nan"
+        if value != value or (isinstance(value, float) and math.isinf(value))
+        else f"{value:.2f}"
+    )
 
 
 if __name__ == "__main__":

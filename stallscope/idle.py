@@ -151,8 +151,6 @@ def launch_threads(job: JobData, trace_id: str, device: int) -> list[tuple[int, 
     return [(int(p), int(t)) for p, t in rows]
 
 
-
-
 _CLASSIFY_SQL = f"""
 WITH nm AS (
   SELECT name_id, name, regexp_replace(name, '_v[0-9]+$', '') AS api FROM names WHERE trace_id = $trace

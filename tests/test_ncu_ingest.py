@@ -353,8 +353,13 @@ def test_profiles_are_keyed_like_timeline_kernels(store):
     by_key = profiles(job, timeline=timeline.trace_id)
     gemm = by_key[("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", (2, 66, 1), (384, 1, 1))]
     assert gemm.results == 2  # two profiled launches, raw and details pages merged
-    assert gemm.get("theoretical_pct") == 18.75 and gemm.limiters() == ["registers", "shared_memory"]
-    assert gemm.get("dynamic_smem_bytes") == 213188  # raw page (Kbyte) preferred to the rounded details
+    assert gemm.get("theoretical_pct") == 18.75 and gemm.limiters() == [
+        "registers",
+        "shared_memory",
+    ]
+    assert (
+        gemm.get("dynamic_smem_bytes") == 213188
+    )  # raw page (Kbyte) preferred to the rounded details
     assert gemm.bound(60) == "compute" and gemm.top_stalls()[0]["reason"] == "barrier"
     assert gemm.get("duration_ns") == pytest.approx((177024 + 176480) / 2)
     job.close()

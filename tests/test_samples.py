@@ -85,7 +85,9 @@ def test_every_sample_ingests_with_its_ranks(analyzed):
 )
 def test_controls_have_nothing_above_low(analyzed, scenario):
     found = findings(analyzed, scenario, floor="medium")
-    if scenario == "occupancy":  # its planted kernel is for the occupancy analyzer (test_occupancy.py)
+    if (
+        scenario == "occupancy"
+    ):  # its planted kernel is for the occupancy analyzer (test_occupancy.py)
         found = [f for f in found if f.evidence.get("kernel") != "low_occupancy_smem_kernel"]
     assert found == [], scenario
 

@@ -10,9 +10,11 @@ distributedInfo.  Nsight Systems (*.sqlite[.gz]): kernel/memcpy/runtime/NVTX/
 OSRT row counts.  Nsight Compute (*.raw.csv[.gz]): one line per profiled
 kernel with launch configuration and occupancy metrics.
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gzip
 import io
@@ -87,27 +89,30 @@ def kineto(path):
                 ce = max(ce, e_)
         busy += ce - cs
         span = max(e for _, e in gpu_ts) - gpu_ts[0][0]
-    f.update({
-        "cats": {k: v for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
-        "profiler_steps_ms": {k: v for k, v in
-                              sorted(steps.items(), key=lambda kv: int(kv[0].split("#")[1]))},
-        "dataloader_ranges": len(dl),
-        "dataloader_ms_mean": round(sum(dl) / len(dl) / 1e3, 3) if dl else None,
-        "kernels": kern,
-        "kernel_ms_total": round(kern_dur / 1e3, 3),
-        "gpu_busy_ms_union": round(busy / 1e3, 3),
-        "gpu_span_ms": round(span / 1e3, 3),
-        "gpu_busy_frac_of_span": round(busy / span, 4) if span else None,
-        "memcpy": memcpy,
-        "sync_calls": syncs,
-        "nccl_kernels": len(nccl),
-        "nccl_with_collective_name": sum(1 for x in nccl if x[2]),
-        "nccl_collectives": sorted({x[2] for x in nccl if x[2]}),
-        "nccl_max_ms": round(max((x[1] for x in nccl), default=0) / 1e3, 3),
-        "nccl_arg_keys": sorted(coll_args),
-        "distributedInfo": tr.get("distributedInfo"),
-        "devices": [d.get("name") for d in tr.get("deviceProperties", [])],
-    })
+    f.update(
+        {
+            "cats": {k: v for k, v in sorted(cats.items(), key=lambda kv: -kv[1])},
+            "profiler_steps_ms": {
+                k: v for k, v in sorted(steps.items(), key=lambda kv: int(kv[0].split("#")[1]))
+            },
+            "dataloader_ranges": len(dl),
+            "dataloader_ms_mean": round(sum(dl) / len(dl) / 1e3, 3) if dl else None,
+            "kernels": kern,
+            "kernel_ms_total": round(kern_dur / 1e3, 3),
+            "gpu_busy_ms_union": round(busy / 1e3, 3),
+            "gpu_span_ms": round(span / 1e3, 3),
+            "gpu_busy_frac_of_span": round(busy / span, 4) if span else None,
+            "memcpy": memcpy,
+            "sync_calls": syncs,
+            "nccl_kernels": len(nccl),
+            "nccl_with_collective_name": sum(1 for x in nccl if x[2]),
+            "nccl_collectives": sorted({x[2] for x in nccl if x[2]}),
+            "nccl_max_ms": round(max((x[1] for x in nccl), default=0) / 1e3, 3),
+            "nccl_arg_keys": sorted(coll_args),
+            "distributedInfo": tr.get("distributedInfo"),
+            "devices": [d.get("name") for d in tr.get("deviceProperties", [])],
+        }
+    )
     return f
 
 
@@ -119,15 +124,20 @@ def nsys(path):
         db = os.path.join(tmp, "x.sqlite")
         with gzip.open(path, "rb") as fi, open(db, "wb") as fo:
             shutil.copyfileobj(fi, fo)
-    f = {"file": path, "bytes": os.path.getsize(path),
-         "sqlite_bytes": os.path.getsize(db)}
+    f = {"file": path, "bytes": os.path.getsize(path), "sqlite_bytes": os.path.getsize(db)}
     try:
         con = sqlite3.connect(db)
         tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
         f["n_tables"] = len(tables)
-        for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
-                  "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
-                  "NVTX_EVENTS", "OSRT_API", "TARGET_INFO_GPU"):
+        for t in (
+            "CUPTI_ACTIVITY_KIND_KERNEL",
+            "CUPTI_ACTIVITY_KIND_MEMCPY",
+            "CUPTI_ACTIVITY_KIND_RUNTIME",
+            "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+            "NVTX_EVENTS",
+            "OSRT_API",
+            "TARGET_INFO_GPU",
+        ):
             if t in tables:
                 f[t] = con.execute(f"select count(*) from {t}").fetchone()[0]
             else:
@@ -136,7 +146,8 @@ def nsys(path):
             try:
                 rows = con.execute(
                     "select coalesce(n.text, s.value) from NVTX_EVENTS n "
-                    "left join StringIds s on n.textId = s.id").fetchall()
+                    "left join StringIds s on n.textId = s.id"
+                ).fetchall()
                 names = [r[0] for r in rows if r[0]]
                 f["nvtx_step_ranges"] = sum(1 for n in names if n.startswith("step "))
                 f["nvtx_data_loading"] = sum(1 for n in names if n == "data_loading")
@@ -144,19 +155,24 @@ def nsys(path):
                 f["nvtx_error"] = str(e)
         if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
             try:
-                f["memcpy_by_kind"] = [list(r) for r in con.execute(
-                    "select copyKind, srcKind, count(*), sum(bytes) from "
-                    "CUPTI_ACTIVITY_KIND_MEMCPY group by copyKind, srcKind")]
+                f["memcpy_by_kind"] = [
+                    list(r)
+                    for r in con.execute(
+                        "select copyKind, srcKind, count(*), sum(bytes) from "
+                        "CUPTI_ACTIVITY_KIND_MEMCPY group by copyKind, srcKind"
+                    )
+                ]
             except sqlite3.Error as e:
                 f["memcpy_error"] = str(e)
         if "CUPTI_ACTIVITY_KIND_KERNEL" in tables:
-            f["kernel_ms_total"] = round(con.execute(
-                "select sum(end-start) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] / 1e6, 3)
+            f["kernel_ms_total"] = round(
+                con.execute("select sum(end-start) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+                / 1e6,
+                3,
+            )
         if "TARGET_INFO_GPU" in tables:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 f["gpus"] = [r[0] for r in con.execute("select name from TARGET_INFO_GPU")]
-            except sqlite3.Error:
-                pass
         con.close()
     finally:
         if tmp:
@@ -164,13 +180,20 @@ def nsys(path):
     return f
 
 
-NCU_COLS = ["Kernel Name", "launch__grid_size", "launch__block_size",
-            "launch__registers_per_thread", "launch__shared_mem_per_block_dynamic",
-            "launch__occupancy_limit_shared_mem", "launch__occupancy_limit_registers",
-            "launch__occupancy_limit_warps", "launch__occupancy_limit_blocks",
-            "sm__maximum_warps_per_active_cycle_pct",
-            "sm__warps_active.avg.pct_of_peak_sustained_active",
-            "gpu__time_duration.sum"]
+NCU_COLS = [
+    "Kernel Name",
+    "launch__grid_size",
+    "launch__block_size",
+    "launch__registers_per_thread",
+    "launch__shared_mem_per_block_dynamic",
+    "launch__occupancy_limit_shared_mem",
+    "launch__occupancy_limit_registers",
+    "launch__occupancy_limit_warps",
+    "launch__occupancy_limit_blocks",
+    "sm__maximum_warps_per_active_cycle_pct",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "gpu__time_duration.sum",
+]
 
 
 def ncu(path):
@@ -207,10 +230,12 @@ def ncu_details(path):
             pass
         try:
             im, iv = hdr.index("Metric Name"), hdr.index("Metric Value")
-            f["theoretical_occupancy"] = [r[iv] for r in rows[1:]
-                                          if len(r) > iv and r[im] == "Theoretical Occupancy"]
-            f["achieved_occupancy"] = [r[iv] for r in rows[1:]
-                                       if len(r) > iv and r[im] == "Achieved Occupancy"]
+            f["theoretical_occupancy"] = [
+                r[iv] for r in rows[1:] if len(r) > iv and r[im] == "Theoretical Occupancy"
+            ]
+            f["achieved_occupancy"] = [
+                r[iv] for r in rows[1:] if len(r) > iv and r[im] == "Achieved Occupancy"
+            ]
         except ValueError:
             pass
     return f

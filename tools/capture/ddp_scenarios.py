@@ -23,6 +23,7 @@ rank 0 writes <variant>.truth.json with what was planted and measured on both
 ranks.  With --profiler none --nvtx the loop emits NVTX 'step N' ranges (for
 nsys).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,45 +45,65 @@ STRAGGLER_SLEEP_S = 0.050
 VARIANTS = {
     "ddp_overlap": {
         "description": "DDP (bucket_cap_mb=25 default) on a 10x Linear(3072,3072) "
-                       "fp32 MLP; all-reduce of gradient buckets overlaps backward.",
+        "fp32 MLP; all-reduce of gradient buckets overlaps backward.",
         "planted": [],
-        "expected_findings": [{
-            "analyzer": "overlap",
-            "notes": "Most all-reduce time hidden under backward compute; "
-                     "communication is mostly overlapped. No straggler. The "
-                     "last bucket(s) cannot overlap (they finish after the last "
-                     "backward kernel): a small exposed tail is expected."}],
+        "expected_findings": [
+            {
+                "analyzer": "overlap",
+                "notes": "Most all-reduce time hidden under backward compute; "
+                "communication is mostly overlapped. No straggler. The "
+                "last bucket(s) cannot overlap (they finish after the last "
+                "backward kernel): a small exposed tail is expected.",
+            }
+        ],
         "expected_absent": ["nccl_wait straggler"],
         "severity_notes": "Healthy baseline for multi-GPU analyzers.",
     },
     "ddp_no_overlap": {
         "description": "Same model without DDP; after loss.backward() each of the "
-                       "20 gradient tensors is all-reduced with dist.all_reduce "
-                       "(sum, then divide by world size) sequentially on the "
-                       "default stream, so no communication overlaps compute.",
-        "planted": [{"kind": "serialized_allreduce", "count_per_step": 2 * DEPTH,
-                     "bytes_per_step": None,
-                     "amount_ns_per_step": "see measured.allreduce_flat_ns"}],
-        "expected_findings": [{
-            "analyzer": "overlap",
-            "notes": "~0% of all-reduce time overlapped with compute; all NCCL "
-                     "kernels run after the last backward kernel and before "
-                     "the optimizer kernels."}],
+        "20 gradient tensors is all-reduced with dist.all_reduce "
+        "(sum, then divide by world size) sequentially on the "
+        "default stream, so no communication overlaps compute.",
+        "planted": [
+            {
+                "kind": "serialized_allreduce",
+                "count_per_step": 2 * DEPTH,
+                "bytes_per_step": None,
+                "amount_ns_per_step": "see measured.allreduce_flat_ns",
+            }
+        ],
+        "expected_findings": [
+            {
+                "analyzer": "overlap",
+                "notes": "~0% of all-reduce time overlapped with compute; all NCCL "
+                "kernels run after the last backward kernel and before "
+                "the optimizer kernels.",
+            }
+        ],
         "severity_notes": "Exposed communication = whole all-reduce time per step.",
     },
     "ddp_straggler": {
-        "description": "As ddp_overlap, but rank 1 calls time.sleep(0.05) before "
-                       "every forward.",
-        "planted": [{"kind": "straggler_sleep", "rank": STRAGGLER_RANK,
-                     "amount_ns_per_step": int(STRAGGLER_SLEEP_S * 1e9),
-                     "count_per_step": 1, "where": "host, before forward"}],
-        "expected_findings": [{
-            "analyzer": "nccl_wait", "straggler_rank": STRAGGLER_RANK,
-            "waiting_rank": 0,
-            "approx_wait_ns_per_step": int(STRAGGLER_SLEEP_S * 1e9),
-            "notes": "Rank 0's first NCCL all-reduce kernel of each step lasts "
-                     "~50 ms longer than rank 1's; rank 1's GPU is idle ~50 ms "
-                     "per step before its forward."}],
+        "description": "As ddp_overlap, but rank 1 calls time.sleep(0.05) before every forward.",
+        "planted": [
+            {
+                "kind": "straggler_sleep",
+                "rank": STRAGGLER_RANK,
+                "amount_ns_per_step": int(STRAGGLER_SLEEP_S * 1e9),
+                "count_per_step": 1,
+                "where": "host, before forward",
+            }
+        ],
+        "expected_findings": [
+            {
+                "analyzer": "nccl_wait",
+                "straggler_rank": STRAGGLER_RANK,
+                "waiting_rank": 0,
+                "approx_wait_ns_per_step": int(STRAGGLER_SLEEP_S * 1e9),
+                "notes": "Rank 0's first NCCL all-reduce kernel of each step lasts "
+                "~50 ms longer than rank 1's; rank 1's GPU is idle ~50 ms "
+                "per step before its forward.",
+            }
+        ],
         "severity_notes": "High: ~50 ms of a ~60 ms step is waiting on rank 0.",
     },
 }
@@ -99,9 +120,13 @@ def ns(s):
 def summarize(v):
     if not v:
         return None
-    return {"n": len(v), "median_ns": ns(statistics.median(v)),
-            "mean_ns": ns(statistics.fmean(v)), "min_ns": ns(min(v)),
-            "max_ns": ns(max(v))}
+    return {
+        "n": len(v),
+        "median_ns": ns(statistics.median(v)),
+        "mean_ns": ns(statistics.fmean(v)),
+        "min_ns": ns(min(v)),
+        "max_ns": ns(max(v)),
+    }
 
 
 class ListDataset:
@@ -117,8 +142,9 @@ class ListDataset:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--variant", required=True, choices=sorted(VARIANTS))
     ap.add_argument("--out", required=True)
     ap.add_argument("--profiler", choices=["kineto", "none"], default="kineto")
@@ -140,8 +166,11 @@ def main(argv=None):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader
 
-    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                 ("NVSHMEM_DISABLE_NVLS", "1")):
+    for k, v in (
+        ("NCCL_NVLS_ENABLE", "0"),
+        ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+        ("NVSHMEM_DISABLE_NVLS", "1"),
+    ):
         if os.environ.get(k) != v:
             raise SystemExit(f"refusing to run: set {k}={v}")
 
@@ -171,8 +200,13 @@ def main(argv=None):
             dist.broadcast(p.data, src=0)
     opt = torch.optim.SGD(net.parameters(), lr=1e-4, momentum=0.9)
     g = torch.Generator(device=dev).manual_seed(1234 + rank)
-    batches = [(torch.randn(BATCH, HID, device=dev, generator=g),
-                torch.randn(BATCH, HID, device=dev, generator=g)) for _ in range(2)]
+    batches = [
+        (
+            torch.randn(BATCH, HID, device=dev, generator=g),
+            torch.randn(BATCH, HID, device=dev, generator=g),
+        )
+        for _ in range(2)
+    ]
     loader = DataLoader(ListDataset(batches), batch_size=None, num_workers=0)
     it = iter(loader)
     sleeps = []
@@ -228,6 +262,7 @@ def main(argv=None):
     trace_name = None
     if args.profiler == "kineto":
         from torch.profiler import ProfilerActivity, profile, schedule
+
         total = args.wait + args.pwarmup + args.active
         raw = os.path.join(args.out, f"rank{rank}.pt.trace.json")
         done = []
@@ -236,11 +271,14 @@ def main(argv=None):
             p.export_chrome_trace(raw)
             done.append(1)
 
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                     schedule=schedule(wait=args.wait, warmup=args.pwarmup,
-                                       active=args.active, repeat=1),
-                     on_trace_ready=ready, record_shapes=False, with_stack=False,
-                     profile_memory=False) as prof:
+        with profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+            schedule=schedule(wait=args.wait, warmup=args.pwarmup, active=args.active, repeat=1),
+            on_trace_ready=ready,
+            record_shapes=False,
+            with_stack=False,
+            profile_memory=False,
+        ) as prof:
             p_times = phase(total, "profiled", prof=prof)
         torch.cuda.synchronize()
         trace_name = raw + ".gz"
@@ -279,7 +317,9 @@ def main(argv=None):
         "profiled_phase_step_wall_ns_list": [ns(t) for t in p_times[active_slice]],
         "allreduce_flat_ns": summarize(ar),
         # one sleep per step; keep the profiled (active) steps only
-        "planted_sleep_ns_measured": summarize(sleeps[sleep_mark:][active_slice]) if sleeps else None,
+        "planted_sleep_ns_measured": summarize(sleeps[sleep_mark:][active_slice])
+        if sleeps
+        else None,
         "trace_file": os.path.basename(trace_name) if trace_name else None,
         "trace_bytes_gz": os.path.getsize(trace_name) if trace_name else None,
     }
@@ -295,27 +335,42 @@ def main(argv=None):
             "expected_absent": VARIANTS[v].get("expected_absent", []),
             "severity_notes": VARIANTS[v]["severity_notes"],
             "capture": {
-                "profiler": args.profiler, "nvtx": args.nvtx,
-                "format": args.trace_format or ("kineto-json-gz" if args.profiler == "kineto" else None),
+                "profiler": args.profiler,
+                "nvtx": args.nvtx,
+                "format": args.trace_format
+                or ("kineto-json-gz" if args.profiler == "kineto" else None),
                 "external_profiler_command": args.external_command,
-                "ranks": world, "backend": "nccl",
+                "ranks": world,
+                "backend": "nccl",
                 "launcher": "python3 -m torch.distributed.run --standalone --nproc_per_node 2",
                 "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-                "warmup_steps": args.warmup, "measure_steps": args.measure,
-                "schedule": ({"wait": args.wait, "warmup": args.pwarmup,
-                              "active": args.active} if args.profiler == "kineto" else None),
+                "warmup_steps": args.warmup,
+                "measure_steps": args.measure,
+                "schedule": (
+                    {"wait": args.wait, "warmup": args.pwarmup, "active": args.active}
+                    if args.profiler == "kineto"
+                    else None
+                ),
                 "profiled_steps": profiled_steps,
-                "record_shapes": False, "with_stack": False, "profile_memory": False,
+                "record_shapes": False,
+                "with_stack": False,
+                "profile_memory": False,
             },
-            "model": {"layers": f"{DEPTH} x Linear({HID},{HID}) fp32, ReLU between",
-                      "params": n_params, "grad_bytes": 4 * n_params,
-                      "batch_per_rank": BATCH, "tf32": True,
-                      "ddp_bucket_cap_mb": 25 if v != "ddp_no_overlap" else None,
-                      "allreduce_calls_per_step_no_overlap": len(params)},
+            "model": {
+                "layers": f"{DEPTH} x Linear({HID},{HID}) fp32, ReLU between",
+                "params": n_params,
+                "grad_bytes": 4 * n_params,
+                "batch_per_rank": BATCH,
+                "tf32": True,
+                "ddp_bucket_cap_mb": 25 if v != "ddp_no_overlap" else None,
+                "allreduce_calls_per_step_no_overlap": len(params),
+            },
             "measured_per_rank": allm,
             "environment": {
-                "date_utc": utc_now(), "python": platform.python_version(),
-                "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
+                "date_utc": utc_now(),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "cuda_runtime": torch.version.cuda,
                 "nccl": ".".join(str(x) for x in torch.cuda.nccl.version()),
                 "gpu_count": torch.cuda.device_count(),
                 "gpu_name": torch.cuda.get_device_name(dev),
@@ -329,17 +384,20 @@ def main(argv=None):
         if v == "ddp_straggler":
             try:
                 r0 = allm[0]["step_wall_ns_measure_phase_synced"]["median_ns"]
-                truth["measured_expected_wait_ns_per_step_rank0"] = (
-                    allm[STRAGGLER_RANK]["planted_sleep_ns_measured"]["median_ns"])
+                truth["measured_expected_wait_ns_per_step_rank0"] = allm[STRAGGLER_RANK][
+                    "planted_sleep_ns_measured"
+                ]["median_ns"]
                 truth["measured_step_ns_rank0"] = r0
             except Exception:  # noqa: BLE001
                 pass
         tag = "" if args.profiler == "kineto" else ".nsys"
         with open(os.path.join(args.out, f"{v}{tag}.truth.json"), "w") as f:
             json.dump(truth, f, indent=1)
-        print(f"[{v}] wrote truth; rank0 measure step median "
-              f"{(allm[0]['step_wall_ns_measure_phase_synced'] or {}).get('median_ns')} ns; "
-              f"allreduce flat {(allm[0]['allreduce_flat_ns'] or {}).get('median_ns')} ns")
+        print(
+            f"[{v}] wrote truth; rank0 measure step median "
+            f"{(allm[0]['step_wall_ns_measure_phase_synced'] or {}).get('median_ns')} ns; "
+            f"allreduce flat {(allm[0]['allreduce_flat_ns'] or {}).get('median_ns')} ns"
+        )
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -14,6 +14,7 @@ next to the trace.  These numbers are a plain reading of the trace made while
 capturing; they are NOT independent of it (the planted amounts and the
 measured-in-run facts in the truth file are).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,17 @@ import statistics
 import sys
 import tempfile
 
-NOTE = ("Computed by tools/capture/review_traces.py from this trace. Windows are "
-        "the CPU ProfilerStep#N ranges (Kineto) or NVTX 'step N' ranges (nsys). "
-        "gpu_busy = union of kernel+memcpy+memset intervals clipped to the window. "
-        "A reading of the trace, not an independent ground truth.")
+NOTE = (
+    "Computed by tools/capture/review_traces.py from this trace. Windows are "
+    "the CPU ProfilerStep#N ranges (Kineto) or NVTX 'step N' ranges (nsys). "
+    "gpu_busy = union of kernel+memcpy+memset intervals clipped to the window. "
+    "A reading of the trace, not an independent ground truth."
+)
+
+
+def _load_json(path):
+    with open(path) as fh:
+        return json.load(fh)
 
 
 def union(iv):
@@ -105,20 +113,35 @@ def review_steps(windows, kernels, copies, syncs, launches, loaders):
         }
         if nccl:
             ov = overlap_with(nccl, other)
-            st.update({
-                "nccl_kernels": len(nccl),
-                "nccl_union_ms": round(union(nccl) / 1e3, 3),
-                "nccl_overlapped_ms": round(ov / 1e3, 3),
-                "nccl_exposed_ms": round((union(nccl) - ov) / 1e3, 3),
-                "nccl_overlap_frac": round(ov / union(nccl), 4) if union(nccl) else None,
-                "nccl_max_kernel_ms": round(max(e - s for s, e in nccl) / 1e3, 3),
-            })
+            st.update(
+                {
+                    "nccl_kernels": len(nccl),
+                    "nccl_union_ms": round(union(nccl) / 1e3, 3),
+                    "nccl_overlapped_ms": round(ov / 1e3, 3),
+                    "nccl_exposed_ms": round((union(nccl) - ov) / 1e3, 3),
+                    "nccl_overlap_frac": round(ov / union(nccl), 4) if union(nccl) else None,
+                    "nccl_max_kernel_ms": round(max(e - s for s, e in nccl) / 1e3, 3),
+                }
+            )
         steps.append(st)
-    keys = ["window_ms", "gpu_busy_ms", "gpu_idle_ms", "gpu_busy_frac", "kernel_busy_ms",
-            "kernel_busy_frac", "kernels_started",
-            "kernel_ms_median", "launch_calls", "launch_call_us_median", "nccl_kernels",
-            "nccl_union_ms", "nccl_overlapped_ms", "nccl_exposed_ms", "nccl_overlap_frac",
-            "nccl_max_kernel_ms"]
+    keys = [
+        "window_ms",
+        "gpu_busy_ms",
+        "gpu_idle_ms",
+        "gpu_busy_frac",
+        "kernel_busy_ms",
+        "kernel_busy_frac",
+        "kernels_started",
+        "kernel_ms_median",
+        "launch_calls",
+        "launch_call_us_median",
+        "nccl_kernels",
+        "nccl_union_ms",
+        "nccl_overlapped_ms",
+        "nccl_exposed_ms",
+        "nccl_overlap_frac",
+        "nccl_max_kernel_ms",
+    ]
     medians = {k: med([s.get(k) for s in steps]) for k in keys if any(k in s for s in steps)}
     return {"note": NOTE, "median_over_steps": medians, "per_step": steps}
 
@@ -176,35 +199,50 @@ def nsys_review(path):
         pid = lambda g: (g >> 24) & 0xFFFFFF  # noqa: E731
         wins = {}
         for s, e, text, tid, gtid in con.execute(
-                "select start, end, text, textId, globalTid from NVTX_EVENTS "
-                "where end is not null"):
+            "select start, end, text, textId, globalTid from NVTX_EVENTS where end is not null"
+        ):
             t = text if text is not None else strings.get(tid)
             if t and t.startswith("step "):
                 wins.setdefault(pid(gtid), []).append((t, s / 1e3, e / 1e3))
-        out = {"note": NOTE + " Times from nsys are in ns in the file; here in us/ms.",
-               "processes": []}
+        out = {
+            "note": NOTE + " Times from nsys are in ns in the file; here in us/ms.",
+            "processes": [],
+        }
         for p, w in sorted(wins.items()):
-            krows = [r for r in rows(
-                "select start, end, shortName, globalPid, deviceId from "
-                "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_KERNEL") if pid(r[3]) == p]
+            krows = [
+                r
+                for r in rows(
+                    "select start, end, shortName, globalPid, deviceId from "
+                    "CUPTI_ACTIVITY_KIND_KERNEL",
+                    "CUPTI_ACTIVITY_KIND_KERNEL",
+                )
+                if pid(r[3]) == p
+            ]
             kernels = [(s / 1e3, e / 1e3, strings.get(n, "")) for s, e, n, _, _ in krows]
             devices = sorted({r[4] for r in krows})
             copies = []
             for s, e, b, ck, sk, dk, g in rows(
-                    "select start, end, bytes, copyKind, srcKind, dstKind, globalPid "
-                    "from CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMCPY"):
+                "select start, end, bytes, copyKind, srcKind, dstKind, globalPid "
+                "from CUPTI_ACTIVITY_KIND_MEMCPY",
+                "CUPTI_ACTIVITY_KIND_MEMCPY",
+            ):
                 if pid(g) == p:
-                    kind = (f"Memcpy {COPY_KIND.get(ck, ck)} "
-                            f"({MEM_KIND.get(sk, sk)} -> {MEM_KIND.get(dk, dk)})")
+                    kind = (
+                        f"Memcpy {COPY_KIND.get(ck, ck)} "
+                        f"({MEM_KIND.get(sk, sk)} -> {MEM_KIND.get(dk, dk)})"
+                    )
                     copies.append((s / 1e3, e / 1e3, kind, b))
-            for s, e, g in rows("select start, end, globalPid from CUPTI_ACTIVITY_KIND_MEMSET",
-                                "CUPTI_ACTIVITY_KIND_MEMSET"):
+            for s, e, g in rows(
+                "select start, end, globalPid from CUPTI_ACTIVITY_KIND_MEMSET",
+                "CUPTI_ACTIVITY_KIND_MEMSET",
+            ):
                 if pid(g) == p:
                     copies.append((s / 1e3, e / 1e3, None, 0))
             syncs, launches = [], []
             for s, e, n, g in rows(
-                    "select start, end, nameId, globalTid from CUPTI_ACTIVITY_KIND_RUNTIME",
-                    "CUPTI_ACTIVITY_KIND_RUNTIME"):
+                "select start, end, nameId, globalTid from CUPTI_ACTIVITY_KIND_RUNTIME",
+                "CUPTI_ACTIVITY_KIND_RUNTIME",
+            ):
                 if pid(g) != p:
                     continue
                 nm = strings.get(n, "")
@@ -214,13 +252,14 @@ def nsys_review(path):
                     launches.append((s / 1e3, (e - s) / 1e3))
             loaders = []
             for s, e, text, tid, gtid in con.execute(
-                    "select start, end, text, textId, globalTid from NVTX_EVENTS "
-                    "where end is not null"):
+                "select start, end, text, textId, globalTid from NVTX_EVENTS where end is not null"
+            ):
                 t = text if text is not None else strings.get(tid)
                 if t == "data_loading" and pid(gtid) == p:
                     loaders.append((s / 1e3, (e - s) / 1e3))
-            r = review_steps(sorted(w, key=lambda x: x[1]), kernels, copies, syncs,
-                             launches, loaders)
+            r = review_steps(
+                sorted(w, key=lambda x: x[1]), kernels, copies, syncs, launches, loaders
+            )
             r["pid"] = p
             r["cuda_device_ids"] = devices
             out["processes"].append(r)
@@ -231,13 +270,14 @@ def nsys_review(path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("root")
     ap.add_argument("--write", action="store_true", help="merge into truth JSON")
     a = ap.parse_args(argv)
     notes_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "review_notes.json")
-    notes = json.load(open(notes_path)) if os.path.exists(notes_path) else {}
+    notes = _load_json(notes_path) if os.path.exists(notes_path) else {}
 
     def add_notes(tp, t):
         rel = os.path.relpath(tp, a.root).replace(os.sep, "/")
@@ -254,7 +294,7 @@ def main(argv=None):
                 print(f"{os.path.join(dp, f)}: {json.dumps(res[f]['median_over_steps'])}")
             if a.write and len(truths) == 1:
                 tp = os.path.join(dp, truths[0])
-                t = json.load(open(tp))
+                t = _load_json(tp)
                 t["trace_review"] = res if len(res) > 1 else next(iter(res.values()))
                 add_notes(tp, t)
                 with open(tp, "w") as fo:
@@ -263,11 +303,13 @@ def main(argv=None):
             if f.endswith(".sqlite.gz"):
                 r = nsys_review(os.path.join(dp, f))
                 for p in r["processes"]:
-                    print(f"{os.path.join(dp, f)} pid {p['pid']} dev {p['cuda_device_ids']}: "
-                          f"{json.dumps(p['median_over_steps'])}")
+                    print(
+                        f"{os.path.join(dp, f)} pid {p['pid']} dev {p['cuda_device_ids']}: "
+                        f"{json.dumps(p['median_over_steps'])}"
+                    )
                 tp = os.path.join(dp, f.replace(".sqlite.gz", ".truth.json"))
                 if a.write and os.path.exists(tp):
-                    t = json.load(open(tp))
+                    t = _load_json(tp)
                     t["trace_review"] = r
                     add_notes(tp, t)
                     with open(tp, "w") as fo:
@@ -276,7 +318,7 @@ def main(argv=None):
         for rel, n in notes.items():
             tp = os.path.join(a.root, rel)
             if rel.startswith("ncu/") and os.path.exists(tp):
-                t = json.load(open(tp))
+                t = _load_json(tp)
                 t["review_notes"] = n
                 with open(tp, "w") as fo:
                     json.dump(t, fo, indent=1)

@@ -25,6 +25,7 @@ perf_counter and no extra synchronization.
 Only the standard library is imported at module level, so the file compiles
 and ``--list`` works on machines without torch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,16 +54,24 @@ SCENARIOS = {
             "forward, MSE loss, backward, SGD(momentum) step, loss.item() for "
             "logging. Batches come from a torch DataLoader (num_workers=0, "
             "batch_size=None) over tensors that already live on the GPU, so "
-            "data loading costs microseconds."),
+            "data loading costs microseconds."
+        ),
         "planted": [],
         "expected_findings": [],
-        "expected_absent": ["gpu_idle", "launch_overhead", "memcpy",
-                            "host_sync", "occupancy", "dataloader"],
+        "expected_absent": [
+            "gpu_idle",
+            "launch_overhead",
+            "memcpy",
+            "host_sync",
+            "occupancy",
+            "dataloader",
+        ],
         "severity_notes": (
             "Baseline. GPU should be busy >97% of each step. One loss.item() "
             "per step blocks the CPU for most of the step (it waits for the "
             "GPU) but leaves the GPU idle only for the few tens of us it takes "
-            "the CPU to launch the next step: an analyzer should not flag it."),
+            "the CPU to launch the next step: an analyzer should not flag it."
+        ),
     },
     "dataloader_stall": {
         "description": (
@@ -71,42 +80,52 @@ SCENARIOS = {
             "pin_memory=True whose Dataset.__getitem__ sleeps 30 ms; the "
             "pinned batch is copied H2D with non_blocking=True. Because "
             "loss.item() ends each step, the GPU sits idle during the whole "
-            "data-loading time of the next step."),
-        "planted": [{
-            "kind": "dataloader_sleep",
-            "where": "Dataset.__getitem__ (time.sleep), inside "
-                     "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
-            "amount_ns_per_step": 30_000_000,
-            "count_per_step": 1,
-        }],
-        "expected_findings": [{
-            "analyzer": "gpu_idle", "cause": "dataloader",
-            "approx_idle_ns_per_step": "sleep (30 ms) + pin_memory copy; see "
-                                       "measured.expected_gpu_idle_ns_per_step",
-        }],
-        "severity_notes": (
-            "High: ~30+ ms idle out of a ~45-50 ms step (~60-70% of the step)."),
+            "data-loading time of the next step."
+        ),
+        "planted": [
+            {
+                "kind": "dataloader_sleep",
+                "where": "Dataset.__getitem__ (time.sleep), inside "
+                "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                "amount_ns_per_step": 30_000_000,
+                "count_per_step": 1,
+            }
+        ],
+        "expected_findings": [
+            {
+                "analyzer": "gpu_idle",
+                "cause": "dataloader",
+                "approx_idle_ns_per_step": "sleep (30 ms) + pin_memory copy; see "
+                "measured.expected_gpu_idle_ns_per_step",
+            }
+        ],
+        "severity_notes": ("High: ~30+ ms idle out of a ~45-50 ms step (~60-70% of the step)."),
     },
     "tiny_kernels": {
         "description": (
             "Per step, 1000 iterations of x.mul_(1.0001); x.add_(0.0001) on a "
             "256-element fp32 GPU tensor = 2000 tiny elementwise kernels, then "
             "torch.cuda.synchronize() to close the step. Launch-bound: each "
-            "kernel runs ~1-2 us, the CPU needs several us to launch it."),
-        "planted": [{
-            "kind": "tiny_kernel_launches",
-            "count_per_step": 2000,
-            "elements_per_kernel": 256,
-            "amount_ns_per_step": None,
-        }],
-        "expected_findings": [{
-            "analyzer": "launch_overhead",
-            "kernels_per_step": 2000,
-            "notes": "GPU busy fraction far below 50%; median kernel duration "
-                     "a few us; gaps between kernels dominated by CPU launch "
-                     "time. measured.graph_replay_ns_per_step is the GPU time "
-                     "of the same work launched as one CUDA graph.",
-        }],
+            "kernel runs ~1-2 us, the CPU needs several us to launch it."
+        ),
+        "planted": [
+            {
+                "kind": "tiny_kernel_launches",
+                "count_per_step": 2000,
+                "elements_per_kernel": 256,
+                "amount_ns_per_step": None,
+            }
+        ],
+        "expected_findings": [
+            {
+                "analyzer": "launch_overhead",
+                "kernels_per_step": 2000,
+                "notes": "GPU busy fraction far below 50%; median kernel duration "
+                "a few us; gaps between kernels dominated by CPU launch "
+                "time. measured.graph_replay_ns_per_step is the GPU time "
+                "of the same work launched as one CUDA graph.",
+            }
+        ],
         "severity_notes": "High: GPU mostly idle inside the step.",
     },
     "pageable_sync": {
@@ -116,36 +135,57 @@ SCENARIOS = {
             "(16,777,216 elements); x = batch.to('cuda') (blocking, pageable "
             "H2D); then three segments of bf16 4096^3 matmuls, each followed "
             "by a .item() (4 .item() calls in all), and a final "
-            "torch.cuda.synchronize()."),
+            "torch.cuda.synchronize()."
+        ),
         "planted": [
-            {"kind": "pageable_h2d_memcpy", "bytes_per_step": 64 * MiB,
-             "count_per_step": 1, "direction": "HtoD", "src_memory": "Pageable",
-             "amount_ns_per_step": "see measured.h2d_ns_median"},
-            {"kind": "host_sync_item", "count_per_step": 4,
-             "api": "aten::item -> aten::_local_scalar_dense -> "
-                    "cudaMemcpyAsync(DtoH) + cudaStreamSynchronize"},
-            {"kind": "host_sync_device_synchronize", "count_per_step": 1,
-             "api": "torch.cuda.synchronize -> cudaDeviceSynchronize"},
+            {
+                "kind": "pageable_h2d_memcpy",
+                "bytes_per_step": 64 * MiB,
+                "count_per_step": 1,
+                "direction": "HtoD",
+                "src_memory": "Pageable",
+                "amount_ns_per_step": "see measured.h2d_ns_median",
+            },
+            {
+                "kind": "host_sync_item",
+                "count_per_step": 4,
+                "api": "aten::item -> aten::_local_scalar_dense -> "
+                "cudaMemcpyAsync(DtoH) + cudaStreamSynchronize",
+            },
+            {
+                "kind": "host_sync_device_synchronize",
+                "count_per_step": 1,
+                "api": "torch.cuda.synchronize -> cudaDeviceSynchronize",
+            },
         ],
         "expected_findings": [
-            {"analyzer": "memcpy", "kind": "pageable", "direction": "HtoD",
-             "bytes_per_step": 64 * MiB},
-            {"analyzer": "host_sync", "syncs_per_step": 5,
-             "notes": "4 .item() + 1 cudaDeviceSynchronize per step; the "
-                      "blocking pageable copy also synchronizes the stream "
-                      "(at::cuda::memcpy_and_sync), so a count of "
-                      "cudaStreamSynchronize may read 5 per step"},
+            {
+                "analyzer": "memcpy",
+                "kind": "pageable",
+                "direction": "HtoD",
+                "bytes_per_step": 64 * MiB,
+            },
+            {
+                "analyzer": "host_sync",
+                "syncs_per_step": 5,
+                "notes": "4 .item() + 1 cudaDeviceSynchronize per step; the "
+                "blocking pageable copy also synchronizes the stream "
+                "(at::cuda::memcpy_and_sync), so a count of "
+                "cudaStreamSynchronize may read 5 per step",
+            },
         ],
         "severity_notes": (
             "Medium-high: the pageable copy (~5-10 ms at ~7-13 GB/s) leaves "
             "the SMs idle for a large part of the step; each sync adds a small "
-            "GPU gap while the CPU launches the next segment."),
+            "GPU gap while the CPU launches the next segment."
+        ),
     },
     "cuda_graph": {
         "description": (
             "The tiny_kernels body (2000 tiny elementwise kernels) captured "
             "once into a torch.cuda.CUDAGraph and replayed once per step, "
-            "then torch.cuda.synchronize()."),
+            "then torch.cuda.synchronize()."
+        ),
         "planted": [],
         "expected_findings": [],
         "expected_absent": ["launch_overhead"],
@@ -162,14 +202,16 @@ SCENARIOS = {
             "cudaGraphLaunch. An analyzer may report that idle time (cause: "
             "host / cudaGraphLaunch), but must not call it per-kernel launch "
             "overhead. See cuda_graph_runahead for the same graph without "
-            "the per-step sync."),
+            "the per-step sync."
+        ),
     },
     "cuda_graph_runahead": {
         "description": (
             "Same CUDA graph as 'cuda_graph' (2000 tiny elementwise kernels "
             "replayed once per step), but with no synchronize at the end of "
             "each profiled step: the CPU enqueues the next replay while the "
-            "GPU runs the previous one."),
+            "GPU runs the previous one."
+        ),
         "planted": [],
         "expected_findings": [],
         "expected_absent": ["launch_overhead", "host_sync"],
@@ -178,7 +220,8 @@ SCENARIOS = {
             "about equal to the graph's GPU time (~2.1-2.4 ms), so the GPU "
             "should be busy for most of the profiled window; small gaps "
             "between replays can remain. CPU ProfilerStep ranges and GPU "
-            "work are offset (GPU lags the CPU)."),
+            "work are offset (GPU lags the CPU)."
+        ),
     },
     "occupancy": {
         "description": (
@@ -187,24 +230,30 @@ SCENARIOS = {
             "(cudaFuncAttributeMaxDynamicSharedMemorySize raised), so at most "
             "1 block = 1 warp per SM; (b) well_occupied_axpy_kernel (CuPy "
             "RawKernel): y = a*x + y over 64M fp32, 256 threads/block, no "
-            "shared memory; (c) torch.matmul bf16 4096x4096x4096 (cuBLAS)."),
-        "planted": [{
-            "kind": "low_occupancy",
-            "kernel": "low_occupancy_smem_kernel",
-            "limiter": "shared_memory",
-            "count_per_step": 1,
-        }],
-        "expected_findings": [{
-            "analyzer": "occupancy", "kernel": "low_occupancy_smem_kernel",
-            "limiter": "shared_memory",
-            "theoretical_occupancy_pct": 1.5625,
-            "notes": "1 block of 1 warp per SM out of 64 warps per SM. "
-                     "well_occupied_axpy_kernel and the GEMM should not be "
-                     "flagged for occupancy (the GEMM is low occupancy by "
-                     "design, limited by registers/shared memory, but it is "
-                     "compute-bound; an analyzer may mention it at low "
-                     "severity)."
-        }],
+            "shared memory; (c) torch.matmul bf16 4096x4096x4096 (cuBLAS)."
+        ),
+        "planted": [
+            {
+                "kind": "low_occupancy",
+                "kernel": "low_occupancy_smem_kernel",
+                "limiter": "shared_memory",
+                "count_per_step": 1,
+            }
+        ],
+        "expected_findings": [
+            {
+                "analyzer": "occupancy",
+                "kernel": "low_occupancy_smem_kernel",
+                "limiter": "shared_memory",
+                "theoretical_occupancy_pct": 1.5625,
+                "notes": "1 block of 1 warp per SM out of 64 warps per SM. "
+                "well_occupied_axpy_kernel and the GEMM should not be "
+                "flagged for occupancy (the GEMM is low occupancy by "
+                "design, limited by registers/shared memory, but it is "
+                "compute-bound; an analyzer may mention it at low "
+                "severity).",
+            }
+        ],
         "severity_notes": "High for kernel (a); none for (b).",
     },
 }
@@ -244,8 +293,11 @@ def nvidia_smi_facts() -> dict:
     out = {}
     try:
         q = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-             "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         out["nvidia_smi"] = q.stdout.strip()
     except Exception as e:  # noqa: BLE001
         out["nvidia_smi_error"] = repr(e)
@@ -265,19 +317,22 @@ def env_info(torch) -> dict:
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        d.update({
-            "gpu_name": p.name,
-            "gpu_count_visible": torch.cuda.device_count(),
-            "sm_count": p.multi_processor_count,
-            "compute_capability": f"{p.major}.{p.minor}",
-            "gpu_memory_bytes": p.total_memory,
-        })
+        d.update(
+            {
+                "gpu_name": p.name,
+                "gpu_count_visible": torch.cuda.device_count(),
+                "sm_count": p.multi_processor_count,
+                "compute_capability": f"{p.major}.{p.minor}",
+                "gpu_memory_bytes": p.total_memory,
+            }
+        )
     try:
         d["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
     except Exception:  # noqa: BLE001
         pass
     try:
         import cupy  # noqa: F401
+
         d["cupy"] = cupy.__version__
     except Exception:  # noqa: BLE001
         pass
@@ -324,9 +379,9 @@ class ListDataset:
 
 def make_loader(torch, dataset, pin_memory=False):
     from torch.utils.data import DataLoader
+
     # torch.utils.data.Dataset subclassing is not required for map-style use
-    return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=0,
-                      pin_memory=pin_memory)
+    return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=0, pin_memory=pin_memory)
 
 
 # --------------------------------------------------------------------------
@@ -372,6 +427,7 @@ class Workload:
 
 class MLPTrain(Workload):
     """Shared by healthy and dataloader_stall."""
+
     B, IN, HID, DEPTH, OUT = 8192, 1024, 8192, 3, 1024
     sleep_s = 0.0
     on_gpu_data = True
@@ -388,8 +444,9 @@ class MLPTrain(Workload):
         self.opt = t.optim.SGD(self.model.parameters(), lr=1e-5, momentum=0.9)
         self.target = t.randn(self.B, self.OUT, device=self.dev) * 0.1
         if self.on_gpu_data:
-            batches = [t.randn(self.B, self.IN, device=self.dev, dtype=t.bfloat16)
-                       for _ in range(4)]
+            batches = [
+                t.randn(self.B, self.IN, device=self.dev, dtype=t.bfloat16) for _ in range(4)
+            ]
             pin = False
         else:
             batches = [t.randn(self.B, self.IN, dtype=t.bfloat16) for _ in range(4)]
@@ -399,17 +456,18 @@ class MLPTrain(Workload):
         n_params = sum(p.numel() for p in self.model.parameters())
         flops = 0
         dims = [self.IN] + [self.HID] * (self.DEPTH + 1) + [self.OUT]
-        for a, b in zip(dims[:-1], dims[1:]):
+        for a, b in zip(dims[:-1], dims[1:], strict=False):
             flops += 2 * self.B * a * b
-        self.extra.update({
-            "model_params": n_params,
-            "batch_shape": [self.B, self.IN],
-            "batch_bytes": self.B * self.IN * 2,
-            "matmul_flops_per_step_fwd_bwd": 3 * flops,
-        })
+        self.extra.update(
+            {
+                "model_params": n_params,
+                "batch_shape": [self.B, self.IN],
+                "batch_bytes": self.B * self.IN * 2,
+                "matmul_flops_per_step_fwd_bwd": 3 * flops,
+            }
+        )
 
     def step(self, batch):
-        t = self.torch
         x = batch.to(self.dev, non_blocking=True)
         a, b = self.gpu_event_pair()
         a.record()
@@ -519,11 +577,13 @@ class PageableSync(Workload):
         self.loader = make_loader(t, self.dataset, pin_memory=False)
         self.w = (t.randn(4096, 4096, device=self.dev) / 64).to(t.bfloat16)
         self.h2d_events = []
-        self.extra.update({
-            "h2d_bytes_per_step": self.N * 4,
-            "matmuls_per_step": 3 * self.MM_PER_SEGMENT,
-            "matmul_shape": [4096, 4096, 4096],
-        })
+        self.extra.update(
+            {
+                "h2d_bytes_per_step": self.N * 4,
+                "matmuls_per_step": 3 * self.MM_PER_SEGMENT,
+                "matmul_shape": [4096, 4096, 4096],
+            }
+        )
 
     def seg(self, y):
         for _ in range(self.MM_PER_SEGMENT):
@@ -540,13 +600,13 @@ class PageableSync(Workload):
         self.h2d_events.append((self.phase, a, b))
         y = x.view(4096, 4096).to(t.bfloat16)
         y = self.seg(y)
-        s1 = y.float().mean().item()            # PLANTED sync 1
+        s1 = y.float().mean().item()  # PLANTED sync 1
         y = self.seg(y)
-        s2 = y.abs().max().item()               # PLANTED sync 2
+        s2 = y.abs().max().item()  # PLANTED sync 2
         y = self.seg(y)
-        s3 = y.float().norm().item()            # PLANTED sync 3
-        s4 = (~t.isfinite(y)).sum().item()      # PLANTED sync 4
-        t.cuda.synchronize()                    # PLANTED sync 5
+        s3 = y.float().norm().item()  # PLANTED sync 3
+        s4 = (~t.isfinite(y)).sum().item()  # PLANTED sync 4
+        t.cuda.synchronize()  # PLANTED sync 5
         self.last = (s1, s2, s3, s4)
 
     def after_run(self):
@@ -576,10 +636,13 @@ def theoretical_occupancy_sm90(regs, block, smem_per_block):
         lim["shared_memory"] = (228 * 1024) // per_block
     limiter = min(lim, key=lambda k: lim[k])
     blocks = lim[limiter]
-    return {"limits_blocks_per_sm": lim, "limiter": limiter,
-            "max_active_blocks_per_sm": blocks,
-            "active_warps_per_sm": blocks * warps_per_block,
-            "theoretical_occupancy_pct": round(100.0 * blocks * warps_per_block / 64, 4)}
+    return {
+        "limits_blocks_per_sm": lim,
+        "limiter": limiter,
+        "max_active_blocks_per_sm": blocks,
+        "active_warps_per_sm": blocks * warps_per_block,
+        "theoretical_occupancy_pct": round(100.0 * blocks * warps_per_block / 64, 4),
+    }
 
 
 LOW_OCC_SRC = r"""
@@ -615,10 +678,10 @@ extern "C" __global__ void well_occupied_axpy_kernel(
 
 class Occupancy(Workload):
     name = "occupancy"
-    SMEM = 200 * 1024           # 204800 B dynamic shared memory per block
+    SMEM = 200 * 1024  # 204800 B dynamic shared memory per block
     LOW_BLOCK = 32
     LOW_REPS = 2
-    NB = 64 * MiB               # 67,108,864 fp32 elements for the axpy
+    NB = 64 * MiB  # 67,108,864 fp32 elements for the axpy
     WELL_BLOCK = 256
     GEMM_N = 4096
 
@@ -626,6 +689,7 @@ class Occupancy(Workload):
         t = self.torch
         import cupy as cp
         import numpy as np
+
         self.cp, self.np = cp, np
         cp.cuda.Device(0).use()
         sms = t.cuda.get_device_properties(0).multi_processor_count
@@ -645,9 +709,9 @@ class Occupancy(Workload):
         except Exception as e1:  # noqa: BLE001
             print("max_dynamic_shared_size_bytes setter failed:", repr(e1))
             drv = cp.cuda.driver
-            drv.funcSetAttribute(self.low.kernel.ptr,
-                                 drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                 self.SMEM)
+            drv.funcSetAttribute(
+                self.low.kernel.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.SMEM
+            )
             set_how = "cuFuncSetAttribute"
         self.low_in = cp.random.random(self.low_grid * self.n_per_block, dtype=cp.float32)
         self.low_out = cp.zeros(self.low_grid, dtype=cp.float32)
@@ -661,10 +725,16 @@ class Occupancy(Workload):
 
         def attrs(k):
             d = {}
-            for a in ("num_regs", "shared_size_bytes", "const_size_bytes",
-                      "local_size_bytes", "max_threads_per_block",
-                      "max_dynamic_shared_size_bytes", "binary_version",
-                      "ptx_version"):
+            for a in (
+                "num_regs",
+                "shared_size_bytes",
+                "const_size_bytes",
+                "local_size_bytes",
+                "max_threads_per_block",
+                "max_dynamic_shared_size_bytes",
+                "binary_version",
+                "ptx_version",
+            ):
                 try:
                     d[a] = int(getattr(k, a))
                 except Exception:  # noqa: BLE001
@@ -672,32 +742,46 @@ class Occupancy(Workload):
             return d
 
         occ = {}
-        for nm, k, blk, sm in (("low_occupancy_smem_kernel", self.low, self.LOW_BLOCK, self.SMEM),
-                               ("well_occupied_axpy_kernel", self.well, self.WELL_BLOCK, 0)):
-            occ[nm] = theoretical_occupancy_sm90(attrs(k).get("num_regs"), blk,
-                                                 sm + attrs(k).get("shared_size_bytes", 0))
+        for nm, k, blk, sm in (
+            ("low_occupancy_smem_kernel", self.low, self.LOW_BLOCK, self.SMEM),
+            ("well_occupied_axpy_kernel", self.well, self.WELL_BLOCK, 0),
+        ):
+            occ[nm] = theoretical_occupancy_sm90(
+                attrs(k).get("num_regs"), blk, sm + attrs(k).get("shared_size_bytes", 0)
+            )
             try:
-                nb = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                    k.kernel.ptr, blk, sm)
+                nb = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, blk, sm)
                 occ[nm]["driver_max_active_blocks_per_sm"] = int(nb)
             except Exception as e:  # noqa: BLE001
                 occ[nm]["driver_occupancy_api"] = f"unavailable: {e!r}"[:200]
         self.extra["launch_configs"] = {
             "low_occupancy_smem_kernel": {
-                "grid": [self.low_grid, 1, 1], "block": [self.LOW_BLOCK, 1, 1],
-                "dynamic_smem_bytes": self.SMEM, "smem_attr_set_via": set_how,
-                "n_per_block_floats": self.n_per_block, "reps": self.LOW_REPS,
+                "grid": [self.low_grid, 1, 1],
+                "block": [self.LOW_BLOCK, 1, 1],
+                "dynamic_smem_bytes": self.SMEM,
+                "smem_attr_set_via": set_how,
+                "n_per_block_floats": self.n_per_block,
+                "reps": self.LOW_REPS,
                 "bytes_read": self.low_grid * self.SMEM,
-                **attrs(self.low), **occ["low_occupancy_smem_kernel"]},
+                **attrs(self.low),
+                **occ["low_occupancy_smem_kernel"],
+            },
             "well_occupied_axpy_kernel": {
-                "grid": [self.well_grid, 1, 1], "block": [self.WELL_BLOCK, 1, 1],
-                "dynamic_smem_bytes": 0, "n": self.NB,
+                "grid": [self.well_grid, 1, 1],
+                "block": [self.WELL_BLOCK, 1, 1],
+                "dynamic_smem_bytes": 0,
+                "n": self.NB,
                 "bytes_moved": 3 * 4 * self.NB,
-                **attrs(self.well), **occ["well_occupied_axpy_kernel"]},
-            "gemm": {"op": "torch.matmul", "dtype": "bfloat16",
-                     "shape_mnk": [self.GEMM_N] * 3,
-                     "flops": 2 * self.GEMM_N ** 3,
-                     "note": "kernel name/grid/regs: see trace_facts"},
+                **attrs(self.well),
+                **occ["well_occupied_axpy_kernel"],
+            },
+            "gemm": {
+                "op": "torch.matmul",
+                "dtype": "bfloat16",
+                "shape_mnk": [self.GEMM_N] * 3,
+                "flops": 2 * self.GEMM_N**3,
+                "note": "kernel name/grid/regs: see trace_facts",
+            },
         }
         self.kern_times = {"low": [], "well": [], "gemm": []}
 
@@ -707,13 +791,19 @@ class Occupancy(Workload):
         ev = [t.cuda.Event(enable_timing=True) for _ in range(4)]
         ev[0].record()
         with prof_rf("launch low_occupancy_smem_kernel"):
-            self.low((self.low_grid,), (self.LOW_BLOCK,),
-                     (self.low_in, self.low_out, np.int32(self.n_per_block),
-                      np.int32(self.LOW_REPS)), shared_mem=self.SMEM)
+            self.low(
+                (self.low_grid,),
+                (self.LOW_BLOCK,),
+                (self.low_in, self.low_out, np.int32(self.n_per_block), np.int32(self.LOW_REPS)),
+                shared_mem=self.SMEM,
+            )
         ev[1].record()
         with prof_rf("launch well_occupied_axpy_kernel"):
-            self.well((self.well_grid,), (self.WELL_BLOCK,),
-                      (self.wx, self.wy, np.float32(1.0001), np.int64(self.NB)))
+            self.well(
+                (self.well_grid,),
+                (self.WELL_BLOCK,),
+                (self.wx, self.wy, np.float32(1.0001), np.int64(self.NB)),
+            )
         ev[2].record()
         self.C = self.A @ self.Bm
         ev[3].record()
@@ -725,12 +815,22 @@ class Occupancy(Workload):
 
     def after_run(self):
         self.extra["kernel_time_measure_phase"] = {
-            k: summarize(v) for k, v in self.kern_times.items()}
+            k: summarize(v) for k, v in self.kern_times.items()
+        }
 
 
-WORKLOADS = {w.name: w for w in (Healthy, DataloaderStall, TinyKernels,
-                                 PageableSync, CudaGraph, CudaGraphRunahead,
-                                 Occupancy)}
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Healthy,
+        DataloaderStall,
+        TinyKernels,
+        PageableSync,
+        CudaGraph,
+        CudaGraphRunahead,
+        Occupancy,
+    )
+}
 
 
 # --------------------------------------------------------------------------
@@ -760,8 +860,15 @@ def kineto_facts(path: str) -> dict:
             k = kernels.setdefault(n, {"count": 0, "total_dur_us": 0.0})
             k["count"] += 1
             k["total_dur_us"] += float(e.get("dur", 0))
-            for key in ("grid", "block", "registers per thread", "shared memory",
-                        "est. achieved occupancy %", "warps per SM", "blocks per SM"):
+            for key in (
+                "grid",
+                "block",
+                "registers per thread",
+                "shared memory",
+                "est. achieved occupancy %",
+                "warps per SM",
+                "blocks per SM",
+            ):
                 if key in a and key not in k:
                     k[key] = a[key]
         if c in ("cuda_runtime", "cuda_driver") and "ynchronize" in n:
@@ -816,29 +923,43 @@ def run_phase(torch, wl, it, n, nvtx, label, sync_each=False, prof=None, first_i
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--scenario", choices=sorted(SCENARIOS))
     ap.add_argument("--out", help="output directory")
     ap.add_argument("--profiler", choices=["kineto", "none"], default="kineto")
-    ap.add_argument("--nvtx", action="store_true",
-                    help="emit NVTX ranges per step and around data loading")
+    ap.add_argument(
+        "--nvtx", action="store_true", help="emit NVTX ranges per step and around data loading"
+    )
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--measure", type=int, default=None,
-                    help="synchronized, unprofiled timing steps (default 10 with "
-                         "kineto, 0 with --profiler none)")
-    ap.add_argument("--steps", type=int, default=6,
-                    help="--profiler none: number of NVTX 'step N' steps")
-    ap.add_argument("--active", type=int, default=None,
-                    help="override schedule active steps")
+    ap.add_argument(
+        "--measure",
+        type=int,
+        default=None,
+        help="synchronized, unprofiled timing steps (default 10 with "
+        "kineto, 0 with --profiler none)",
+    )
+    ap.add_argument(
+        "--steps", type=int, default=6, help="--profiler none: number of NVTX 'step N' steps"
+    )
+    ap.add_argument("--active", type=int, default=None, help="override schedule active steps")
     ap.add_argument("--tag", default="", help="suffix for the truth file name")
-    ap.add_argument("--trace-format", default=None,
-                    help="annotation for the truth file when an external profiler "
-                         "(nsys, ncu) wraps this run, e.g. nsys-sqlite, ncu-csv")
-    ap.add_argument("--trace-file", action="append", default=[],
-                    help="annotation: file name(s) the external profiler writes")
-    ap.add_argument("--external-command", default=None,
-                    help="annotation: the external profiler command line")
+    ap.add_argument(
+        "--trace-format",
+        default=None,
+        help="annotation for the truth file when an external profiler "
+        "(nsys, ncu) wraps this run, e.g. nsys-sqlite, ncu-csv",
+    )
+    ap.add_argument(
+        "--trace-file",
+        action="append",
+        default=[],
+        help="annotation: file name(s) the external profiler writes",
+    )
+    ap.add_argument(
+        "--external-command", default=None, help="annotation: the external profiler command line"
+    )
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     if args.list:
@@ -851,6 +972,7 @@ def main(argv=None):
         args.measure = 10 if args.profiler == "kineto" else 0
 
     import torch
+
     os.makedirs(args.out, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = True
     wl = WORKLOADS[args.scenario](torch, args)
@@ -861,8 +983,7 @@ def main(argv=None):
     t_start = time.perf_counter()
     run_phase(torch, wl, it, args.warmup, nvtx, "warmup", sync_each=True)
     torch.cuda.synchronize()
-    m_times, m_loads = run_phase(torch, wl, it, args.measure, nvtx, "measure",
-                                 sync_each=True)
+    m_times, m_loads = run_phase(torch, wl, it, args.measure, nvtx, "measure", sync_each=True)
     sleep_mark = len(getattr(wl, "dataset", None).sleep_log) if getattr(wl, "dataset", None) else 0
 
     truth = {
@@ -873,12 +994,17 @@ def main(argv=None):
         "expected_findings": SCENARIOS[args.scenario]["expected_findings"],
         "expected_absent": SCENARIOS[args.scenario].get("expected_absent", []),
         "severity_notes": SCENARIOS[args.scenario]["severity_notes"],
-        "capture": {"profiler": args.profiler, "nvtx": args.nvtx,
-                    "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-                    "warmup_steps": args.warmup, "measure_steps": args.measure,
-                    "format": args.trace_format or ("kineto-json-gz" if args.profiler == "kineto" else None),
-                    "external_profiler_command": args.external_command,
-                    "trace_files": args.trace_file or None},
+        "capture": {
+            "profiler": args.profiler,
+            "nvtx": args.nvtx,
+            "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+            "warmup_steps": args.warmup,
+            "measure_steps": args.measure,
+            "format": args.trace_format
+            or ("kineto-json-gz" if args.profiler == "kineto" else None),
+            "external_profiler_command": args.external_command,
+            "trace_files": args.trace_file or None,
+        },
     }
     trace_path = None
     if args.profiler == "kineto":
@@ -894,13 +1020,18 @@ def main(argv=None):
             exported.append(raw_path)
 
         from torch.profiler import ProfilerActivity, profile, schedule
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                     schedule=schedule(wait=sched["wait"], warmup=sched["warmup"],
-                                       active=sched["active"], repeat=1),
-                     on_trace_ready=on_ready, record_shapes=False,
-                     with_stack=False, profile_memory=False) as prof:
-            p_times, p_loads = run_phase(torch, wl, it, total, nvtx, "profiled",
-                                         prof=prof)
+
+        with profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+            schedule=schedule(
+                wait=sched["wait"], warmup=sched["warmup"], active=sched["active"], repeat=1
+            ),
+            on_trace_ready=on_ready,
+            record_shapes=False,
+            with_stack=False,
+            profile_memory=False,
+        ) as prof:
+            p_times, p_loads = run_phase(torch, wl, it, total, nvtx, "profiled", prof=prof)
         torch.cuda.synchronize()
         if not exported:
             raise RuntimeError("profiler did not export a trace")
@@ -910,25 +1041,32 @@ def main(argv=None):
         raw_size = os.path.getsize(raw_path)
         os.remove(raw_path)
         first = sched["wait"] + sched["warmup"]
-        truth["capture"].update({
-            "schedule": sched,
-            "profiled_steps": [f"ProfilerStep#{i}" for i in range(first, total)],
-            "trace_file": os.path.basename(trace_path),
-            "trace_bytes_gz": os.path.getsize(trace_path),
-            "trace_bytes_raw": raw_size,
-            "record_shapes": False, "with_stack": False, "profile_memory": False,
-        })
+        truth["capture"].update(
+            {
+                "schedule": sched,
+                "profiled_steps": [f"ProfilerStep#{i}" for i in range(first, total)],
+                "trace_file": os.path.basename(trace_path),
+                "trace_bytes_gz": os.path.getsize(trace_path),
+                "trace_bytes_raw": raw_size,
+                "record_shapes": False,
+                "with_stack": False,
+                "profile_memory": False,
+            }
+        )
         active_slice = slice(first, total)
     else:
-        p_times, p_loads = run_phase(torch, wl, it, args.steps, nvtx, "profiled",
-                                     first_index=0)
+        p_times, p_loads = run_phase(torch, wl, it, args.steps, nvtx, "profiled", first_index=0)
         torch.cuda.synchronize()
-        truth["capture"].update({
-            "profiled_steps": [f"step {i}" for i in range(args.steps)],
-            "nvtx_step_ranges": "NVTX 'step <i>' per profiled step, nested "
-                                "'data_loading' around next(DataLoader); "
-                                "'warmup <i>' for warmup steps" if args.nvtx else None,
-        })
+        truth["capture"].update(
+            {
+                "profiled_steps": [f"step {i}" for i in range(args.steps)],
+                "nvtx_step_ranges": "NVTX 'step <i>' per profiled step, nested "
+                "'data_loading' around next(DataLoader); "
+                "'warmup <i>' for warmup steps"
+                if args.nvtx
+                else None,
+            }
+        )
         active_slice = slice(0, args.steps)
     wall_total = time.perf_counter() - t_start
 
@@ -944,7 +1082,8 @@ def main(argv=None):
     gpu = wl.gpu_times_by_phase()
     for phase, v in gpu.items():
         measured[f"gpu_compute_ns_{phase}"] = summarize(
-            v[active_slice] if phase == "profiled" else v)
+            v[active_slice] if phase == "profiled" else v
+        )
     ds = getattr(wl, "dataset", None)
     if ds is not None and ds.sleep_log:
         # one sleep per step; keep the profiled (active) steps only
@@ -953,7 +1092,8 @@ def main(argv=None):
         idle = statistics.median(m_times) - statistics.median(gpu["measure"])
         measured["expected_gpu_idle_ns_per_step"] = ns(idle)
         measured["expected_gpu_busy_fraction"] = round(
-            statistics.median(gpu["measure"]) / statistics.median(m_times), 4)
+            statistics.median(gpu["measure"]) / statistics.median(m_times), 4
+        )
     measured.update(wl.extra)
     gr = (wl.extra.get("graph_replay_ns_per_step") or {}).get("median_ns")
     if gr and m_times:
@@ -964,20 +1104,26 @@ def main(argv=None):
     if trace_path:
         try:
             truth["trace_facts"] = kineto_facts(trace_path)
-            truth["trace_facts_note"] = ("read back from the exported trace by a "
-                                         "plain JSON scan (tools/capture); not "
-                                         "independent of the trace")
+            truth["trace_facts_note"] = (
+                "read back from the exported trace by a "
+                "plain JSON scan (tools/capture); not "
+                "independent of the trace"
+            )
         except Exception as e:  # noqa: BLE001
             truth["trace_facts_error"] = repr(e)
     tp = os.path.join(args.out, f"{args.scenario}{args.tag}.truth.json")
     with open(tp, "w") as f:
         json.dump(truth, f, indent=1, sort_keys=False)
-    print(f"[{args.scenario}] wrote {tp}"
-          + (f" and {trace_path} ({os.path.getsize(trace_path)} B)" if trace_path else ""))
-    print(f"[{args.scenario}] measure-phase step median: "
-          f"{(measured['step_wall_ns_measure_phase_synced'] or {}).get('median_ns')} ns; "
-          f"profiled-phase step median: "
-          f"{(measured['step_wall_ns_profiled_phase_cpu'] or {}).get('median_ns')} ns")
+    print(
+        f"[{args.scenario}] wrote {tp}"
+        + (f" and {trace_path} ({os.path.getsize(trace_path)} B)" if trace_path else "")
+    )
+    print(
+        f"[{args.scenario}] measure-phase step median: "
+        f"{(measured['step_wall_ns_measure_phase_synced'] or {}).get('median_ns')} ns; "
+        f"profiled-phase step median: "
+        f"{(measured['step_wall_ns_profiled_phase_cpu'] or {}).get('median_ns')} ns"
+    )
     return 0
 
 
