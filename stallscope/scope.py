@@ -5,8 +5,9 @@ captures) include start-up — model loading, weight broadcasts, warm-up —
 that would swamp the steady state. When a trace has step ranges
 (``ProfilerStep#N``, NVTX ``step N``), the scope of a device is from the
 first start to the last end of the GPU operations *launched inside a step*
-(correlation id -> launch call -> step). Without step ranges, or without
-launch records, the scope is the whole trace (``None``). Times are int64 ns.
+(correlation id -> launch call -> step; an operation with no launch record
+counts where it starts). Without step ranges the scope is the whole trace
+(``None``). Times are int64 ns.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from stallscope.jobdata import JobData
 _SCOPE_SQL = """
 SELECT min(g.start_ns), max(g.end_ns)
 FROM gpu g
-JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation AND h.kind IN ('runtime', 'driver')
-JOIN ranges r ON r.trace_id = g.trace_id AND r.kind = 'step' AND h.start_ns >= r.start_ns AND h.start_ns < r.end_ns
+LEFT JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation AND h.kind IN ('runtime', 'driver')
+JOIN ranges r ON r.trace_id = g.trace_id AND r.kind = 'step'
+  AND coalesce(h.start_ns, g.start_ns) >= r.start_ns AND coalesce(h.start_ns, g.start_ns) < r.end_ns
 WHERE g.trace_id = ? AND g.device = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
 """
 

@@ -75,3 +75,24 @@ def test_headline_finding(metrics):
     assert sorted(b - a for a, b in head.windows) == [10_000, 15_000]
     assert sum(head.evidence["idle_by_cause_ns"].values()) == 25_000
     assert by_device[1].impact_ns == 0
+
+
+def test_scope_counts_operations_without_a_launch_record_where_they_start(store, tmp_path):
+    """Steps [0,100) ms; one kernel launched by an API call, two with no launch record.
+
+    Kernels [0,10) (launched at 0), [40,50) and [90,100) ms: all start inside the step,
+    so the span is 100 ms and busy 30 %, not 10 ms at 100 %.
+    """
+    t = KinetoTrace()
+    t.step(0, 0, 100_000_000)
+    t.runtime("cudaLaunchKernel", 0, 1_000, corr=7, ext=7)
+    t.kernel("launched", 0, 10_000_000, corr=7)
+    t.kernel("no_launch_a", 40_000_000, 10_000_000, corr=8)
+    t.kernel("no_launch_b", 90_000_000, 10_000_000, corr=9)
+    (res,) = ingest_paths(store, [str(t.write(tmp_path / "t.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    result = utilization.run(job, utilization.SPEC.params())
+    job.close()
+    values = {(m.device, m.name): m.value for m in result.metrics}
+    assert values[(0, "gpu_span_ns")] == 100_000_000
+    assert values[(0, "gpu_busy_pct")] == 30.0
