@@ -54,7 +54,8 @@ def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
     fig = go.Figure()
     if frame.empty:
         return fig
-    labels = [f"rank {r} · GPU {d}" for r, d in zip(frame["rank"], frame["device"], strict=True)]
+    # ASCII labels: plotly encodes JSON with orjson when it is installed, which escapes non-ASCII differently
+    labels = [f"rank {r}, GPU {d}" for r, d in zip(frame["rank"], frame["device"], strict=True)]
     for name, column in (("compute", "compute_ms"), ("communication", "comm_ms")):
         fig.add_bar(
             y=labels,
