@@ -41,14 +41,17 @@ def render() -> None:
             "comm ms": f["evidence"].get("comm_ns", 0) / 1e6,
             "hidden under compute %": f["evidence"].get("comm_overlap_pct"),
             "exposed ms": f["evidence"].get("exposed_comm_ns", 0) / 1e6,
-            "of which waiting ms": f["evidence"].get("exposed_wait_ns", 0) / 1e6,
-            "severity": f["severity"],
+            "of which waiting for a late rank ms": f["evidence"].get("exposed_wait_ns", 0) / 1e6,
         }
         for f in overlap
         if "comm_ns" in f["evidence"]
     ]
     if rows:
         st.subheader("Communication overlap per rank")
+        st.caption(
+            "Exposed = communication not hidden under compute. The part spent waiting for a late rank "
+            "is the straggler's cost (below); the rest is transfer that better overlap would hide."
+        )
         st.dataframe(
             pd.DataFrame(rows).sort_values(["rank", "GPU"]).round(2),
             width="stretch",

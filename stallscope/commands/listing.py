@@ -27,11 +27,23 @@ def run(args: argparse.Namespace) -> int:
     if not refs:
         print(f"No traces in {store.root}. Add some with: stallscope ingest PATH")
         return EXIT_OK
-    header = ("trace", "job", "rank", "source", "kernels", "span ms", "uploaded", "name")
+    header = (
+        "trace",
+        "job",
+        "job name",
+        "rank",
+        "source",
+        "kernels",
+        "span ms",
+        "uploaded",
+        "file",
+    )
+    job_names = {j["job_id"]: j.get("name") or "" for j in store.jobs()}
     rows = [
         (
             r.trace_id,
             r.job_id,
+            job_names.get(r.job_id, ""),
             f"{r.meta.get('rank')}/{r.meta.get('world_size')}",
             r.meta.get("source", ""),
             str(r.meta.get("kernel_count", "")),
