@@ -125,6 +125,24 @@ class AnalyzerSpec:
         return values
 
 
+def graded_thresholds(
+    share_help: str, impact_help: str, *, min_impact_ms: float = 1.0
+) -> tuple[Threshold, ...]:
+    """The ladder :func:`graded_severity` reads: ``share_pct_{low,medium,high,critical}`` (3, 10, 25, 50 %)
+    and ``min_impact_ms``. ``share_help`` says what the share is of; ``impact_help`` what the floor applies to."""
+    ladder = tuple(
+        Threshold(
+            f"share_pct_{level}",
+            default,
+            "%",
+            f"{share_help} for a {level}-severity finding",
+            maximum=100,
+        )
+        for level, default in (("low", 3.0), ("medium", 10.0), ("high", 25.0), ("critical", 50.0))
+    )
+    return (*ladder, Threshold("min_impact_ms", min_impact_ms, "ms", impact_help))
+
+
 def graded_severity(
     share_pct: float, impact_ns: int, params: dict[str, float], *, prefix: str = "share_pct"
 ) -> str | None:

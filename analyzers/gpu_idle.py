@@ -16,42 +16,16 @@ from stallscope.analyzers.base import (
     AnalyzerSpec,
     Finding,
     Metric,
-    Threshold,
     graded_severity,
+    graded_thresholds,
 )
 from stallscope.idle import CAUSES, IdleAttribution, attribute_idle, top_host_ops
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (
-    Threshold(
-        "share_pct_low",
-        3.0,
-        "%",
-        "idle share of the span (one cause) for a low-severity finding",
-        maximum=100,
+    *graded_thresholds(
+        "idle share of the span (one cause)", "idle time below which a cause is not reported"
     ),
-    Threshold(
-        "share_pct_medium",
-        10.0,
-        "%",
-        "idle share of the span (one cause) for a medium-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_high",
-        25.0,
-        "%",
-        "idle share of the span (one cause) for a high-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_critical",
-        50.0,
-        "%",
-        "idle share of the span (one cause) for a critical finding",
-        maximum=100,
-    ),
-    Threshold("min_impact_ms", 1.0, "ms", "idle time below which a cause is not reported"),
 )
 MAX_WINDOWS = 20
 # Idle time waiting for launches is reported by the launch_overhead analyzer,

@@ -41,42 +41,13 @@ from stallscope.analyzers.base import (
     Metric,
     Threshold,
     graded_severity,
+    graded_thresholds,
 )
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (
-    Threshold(
-        "share_pct_low",
-        3.0,
-        "%",
-        "GPU time lost to blocking calls, % of the span, for a low-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_medium",
-        10.0,
-        "%",
-        "GPU time lost to blocking calls, % of the span, for a medium-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_high",
-        25.0,
-        "%",
-        "GPU time lost to blocking calls, % of the span, for a high-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_critical",
-        50.0,
-        "%",
-        "GPU time lost to blocking calls, % of the span, for a critical finding",
-        maximum=100,
-    ),
-    Threshold(
-        "min_impact_ms",
-        1.0,
-        "ms",
+    *graded_thresholds(
+        "GPU time lost to blocking calls, % of the span",
         "GPU time lost below which the share thresholds do not apply",
     ),
     Threshold(

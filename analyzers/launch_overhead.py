@@ -20,41 +20,15 @@ from stallscope.analyzers.base import (
     Metric,
     Threshold,
     graded_severity,
+    graded_thresholds,
 )
 from stallscope.idle import CAUSES, LAUNCH_API_REGEX, attribute_idle
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (
-    Threshold(
-        "share_pct_low",
-        3.0,
-        "%",
-        "idle share of the span waiting for launches for a low-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_medium",
-        10.0,
-        "%",
-        "idle share waiting for launches for a medium-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_high",
-        25.0,
-        "%",
-        "idle share waiting for launches for a high-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_critical",
-        50.0,
-        "%",
-        "idle share waiting for launches for a critical finding",
-        maximum=100,
-    ),
-    Threshold(
-        "min_impact_ms", 1.0, "ms", "idle time waiting for launches below which nothing is reported"
+    *graded_thresholds(
+        "idle share of the span waiting for launches",
+        "idle time waiting for launches below which nothing is reported",
     ),
     Threshold(
         "graph_replay_us",

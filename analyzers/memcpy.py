@@ -26,7 +26,14 @@ from __future__ import annotations
 import numpy as np
 
 from stallscope import intervals
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    graded_thresholds,
+)
 from stallscope.analyzers.host_sync import (
     API_SQL,
     COPY_API_REGEX,
@@ -37,38 +44,8 @@ from stallscope.analyzers.host_sync import (
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (
-    Threshold(
-        "share_pct_low",
-        3.0,
-        "%",
-        "GPU time lost to pageable host-to-device copies, % of the span, for a low-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_medium",
-        10.0,
-        "%",
-        "GPU time lost to pageable copies, % of the span, for a medium-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_high",
-        25.0,
-        "%",
-        "GPU time lost to pageable copies, % of the span, for a high-severity finding",
-        maximum=100,
-    ),
-    Threshold(
-        "share_pct_critical",
-        50.0,
-        "%",
-        "GPU time lost to pageable copies, % of the span, for a critical finding",
-        maximum=100,
-    ),
-    Threshold(
-        "min_impact_ms",
-        1.0,
-        "ms",
+    *graded_thresholds(
+        "GPU time lost to pageable host-to-device copies, % of the span",
         "GPU time lost to pageable copies below which they are not reported",
     ),
     Threshold(

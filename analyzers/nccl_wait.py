@@ -29,6 +29,7 @@ from stallscope.analyzers.base import (
     Metric,
     Threshold,
     graded_severity,
+    graded_thresholds,
 )
 from stallscope.collectives import (
     CollectiveMatch,
@@ -41,11 +42,7 @@ from stallscope.idle import CAUSES, attribute_idle, launch_threads, top_host_ops
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (
-    Threshold("share_pct_low", 3.0, "%", "exposed wait / span for a low-severity finding", maximum=100),
-    Threshold("share_pct_medium", 10.0, "%", "exposed wait / span for a medium-severity finding", maximum=100),
-    Threshold("share_pct_high", 25.0, "%", "exposed wait / span for a high-severity finding", maximum=100),
-    Threshold("share_pct_critical", 50.0, "%", "exposed wait / span for a critical finding", maximum=100),
-    Threshold("min_impact_ms", 1.0, "ms", "exposed wait below which nothing is reported"),
+    *graded_thresholds('exposed wait / span', 'exposed wait below which nothing is reported'),
     Threshold(
         "min_wait_us", 100.0, "us",
         "a collective counts toward the straggler tally when some rank waited at least this long in it",

@@ -33,16 +33,13 @@ from stallscope.analyzers.base import (
     Metric,
     Threshold,
     graded_severity,
+    graded_thresholds,
 )
 from stallscope.collectives import covered_length, gpu_activity, match_collectives, step_windows
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (
-    Threshold("share_pct_low", 3.0, "%", "exposed transfer / span for a low-severity finding", maximum=100),
-    Threshold("share_pct_medium", 10.0, "%", "exposed transfer / span for a medium-severity finding", maximum=100),
-    Threshold("share_pct_high", 25.0, "%", "exposed transfer / span for a high-severity finding", maximum=100),
-    Threshold("share_pct_critical", 50.0, "%", "exposed transfer / span for a critical finding", maximum=100),
-    Threshold("min_impact_ms", 1.0, "ms", "exposed transfer below which nothing is reported"),
+    *graded_thresholds('exposed transfer / span', 'exposed transfer below which nothing is reported'),
     Threshold("tiny_collective_kb", 1024.0, "KB", "median collective size below which collectives are called tiny"),
 )  # fmt: skip
 MAX_WINDOWS = 20
