@@ -160,5 +160,10 @@ def graded_severity(
     return None
 
 
+def pct(part: float, whole: float) -> float:
+    """``part`` as a percentage of ``whole``, rounded to 3 decimals (0 when ``whole`` is 0)."""
+    return round(100.0 * part / whole, 3) if whole else 0.0
+
+
 def severity_at_least(severity: str, floor: str) -> bool:
     return SEVERITY_RANK[severity] >= SEVERITY_RANK[floor]

@@ -79,11 +79,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
     for ref in job.traces:
         rank = int(ref.meta.get("rank", 0))
-        devices = job.numpy(
-            "SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND kind = 'kernel' ORDER BY 1",
-            [ref.trace_id],
-        )
-        for device in devices["device"].tolist():
+        for device in job.devices(ref.trace_id):
             attribution = attribute_idle(job, ref.trace_id, int(device))
             totals = attribution.totals
             for cause in CAUSES:
@@ -97,10 +93,6 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     return result
 
 
-def severity_for(share_pct: float, impact_ns: int, params: dict[str, float]) -> str | None:
-    return graded_severity(share_pct, impact_ns, params)
-
-
 def _finding(
     job, trace, rank, device, cause, attribution: IdleAttribution, params
 ) -> Finding | None:
@@ -111,7 +103,7 @@ def _finding(
     impact = int(per_gap.sum())
     span = attribution.span_end - attribution.span_start
     share = 100.0 * impact / span if span else 0.0
-    severity = severity_for(share, impact, params)
+    severity = graded_severity(share, impact, params)
     if severity is None:
         return None
     order = np.argsort(-per_gap, kind="stable")[:MAX_WINDOWS]

@@ -351,10 +351,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
     durations = calls["end_ns"] - calls["start_ns"]
     result.metrics.append(Metric(trace, rank, None, "sync_ns", int(durations.sum()), "ns"))
     result.metrics.append(Metric(trace, rank, None, "sync_count", int(durations.size), "count"))
-    devices = job.numpy(
-        "SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset') ORDER BY 1",
-        [trace],
-    )["device"]
+    devices = np.asarray(job.devices(trace, ("kernel", "memcpy", "memset")), dtype=np.int64)
     if durations.size == 0:
         for device in devices.tolist():
             result.metrics.append(Metric(trace, rank, int(device), "sync_lost_ns", 0, "ns"))

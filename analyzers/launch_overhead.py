@@ -68,11 +68,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         steps = job.sql(
             "SELECT count(*) FROM ranges WHERE trace_id = ? AND kind = 'step'", [ref.trace_id]
         ).fetchone()[0]
-        devices = job.numpy(
-            "SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND kind = 'kernel' ORDER BY 1",
-            [ref.trace_id],
-        )
-        for device in devices["device"].tolist():
+        for device in job.devices(ref.trace_id):
             _device(job, result, ref.trace_id, rank, int(device), int(steps), params)
     return result
 
@@ -125,7 +121,7 @@ def _device(
     )
     if graph:
         result.findings.append(graph)
-    severity = _severity(share, waited, params)
+    severity = graded_severity(share, waited, params)
     if severity is None:
         return
     replay_cost = int(params["graph_replay_us"] * 1000) * max(steps, 1)
@@ -183,7 +179,7 @@ def _graph_finding(
 ):
     """Waiting inside graph launches: at most ``low``, since CUPTI inflates them while profiling."""
     waited = int(per_gap.sum())
-    if _severity(share, waited, params) is None:
+    if graded_severity(share, waited, params) is None:
         return None
     return Finding(
         analyzer="launch_overhead",
@@ -213,10 +209,6 @@ def _graph_finding(
         },
         windows=_windows(attribution, per_gap),
     )
-
-
-def _severity(share: float, impact_ns: int, params) -> str | None:
-    return graded_severity(share, impact_ns, params, prefix="share_pct")
 
 
 def _int(value) -> int | None:

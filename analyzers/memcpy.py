@@ -107,10 +107,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
         k: np.asarray(v)
         for k, v in job.con.execute(_COPIES_SQL, {"trace": trace}).fetchnumpy().items()
     }
-    devices = job.numpy(
-        "SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset') ORDER BY 1",
-        [trace],
-    )["device"]
+    devices = np.asarray(job.devices(trace, ("kernel", "memcpy", "memset")), dtype=np.int64)
     steps = job.numpy(
         "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
     )

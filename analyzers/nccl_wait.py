@@ -102,7 +102,7 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
         int((hi - lo).sum()) if step_ids.size else int(ops["end_ns"].max() - ops["start_ns"].min())
     )
     share = 100.0 * exposed / span if span else 0.0
-    severity = _severity(share, exposed, params)
+    severity = graded_severity(share, exposed, params)
     if severity is None:
         return None
     culprit = inst["straggler_rank"][rows["inst"][waiting]]
@@ -364,10 +364,6 @@ def _instance_dict(inst, i: int) -> dict:
 
 def _union(ops: dict, mask) -> tuple[np.ndarray, np.ndarray]:
     return intervals.union(ops["start_ns"][mask], ops["end_ns"][mask])
-
-
-def _severity(share: float, impact_ns: int, params) -> str | None:
-    return graded_severity(share, impact_ns, params, prefix="share_pct")
 
 
 SPEC = AnalyzerSpec(

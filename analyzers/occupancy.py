@@ -304,7 +304,7 @@ def _finding(trace, rank, device, row, dev, total, params, source) -> Finding | 
     else:
         return None
     lost = int(row["gpu_ns"] * max(0.0, 1.0 - max(min(ratio, 1.0), (peak or 0.0) / 100)))
-    severity = _severity(100 * lost / total, lost, params)
+    severity = graded_severity(100 * lost / total, lost, params, prefix="loss_pct")
     if severity is None:
         return None
     capped = ncu is None and LIBRARY_KERNEL.search(row["kernel"]) is not None
@@ -445,10 +445,6 @@ def _windows(job: JobData, trace: str, device: int, row: dict) -> list[list[int]
 def _key_of(row: dict) -> str:
     text = f"{row['kernel']}|{row['grid']}|{row['block']}|{row['registers_per_thread']}|{row['shared_mem_bytes']}"
     return "kernel-" + hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
-
-
-def _severity(share: float, impact_ns: int, params) -> str | None:
-    return graded_severity(share, impact_ns, params, prefix="loss_pct")
 
 
 SPEC = AnalyzerSpec(

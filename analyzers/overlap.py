@@ -34,6 +34,7 @@ from stallscope.analyzers.base import (
     Threshold,
     graded_severity,
     graded_thresholds,
+    pct,
 )
 from stallscope.collectives import covered_length, gpu_activity, match_collectives, step_windows
 from stallscope.jobdata import JobData
@@ -77,11 +78,11 @@ def _device(job, result, trace, rank, device, ops, waits, params) -> None:
     }
     metric = _metric_adder(result, trace, rank, device)
     if totals["comm"]:
-        metric("comm_overlap_pct", _pct(totals["comm"] - totals["exposed"], totals["comm"]), "%")
+        metric("comm_overlap_pct", pct(totals["comm"] - totals["exposed"], totals["comm"]), "%")
         metric("exposed_comm_ns", totals["exposed"], "ns")
     if totals["copy"]:
         metric(
-            "memcpy_overlap_pct", _pct(totals["copy"] - totals["copy_exposed"], totals["copy"]), "%"
+            "memcpy_overlap_pct", pct(totals["copy"] - totals["copy_exposed"], totals["copy"]), "%"
         )
         metric("exposed_memcpy_ns", totals["copy_exposed"], "ns")
     transfer = totals["exposed"] - totals["wait"]
@@ -91,12 +92,12 @@ def _device(job, result, trace, rank, device, ops, waits, params) -> None:
     share = 100.0 * transfer / span if span else 0.0
     if not totals["comm"]:
         return
-    severity = _severity(share, transfer, params)
+    severity = graded_severity(share, transfer, params)
     context = _context(job, trace, device, ops, comm_mask, comp_mask, params)
-    overlap_pct = _pct(totals["comm"] - totals["exposed"], totals["comm"])
+    overlap_pct = pct(totals["comm"] - totals["exposed"], totals["comm"])
     steps = seg.per_step({"comm_ns": in_comm, "exposed_comm_ns": exposed, "exposed_wait_ns": exposed & in_wait, "memcpy_ns": in_copy, "exposed_memcpy_ns": in_copy & ~in_comp & ~in_comm})  # fmt: skip
     for row in steps:
-        row["comm_overlap_pct"] = _pct(row["comm_ns"] - row["exposed_comm_ns"], row["comm_ns"])
+        row["comm_overlap_pct"] = pct(row["comm_ns"] - row["exposed_comm_ns"], row["comm_ns"])
     per_step = f" ({transfer / len(steps) / 1e6:.2f} ms per step)" if steps else ""
     windows = intervals.union(seg.start[exposed & ~in_wait], seg.end[exposed & ~in_wait])
     longest = np.argsort(windows[0] - windows[1], kind="stable")[:MAX_WINDOWS]
@@ -266,14 +267,6 @@ def _metric_adder(result, trace, rank, device):
         result.metrics.append(Metric(trace, rank, device, name, value, unit))
 
     return add
-
-
-def _pct(part: int, whole: int) -> float:
-    return round(100.0 * part / whole, 3) if whole else 0.0
-
-
-def _severity(share: float, impact_ns: int, params) -> str | None:
-    return graded_severity(share, impact_ns, params, prefix="share_pct")
 
 
 SPEC = AnalyzerSpec(

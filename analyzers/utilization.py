@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from stallscope import intervals
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, pct
 from stallscope.jobdata import JobData
 from stallscope.scope import in_scope, step_scope
 
@@ -66,8 +66,8 @@ def _device_metrics(
         "memcpy_pct": intervals.total(starts[~is_kernel], ends[~is_kernel]),
     }
     for name, covered in parts.items():
-        result.metrics.append(Metric(trace, rank, device, name, _pct(covered, span), "%"))
-    idle_pct = 100.0 - _pct(busy, span) if span else 0.0
+        result.metrics.append(Metric(trace, rank, device, name, pct(covered, span), "%"))
+    idle_pct = 100.0 - pct(busy, span) if span else 0.0
     result.metrics.append(Metric(trace, rank, device, "gpu_idle_pct", round(idle_pct, 3), "%"))
     result.metrics.append(
         Metric(trace, rank, device, "kernel_count", int(is_kernel.sum()), "count")
@@ -131,10 +131,6 @@ def _step_metric(job: JobData, result: AnalyzerResult, trace: str, rank: int) ->
             )
         )
         result.metrics.append(Metric(trace, rank, None, "step_count", int(durations.size), "count"))
-
-
-def _pct(part: int, whole: int) -> float:
-    return round(100.0 * part / whole, 3) if whole else 0.0
 
 
 SPEC = AnalyzerSpec(

@@ -40,6 +40,18 @@ class JobData:
         """Query result as a dict of numpy arrays (columnar, no per-row objects)."""
         return self.con.execute(query, params or []).fetchnumpy()
 
+    def devices(self, trace_id: str, kinds: tuple[str, ...] = ("kernel",)) -> list[int]:
+        """Devices of a trace with GPU activity of these kinds, ascending (cached)."""
+        key = ("devices", trace_id, kinds)
+        if key not in self.cache:
+            marks = ", ".join("?" for _ in kinds)
+            rows = self.sql(
+                f"SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND kind IN ({marks}) ORDER BY 1",
+                [trace_id, *kinds],
+            ).fetchall()
+            self.cache[key] = [int(r[0]) for r in rows]
+        return self.cache[key]
+
     def close(self) -> None:
         if "con" in self.__dict__:
             self.con.close()
