@@ -39,9 +39,9 @@ def render() -> None:
             "rank": f["rank"],
             "GPU": f["device"],
             "comm ms": f["evidence"].get("comm_ns", 0) / 1e6,
-            "hidden under compute %": f["evidence"].get("comm_overlap_pct"),
+            "hidden %": f["evidence"].get("comm_overlap_pct"),
             "exposed ms": f["evidence"].get("exposed_comm_ns", 0) / 1e6,
-            "of which waiting for a late rank ms": f["evidence"].get("exposed_wait_ns", 0) / 1e6,
+            "waiting ms": f["evidence"].get("exposed_wait_ns", 0) / 1e6,
         }
         for f in overlap
         if "comm_ns" in f["evidence"]
@@ -49,7 +49,7 @@ def render() -> None:
     if rows:
         st.subheader("Communication overlap per rank")
         st.caption(
-            "Exposed = communication not hidden under compute. The part spent waiting for a late rank "
+            "Hidden = share of communication under compute; exposed = the rest. Waiting = exposed time spent waiting for a late rank "
             "is the straggler's cost (below); the rest is transfer that better overlap would hide."
         )
         st.dataframe(
