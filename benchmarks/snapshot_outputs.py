@@ -6,7 +6,9 @@
 
 ``snap`` ingests every file as its own job into a fresh store and copies each
 trace's Parquet tables and ``meta.json`` (minus the fields that change from
-run to run: upload time, ingest seconds) into ``OUT_DIR/<n>-<file name>/``;
+run to run: upload time, ingest seconds) into ``OUT_DIR/<n>-<file name>/``
+(a file of several traces, such as an nsys export of two GPUs: each trace's
+files prefixed ``<k>-``, in the store's trace order);
 an input error is kept as ``error.txt``. ``compare`` checks that both
 snapshots hold the same files and that every table has the same schema and
 the same rows with the same values; tables whose rows match but come in
@@ -41,11 +43,16 @@ def snap(out_dir: Path, files: list[str]) -> None:
             except StallscopeError as exc:
                 (target / "error.txt").write_text(str(exc) + "\n")
                 continue
-            for ref in store.traces(result.job_id):
+            refs = store.traces(result.job_id)
+            for index, ref in enumerate(refs):
+                # One trace: its files as they are named; several (an nsys export's
+                # processes or GPUs): each file prefixed with the trace's position.
+                prefix = f"{index}-" if len(refs) > 1 else ""
                 for parquet in sorted(ref.path.glob("*.parquet")):
-                    shutil.copy(parquet, target / parquet.name)
+                    shutil.copy(parquet, target / f"{prefix}{parquet.name}")
                 meta = {k: v for k, v in ref.meta.items() if k not in _VOLATILE}
-                (target / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+                text = json.dumps(meta, indent=1, sort_keys=True)
+                (target / f"{prefix}meta.json").write_text(text)
         print(f"{target.name}: {len(list(target.iterdir()))} files")
 
 

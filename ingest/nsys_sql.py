@@ -119,20 +119,27 @@ LEFT JOIN strings js ON js.id = n.json_id
 LEFT JOIN dom d ON d.gp = n.gp AND d.domain_id = n.domain_id
 WHERE n.event_type IN (59, 60, 70, 71) AND n."end" >= n.start;
 
+-- The step regexes run once per distinct range name, not once per range.
+CREATE TEMP TABLE nv_names AS
+SELECT name, regexp_matches(name, '{PROFILER_STEP_REGEX}') AS is_ps,
+       regexp_matches(name, '{STEP_REGEX}') AS is_step,
+       TRY_CAST(regexp_extract(name, '{STEP_REGEX}', 1) AS BIGINT) AS step_no
+FROM (SELECT DISTINCT name FROM nv0);
+
 CREATE TEMP TABLE nv AS
 WITH unnamed AS (
   SELECT gp, domain_id, bool_and(starts_with(lower(name), 'nccl')) AS all_nccl
   FROM nv0 WHERE domain IS NULL AND domain_id <> 0 GROUP BY 1, 2),
-ps AS (SELECT gp, bool_or(regexp_matches(name, '{PROFILER_STEP_REGEX}')) AS has_ps FROM nv0 GROUP BY gp),
+ps AS (SELECT gp, bool_or(nn.is_ps) AS has_ps FROM nv0 JOIN nv_names nn USING (name) GROUP BY gp),
 named AS (
   SELECT nv0.* REPLACE (CASE WHEN nv0.domain_id = 0 THEN NULL
            ELSE coalesce(nv0.domain, CASE WHEN u.all_nccl THEN 'NCCL' ELSE 'domain ' || nv0.domain_id END)
-           END AS domain), ps.has_ps
-  FROM nv0 LEFT JOIN unnamed u USING (gp, domain_id) LEFT JOIN ps USING (gp))
-SELECT * EXCLUDE (has_ps),
-  CASE WHEN domain IS DISTINCT FROM 'NCCL' AND (regexp_matches(name, '{PROFILER_STEP_REGEX}')
-            OR (NOT has_ps AND regexp_matches(name, '{STEP_REGEX}')))
-       THEN TRY_CAST(regexp_extract(name, '{STEP_REGEX}', 1) AS BIGINT) END AS step
+           END AS domain), ps.has_ps, nn.is_ps, nn.is_step, nn.step_no
+  FROM nv0 LEFT JOIN unnamed u USING (gp, domain_id) LEFT JOIN ps USING (gp)
+  JOIN nv_names nn USING (name))
+SELECT * EXCLUDE (has_ps, is_ps, is_step, step_no),
+  CASE WHEN domain IS DISTINCT FROM 'NCCL' AND (is_ps OR (NOT has_ps AND is_step))
+       THEN step_no END AS step
 FROM named;
 
 CREATE TEMP VIEW launch_points AS
@@ -160,8 +167,10 @@ FROM pairs p JOIN nv n USING (nvtx_id)
 WHERE n.domain = 'NCCL' AND regexp_matches(n.name, '{NCCL_OP_REGEX}')
 GROUP BY p.gid;
 
+-- ``comm_name``: the name is a communication kernel's (the regex runs once per name).
 CREATE TEMP TABLE names AS
-SELECT CAST(row_number() OVER (ORDER BY name) - 1 AS INTEGER) AS name_id, name FROM (
+SELECT CAST(row_number() OVER (ORDER BY name) - 1 AS INTEGER) AS name_id, name,
+       regexp_matches(name, '{COMM_NAME_REGEX}') AS comm_name FROM (
   SELECT name FROM g UNION SELECT name FROM api UNION SELECT name FROM os UNION SELECT name FROM nv);
 """
 
@@ -169,9 +178,8 @@ _UNIT_JOIN = (
     "JOIN units u ON u.gp = {t}.gp AND (NOT u.split OR {t}.{dev} IS NULL OR {t}.{dev} = u.device)"
 )
 _PID = "CASE WHEN {t}.gp < 0 THEN -1 ELSE {t}.gp & 16777215 END"
-_COMM = (
-    f"(g.kind = 'kernel' AND (regexp_matches(g.name, '{COMM_NAME_REGEX}') OR n.gid IS NOT NULL))"
-)
+# A communication kernel: by its name, or launched inside an NCCL operation's range.
+_COMM = "(g.kind = 'kernel' AND (nm.comm_name OR n.gid IS NOT NULL))"
 
 GPU_OUT_SQL = f"""
 SELECT u.tix, u.trace_id, g.device, g.stream,
