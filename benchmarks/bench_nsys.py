@@ -187,7 +187,10 @@ def bench_stallscope(path: Path, runs: Runs, cmd: list[str]) -> list[dict]:
     """One ``stallscope ingest`` into a fresh store; returns the traces' ``meta.json``."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store"
-        wall, cpu, rss, _ = run_child([*cmd, "ingest", "--store", str(store), str(path)])
+        # Run outside the checkout: with ``python -m``, a checkout in the working
+        # directory would shadow the stallscope that ``--stallscope`` asks for.
+        argv = [*cmd, "ingest", "--store", str(store), str(path.resolve())]
+        wall, cpu, rss, _ = run_child(argv, cwd=tmp)
         metas = [json.loads(p.read_text()) for p in sorted(store.glob("jobs/*/*/meta.json"))]
     runs.add(wall, cpu, rss)
     runs.inner.append(max(m["ingest_seconds"] for m in metas))
