@@ -22,7 +22,8 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3, 70
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command=next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
@@ -47,7 +48,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``command`` names the sub-command about to run, if known.
+
+    ``analyze``'s threshold options are built from every analyzer's spec, which
+    imports every analyzer (~0.1 s); they are left out when another command is
+    about to run. ``None`` (help, generated docs) builds everything.
+    """
     from stallscope.commands import analyze, compare, export, ingest, listing, remove, serve
 
     parser = argparse.ArgumentParser(
@@ -64,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stallscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (ingest, listing, analyze, compare, export, serve, remove):
-        module.register(sub)
+        if module is analyze:
+            analyze.register(sub, thresholds=command in (None, "analyze"))
+        else:
+            module.register(sub)
     return parser
 
 

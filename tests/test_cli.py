@@ -191,3 +191,19 @@ def test_a_lone_nsight_compute_csv_analyzes(cli):
     out = cli("analyze", str(SAMPLES / "ncu" / "occupancy.raw.csv"), "--format", "json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["traces"][0]["source"] == "ncu"
+
+
+def test_commands_other_than_analyze_import_no_analyzer():
+    """Start-up: ``stallscope ingest`` must not pay for importing every analyzer."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from stallscope.cli import build_parser; build_parser(command='ingest');"
+        "print(sorted(m for m in sys.modules if m.startswith('stallscope.analyzers.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['stallscope.analyzers.base']"
+    full = probe.replace("command='ingest'", "command='analyze'")
+    out = subprocess.run([sys.executable, "-c", full], capture_output=True, text=True, check=True)
+    assert "'stallscope.analyzers.gpu_idle'" in out.stdout

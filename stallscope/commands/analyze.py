@@ -12,8 +12,8 @@ from stallscope.errors import InputError
 from stallscope.render import FORMATS
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from stallscope.analyzers import all_specs
+def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
+    """Add ``analyze``; ``thresholds=False`` leaves out the per-analyzer options (no analyzer imported)."""
 
     p = sub.add_parser(
         "analyze",
@@ -51,6 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="processes that ingest and analyze jobs in parallel (default: the number of CPUs)",
     )
     add_store_option(p)
+    p.set_defaults(handler=run)
+    if thresholds:
+        add_threshold_options(p)
+
+
+def add_threshold_options(p: argparse.ArgumentParser) -> None:
+    from stallscope.analyzers import all_specs
+
     group = p.add_argument_group("analyzer thresholds")
     for spec in all_specs():
         for t in spec.thresholds:
@@ -61,7 +69,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                 metavar=t.unit.upper() if t.unit.isalpha() else "N",
                 help=f"{t.help} (default {t.default:g} {t.unit})".replace("%", "%%"),
             )
-    p.set_defaults(handler=run)
 
 
 def threshold_overrides(args: argparse.Namespace) -> dict[str, dict[str, float]]:
