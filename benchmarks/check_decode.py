@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from stallscope.ingest import kineto_canonical as kc
 from stallscope.ingest import kineto_decode as kd
+from stallscope.ingest import kineto_pieces as kp
 
 HERE = Path(__file__).resolve().parent
 SPELLINGS = [
@@ -58,11 +59,11 @@ def check_pieces(paths: list[Path]) -> int:
     for path in paths:
         data = path.read_bytes()
         default = kd._decode_clean(data)
-        saved, kd.CHUNK_BYTES = kd.CHUNK_BYTES, 1 << 16
+        saved, kp.CHUNK_BYTES = kp.CHUNK_BYTES, 1 << 16
         try:
             small = kd._decode_clean(data)
         finally:
-            kd.CHUNK_BYTES = saved
+            kp.CHUNK_BYTES = saved
         ok = default is not None and small is not None and default.events.equals(small.events)
         problems += not ok
         rows = default.events.num_rows if default else 0

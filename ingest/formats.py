@@ -45,31 +45,50 @@ class ParsedTrace:
     warnings: list[str] = field(default_factory=list)
 
 
-Parser = Callable[[Source, bytes, ParseContext], list[ParsedTrace]]
+class Payload:
+    """A file's decompressed bytes, handed to a parser that may free them early.
+
+    The caller keeps no other reference, so a parser that calls :meth:`take`
+    and drops the bytes once decoded (Kineto: before its SQL stage) frees
+    them while it still works: on a 500 MB trace, 500 MB less at the peak.
+    """
+
+    def __init__(self, data: bytes):
+        self._data: bytes | None = data
+
+    def take(self) -> bytes:
+        """The bytes; this payload no longer holds them."""
+        data, self._data = self._data, None
+        if data is None:
+            raise RuntimeError("payload already taken")
+        return data
 
 
-def _kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+Parser = Callable[[Source, Payload, ParseContext], list[ParsedTrace]]
+
+
+def _kineto(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
     from stallscope.ingest.kineto import parse_kineto
 
-    return parse_kineto(source, data, ctx)
+    return parse_kineto(source, payload.take(), ctx)
 
 
-def _ncu(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+def _ncu(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
     from stallscope.ingest.ncu import parse_ncu
 
-    return parse_ncu(source, data, ctx)
+    return parse_ncu(source, payload.take(), ctx)
 
 
-def _nsys(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+def _nsys(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
     from stallscope.ingest.nsys import parse_nsys
 
-    return parse_nsys(source, data, ctx)
+    return parse_nsys(source, payload.take(), ctx)
 
 
-def _nsys_report(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+def _nsys_report(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
     from stallscope.ingest.nsys_export import parse_nsys_report
 
-    return parse_nsys_report(source, data, ctx)
+    return parse_nsys_report(source, payload.take(), ctx)
 
 
 PARSERS: dict[str, Parser] = {"kineto": _kineto, "ncu": _ncu}

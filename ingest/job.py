@@ -14,6 +14,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +26,7 @@ import pyarrow.parquet as pq
 from stallscope import __version__
 from stallscope.errors import InputError
 from stallscope.ingest.canonical import conform
-from stallscope.ingest.formats import PARSERS, ParseContext, ParsedTrace, detect_format
+from stallscope.ingest.formats import PARSERS, ParseContext, ParsedTrace, Payload, detect_format
 from stallscope.ingest.ncu import source_is_ncu
 from stallscope.ingest.ncu_match import pair_ncu_traces
 from stallscope.ingest.reader import Source
@@ -85,6 +86,8 @@ def prepare_job(
     progress: Progress | None = None,
 ) -> PreparedJob:
     """Parse every source of one job into a staging folder; nothing is visible yet."""
+    if len(sources) == 1:
+        sources[0].load_hashed()  # read and hashed in one pass, then parsed from the same bytes
     hashes = [s.file_hash for s in sources]
     _reject_duplicate_files(sources, hashes)
     job_id = short_hash(*sorted(hashes))
@@ -168,25 +171,40 @@ def _ingest_source(
         single=single,
         trace_id=lambda key: short_hash(job_id, digest, key) if key else short_hash(job_id, digest),
     )
-    parsed = PARSERS[fmt](source, data, ctx)
-    del data
+    payload = Payload(data)
+    del data  # the parser holds the only reference and may free the bytes early
+    parsed = PARSERS[fmt](source, payload, ctx)
     stage("writing")
     metas = []
     for trace in parsed:
         trace_id = ctx.trace_id(trace.key)
         folder = staging / trace_id
         folder.mkdir()
-        for table_name, table in trace.canonical.tables().items():
-            pq.write_table(
-                conform(table_name, table),
-                folder / f"{table_name}.parquet",
-                compression="zstd",
-                compression_level=1,
-            )
+        _write_tables(folder, trace.canonical.tables())
         meta = _trace_meta(source, digest, trace_id, trace, single=single)
         meta["ingest_seconds"] = round(time.perf_counter() - started, 3)
         metas.append(meta)
     return metas
+
+
+def _write_tables(folder: Path, tables: dict[str, Any]) -> None:
+    """One zstd Parquet file per canonical table, written by a few threads at once.
+
+    Arrow encodes and compresses without the GIL, so the big tables (gpu,
+    host) are written side by side instead of one after the other.
+    """
+
+    def write(item: tuple[str, Any]) -> None:
+        name, table = item
+        pq.write_table(
+            conform(name, table),
+            folder / f"{name}.parquet",
+            compression="zstd",
+            compression_level=1,
+        )
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(write, tables.items()))
 
 
 def _check_ranks(metas: list[dict[str, Any]]) -> None:

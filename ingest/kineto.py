@@ -21,7 +21,9 @@ _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNOREC
 
 
 def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
+    """One rank's trace. ``data`` is freed once decoded when the caller holds no other reference."""
     decoded = decode_kineto(source.name, data)
+    del data  # the Arrow events hold everything needed from here on
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
     canonical = to_canonical(decoded.events, header, ctx.trace_id(""), rank)

@@ -10,6 +10,7 @@ header (devices, rank). Rows with equal sort keys keep their file order.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import duckdb
@@ -72,6 +73,19 @@ def _id_sql(column: str) -> str:
     return f"coalesce(TRY_CAST({column} AS BIGINT), CAST(hash({column}) % 4611686018427387903 AS BIGINT))"
 
 
+def duckdb_threads() -> int:
+    """DuckDB threads for the canonical SQL: the usable CPUs, 2 to 8.
+
+    Results never depend on it (file order breaks every tie); 8 keeps the
+    memory of parallel sorts in check on big machines.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 2
+    return max(2, min(8, cpus))
+
+
 def to_canonical(
     events: pa.Table, header: dict[str, Any], trace_id: str, rank: int
 ) -> CanonicalTrace:
@@ -87,7 +101,7 @@ def to_canonical(
 def _to_canonical(
     events: pa.Table, header: dict[str, Any], trace_id: str, rank: int
 ) -> CanonicalTrace:
-    con = duckdb.connect(config={"threads": 2})
+    con = duckdb.connect(config={"threads": duckdb_threads()})
     try:
         con.execute(MACROS_SQL)
         # Interned names: distinct, in byte order (DuckDB's ORDER BY for text).

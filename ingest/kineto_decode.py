@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import gc
 import importlib.abc
-import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallscope.errors import InputError
+from stallscope.ingest.kineto_pieces import decode_pieces, in_cli
 
 CHUNK_EVENTS = 100_000
 _INT64_MAX = (1 << 63) - 1
@@ -179,7 +179,7 @@ def _skip_pandas_probe() -> None:
     in the dashboard, tests or notebooks, where a pandas object handed to
     ``pa.array`` later would be read as a plain sequence.
     """
-    if "pandas" in sys.modules or not _in_cli():
+    if "pandas" in sys.modules or not in_cli():
         return
     blocker = _NoPandas()
     sys.meta_path.insert(0, blocker)
@@ -187,14 +187,6 @@ def _skip_pandas_probe() -> None:
         pa.array([0])
     finally:
         sys.meta_path.remove(blocker)
-
-
-def _in_cli() -> bool:
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name == "stallscope.cli":
-        return True
-    return os.path.basename(getattr(main, "__file__", None) or "") == "stallscope"
 
 
 class _NoPandas(importlib.abc.MetaPathFinder):
@@ -223,6 +215,13 @@ def _decode_clean(data: bytes) -> KinetoDecoded | None:
             body = memoryview(data)[start:end]
             header: dict[str, Any] = {}
         elif first == b"{":
+            found = _split_by_search(data)
+            if found is not None:
+                try:  # the last piece first: a wrong end fails there, cheaply
+                    batches = decode_pieces(found[1], _decode_piece, last_first=True)
+                    return _decoded(batches, found[0])
+                except msgspec.DecodeError:
+                    pass  # maybe the search was fooled: let msgspec find the array
             top = _TOP.decode(data)
             raw = top.pop("traceEvents", None)
             if raw is None:
@@ -233,32 +232,52 @@ def _decode_clean(data: bytes) -> KinetoDecoded | None:
             return None
         if bytes(body[:1]) != b"[" or bytes(body[-1:]) != b"]":
             return None
-        batches = [_to_batch(_EVENTS_LIST.decode(piece)) for piece in _pieces(body)]
+        batches = decode_pieces(body, _decode_piece)
     except msgspec.DecodeError:  # ValidationError included
         return None
     finally:
         if was_enabled:
             gc.enable()
+    return _decoded(batches, header)
+
+
+def _decoded(batches: list[pa.RecordBatch], header: dict[str, Any]) -> KinetoDecoded:
     table = pa.Table.from_batches(batches) if batches else _empty_table()
     return KinetoDecoded(events=table, header=header, warnings=[])
 
 
-CHUNK_BYTES = 4 << 20  # ~16k events: a piece's objects stay in cache (measured: 2-4 MB best)
-_BOUNDARY = re.compile(rb"\}[ \t\r\n]*,(?=[ \t\r\n]*\{)")
+_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
 
 
-def _pieces(body: memoryview) -> Iterator[bytes]:
-    """``[e1, e2, ...]`` -> ``[e1, ...]`` documents of about CHUNK_BYTES each."""
-    end = len(body) - 1  # the closing bracket
-    start = 1
-    while start < end:
-        cut = end
-        if end - start > CHUNK_BYTES * 3 // 2:
-            match = _BOUNDARY.search(body, start + CHUNK_BYTES, end)
-            if match:
-                cut = match.end() - 1  # the comma
-        yield b"".join((b"[", body[start:cut], b"]"))
-        start = cut + 1
+def _split_by_search(data: bytes) -> tuple[dict[str, Any], memoryview] | None:
+    """(header, ``traceEvents`` array) found by byte search, without parsing the array.
+
+    The array is taken to run from the first ``"traceEvents": [`` to the
+    document's last ``]``; the rest (``{... "traceEvents": [] ...}``) must then
+    parse as an object whose ``traceEvents`` is that empty array, else None.
+    Where the array is not the document's last container (a key after it holds
+    a list), the body found ends inside that list: the caller's decoding of the
+    last piece fails on it and msgspec then finds the array (``_TOP``). Saves
+    parsing the whole document twice: ~0.3 s on 500 MB.
+    """
+    match = _EVENTS_KEY.search(data)
+    end = data.rfind(b"]")
+    if match is None or end < match.end() - 1:
+        return None
+    start = match.end() - 1
+    try:
+        top = _TOP.decode(b"".join((data[:start], b"[]", data[end + 1 :])))
+    except msgspec.DecodeError:
+        return None
+    events = top.pop("traceEvents", None)
+    if events is None or bytes(events) != b"[]":
+        return None
+    header = {key: _ANY.decode(value) for key, value in top.items()}
+    return header, memoryview(data)[start : end + 1]
+
+
+def _decode_piece(piece: bytes) -> pa.RecordBatch:
+    return _to_batch(_EVENTS_LIST.decode(piece))
 
 
 def _strip_bounds(data: bytes) -> tuple[int, int]:

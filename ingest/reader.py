@@ -17,6 +17,7 @@ import stat
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from stallscope.errors import InputError
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 _CHUNK = 1 << 20
+_HASH_BLOCK = 16 << 20
 # A real Kineto trace compresses 5-30x; JSON made of one repeated event
 # compresses ~100-300x; deflate cannot go past ~1032x. Past this ratio
 # (measured on the bytes consumed so far, once 64 MiB have come out) we call
@@ -72,8 +74,8 @@ class Source:
     """One input file (or zip member) of a job.
 
     ``name`` is what users see in messages; ``file_bytes`` is the size as
-    stored (compressed); ``file_hash`` the BLAKE2b-128 hex digest of those
-    stored bytes, used for de-duplication.
+    stored (compressed); ``file_hash`` the SHA-256 hex digest of those
+    stored bytes (what ``sha256sum`` prints), used for de-duplication.
     """
 
     name: str
@@ -90,8 +92,13 @@ class Source:
 
     @property
     def file_hash(self) -> str:
+        """SHA-256 of the stored bytes: from memory once loaded, else streamed from the file.
+
+        SHA-256 rather than BLAKE2b: with the CPU's SHA instructions it is about
+        twice as fast here (0.27 vs 0.52 s for 486 MB).
+        """
         if self._hash is None:
-            digest = hashlib.blake2b(digest_size=16)
+            digest = hashlib.sha256()
             if self._raw is None and self.path is not None:
                 self.raw_size_check()
                 try:
@@ -106,6 +113,38 @@ class Source:
                 digest.update(self.raw())
             self._hash = digest.hexdigest()
         return self._hash
+
+    def load_hashed(self) -> None:
+        """Read the stored bytes and hash them in one pass: ``raw()`` and ``file_hash`` then cost nothing.
+
+        A plain file is read block by block into one buffer while a thread
+        hashes each block already read (file reads and SHA-256 both run
+        without the GIL): about the time of the read alone, where reading then
+        hashing took both (0.27 + 0.27 s for 486 MB). The buffer is a
+        ``bytearray``; parsers only read it.
+        """
+        if self._raw is not None or self._hash is not None or self.path is None:
+            self.raw()
+            return
+        self.raw_size_check()
+        digest = hashlib.sha256()
+        try:
+            with open(self.path, "rb", buffering=0) as fh, ThreadPoolExecutor(1) as hasher:
+                buf = bytearray(self.file_bytes)
+                view = memoryview(buf)
+                done = 0
+                while done < len(buf) and (n := fh.readinto(view[done : done + _HASH_BLOCK])):
+                    hasher.submit(digest.update, view[done : done + n])
+                    done += n
+                hasher.shutdown(wait=True)
+                view.release()
+                del buf[done:]  # the file shrank since it was listed
+                while more := fh.read(_HASH_BLOCK):  # ... or grew
+                    digest.update(more)
+                    buf += more
+        except OSError as exc:
+            raise InputError(self.name, f"cannot read file ({exc.strerror or exc})") from None
+        self._raw, self._hash = buf, digest.hexdigest()
 
     def raw_size_check(self) -> None:
         """Refuse a plain file too large to be a trace before reading it."""

@@ -26,7 +26,10 @@ name), `STALLSCOPE_MAX_TRACE_BYTES` (largest decompressed trace, default
 `STALLSCOPE_MAX_UPLOAD_MB` and `STALLSCOPE_TOKEN` (dashboard upload limit and
 shared access token, see docs/dashboard.md), `STALLSCOPE_NSYS` and
 `STALLSCOPE_NSYS_CACHE` (the `nsys` that exports `.nsys-rep` reports and where
-exports are cached, see docs/formats/nsys.md).
+exports are cached, see docs/formats/nsys.md), `STALLSCOPE_DECODE_WORKERS`
+(processes that decode a big Kineto trace; default: one per CPU, at most 8, on
+Linux machines with 4 or more CPUs, for traces of 128 MB or more; `1` turns
+them off; see docs/benchmarks.md).
 """
 
 

@@ -1,0 +1,125 @@
+"""Parallel piece decoding gives the same table as decoding here, and falls back safely."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from stallscope.ingest import kineto_decode, kineto_pieces
+from tests.kineto_builder import KinetoTrace
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="workers are forked")
+
+
+def _trace(events: int = 3000) -> bytes:
+    t = KinetoTrace(rank=0, world_size=1)
+    for i in range(events):
+        t.cpu_op(f"aten::op{i % 7}", i * 1000, 500, pid=100, tid=100 + i % 3)
+        if i % 3 == 0:
+            t.kernel(f"kernel_{i % 5}", i * 1000 + 100, 300, grid=(i % 9 + 1, 1, 1))
+    t.step(1, 0, events * 1000)
+    return t.render().encode()
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    monkeypatch.setattr(kineto_pieces, "CHUNK_BYTES", 16 << 10)
+
+
+def _decode(data: bytes, workers: str, monkeypatch) -> kineto_decode.KinetoDecoded:
+    monkeypatch.setenv("STALLSCOPE_DECODE_WORKERS", workers)
+    return kineto_decode.decode_kineto("t.json", data)
+
+
+def test_parallel_decode_equals_serial(small_pieces, monkeypatch):
+    data = _trace()
+    body = memoryview(data)[data.index(b'"traceEvents": ') + 15 : -1]
+    assert len(kineto_pieces.piece_bounds(body)) > 20  # many pieces, several per worker
+    serial = _decode(data, "1", monkeypatch)
+    parallel = _decode(data, "3", monkeypatch)
+    assert parallel.events.num_rows == serial.events.num_rows == 3000 + 1000 + 1
+    assert parallel.events.equals(serial.events)
+    assert parallel.header == serial.header and parallel.warnings == serial.warnings == []
+
+
+def test_piece_that_fails_in_a_worker_sends_the_file_down_the_careful_path(
+    small_pieces, monkeypatch
+):
+    good = _trace(1000)
+    # Valid JSON, but one event's args is a list: that piece fails to decode into
+    # events (in whichever worker has it) and the careful path skips the one event.
+    at = good.rindex(b'"args": {', 0, len(good) // 2)
+    bad = good[:at] + good[at:].replace(b'"args": {"External id": 1}', b'"args": [1]', 1)
+    assert bad != good
+    serial = _decode(bad, "1", monkeypatch)
+    parallel = _decode(bad, "2", monkeypatch)
+    assert serial.warnings == ["skipped 1 malformed events (not trace-event objects)"]
+    assert parallel.warnings == serial.warnings
+    assert parallel.events.equals(serial.events)
+    assert parallel.events.num_rows == 1000 + 334 + 1 - 1
+
+
+def test_a_worker_that_dies_means_decoding_here(small_pieces, monkeypatch):
+    data = _trace(500)
+    body = memoryview(data)[data.index(b'"traceEvents": ') + 15 : -1]
+    parent = os.getpid()
+    calls = []
+
+    def decode(piece: bytes):
+        if os.getpid() != parent:
+            os._exit(1)  # a worker killed mid-piece (out of memory, say)
+        calls.append(len(piece))
+        return kineto_decode._decode_piece(piece)
+
+    monkeypatch.setenv("STALLSCOPE_DECODE_WORKERS", "2")
+    batches = kineto_pieces.decode_pieces(body, decode)
+    assert len(calls) == len(batches) == len(kineto_pieces.piece_bounds(body))
+    assert sum(b.num_rows for b in batches) == 500 + 167 + 1
+
+
+def test_worker_count(monkeypatch):
+    monkeypatch.delenv("STALLSCOPE_DECODE_WORKERS", raising=False)
+    big = kineto_pieces.PARALLEL_MIN_BYTES
+    assert kineto_pieces.decode_workers(big, 50) == 1  # not the CLI: no forking by default
+    monkeypatch.setattr(kineto_pieces, "in_cli", lambda: True)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    expected = 4 if sys.platform == "linux" else 1
+    assert kineto_pieces.decode_workers(big, 50) == expected
+    assert kineto_pieces.decode_workers(big, 3) == min(expected, 3)  # no more workers than pieces
+    assert kineto_pieces.decode_workers(big - 1, 50) == 1  # small: not worth starting workers
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert kineto_pieces.decode_workers(big, 50) == 1  # 2 CPUs: measured slower with workers
+    monkeypatch.setenv("STALLSCOPE_DECODE_WORKERS", "2")
+    assert kineto_pieces.decode_workers(10, 50) == 2
+    monkeypatch.setenv("STALLSCOPE_DECODE_WORKERS", "nonsense")
+    assert kineto_pieces.decode_workers(big, 50) == 1
+
+
+def _reordered(data: bytes, note: str) -> list[bytes]:
+    """The same trace with its header keys before, after and around ``traceEvents``."""
+    head, events = data.split(b', "traceEvents": ', 1)
+    events = events[:-1]  # without the document's closing brace
+    header = head + b"}"
+    extra = b'"deviceProperties": [{"id": 0, "name": "after the events"}], "note": ' + note.encode()
+    return [
+        data,
+        b'{"traceEvents": ' + events + b", " + header[1:],  # every key after the array
+        header[:-1] + b', "traceEvents": ' + events + b", " + extra + b"}",  # a list after it
+        b'{"title": "\\"traceEvents\\": [", "traceEvents": ' + events + b"}",  # key text in a string
+        header[:-1] + b', "traceEvents": []}',  # no events
+    ]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_events_array_found_by_search_matches_a_full_parse(small_pieces, monkeypatch, workers):
+    monkeypatch.setenv("STALLSCOPE_DECODE_WORKERS", workers)
+    for document in _reordered(_trace(600), '"] ]"'):
+        fast = kineto_decode.decode_kineto("t.json", document)
+        with monkeypatch.context() as m:
+            m.setattr(kineto_decode, "_split_by_search", lambda data: None)
+            parsed = kineto_decode.decode_kineto("t.json", document)
+        assert fast.header == parsed.header
+        assert fast.events.equals(parsed.events)
+        assert fast.warnings == parsed.warnings == []
