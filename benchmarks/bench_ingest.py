@@ -6,8 +6,10 @@ Each run starts a fresh process, as a user would: ``stallscope ingest`` into
 a new, empty store, and HTA's ``TraceAnalysis(trace_dir=DIR)`` on a folder
 holding the same file as ``rank-<rank>.json`` (the name HTA's loader wants).
 Start-up and imports count. Wall time is measured around the child process;
-CPU time (user + system, all threads) and peak RSS are the child's own
-``ru_utime + ru_stime`` and ``ru_maxrss`` (from ``os.wait4``). Runs of the two
+CPU time (user + system, all threads and worker processes) is the child's
+``ru_utime + ru_stime`` (from ``os.wait4``); peak RSS is the child's
+``ru_maxrss`` or, if larger, the largest PSS sum over the child and its
+worker processes, sampled every 10 ms (:func:`run_child`). Runs of the two
 tools alternate, so a busy machine slows both alike; the table gives the
 median wall time and the largest peak RSS over the runs.
 
@@ -34,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -72,17 +75,76 @@ class Runs:
 
 
 def run_child(cmd: list[str], **kw) -> tuple[float, float, float, str]:
-    """(wall seconds, CPU seconds, peak RSS MB, stdout+stderr) of one child process."""
+    """(wall seconds, CPU seconds, peak RSS MB, stdout+stderr) of one child process.
+
+    Peak memory is the larger of the child's own ``ru_maxrss`` and the
+    largest sum of PSS (proportional set size: a page shared by n processes
+    counts 1/n in each) over the child and all its descendants, sampled every
+    10 ms (Linux): ``ru_maxrss`` alone would hide worker processes, and a sum
+    of RSS would count the pages that forked workers share with their parent
+    once per process. For a single process this is its ``ru_maxrss``.
+    """
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+    sampler = TreeRssSampler(proc.pid)
+    sampler.start()
     output = proc.stdout.read()
+    sampler.stop()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
     text = output.decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{text[-3000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, text
+    peak_mb = max(usage.ru_maxrss / 1024, sampler.peak_kb / 1024)
+    return wall, usage.ru_utime + usage.ru_stime, peak_mb, text
+
+
+class TreeRssSampler(threading.Thread):
+    """Largest sum of PSS (kB) over a process and its descendants, sampled every 10 ms."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_kb = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.01):
+            self.peak_kb = max(self.peak_kb, sum(map(_pss_kb, _tree(self.pid))))
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def stallscope_cmd(choice: str | None = None) -> list[str]:

@@ -5,8 +5,9 @@
 Prints, per stage, wall and CPU seconds (CPU time is the steadier figure on a
 busy machine; DuckDB's threads add to it) and the peak RSS reached during it (Linux:
 the peak is reset before each stage through /proc/self/clear_refs). The
-stages mirror ``ingest/job.py``: read, decode (JSON -> Arrow), canonical
-(DuckDB SQL), Parquet write. Imports are timed first. Like the CLI, pyarrow
+stages mirror ``ingest/job.py``: read and hash, decode (JSON -> Arrow; set
+STALLSCOPE_DECODE_WORKERS=N for the worker processes the CLI would use),
+canonical (DuckDB SQL), Parquet write. Imports are timed first. Like the CLI, pyarrow
 is kept from importing pandas (set PANDAS_PROBE=1 to let it).
 """
 
@@ -81,7 +82,11 @@ def main(path: str) -> None:
             sys.meta_path.remove(blocker)
     print(f"{'(start-up)':<12} {time.perf_counter() - _T0:7.3f} s wall")
     _, [source] = expand_path(path)
-    with Stage("read"):
+    with Stage("read+hash"):
+        if hasattr(source, "load_hashed"):  # read and hashed in one pass, as ingest does
+            source.load_hashed()
+        else:  # an older checkout
+            source.file_hash  # noqa: B018
         data = source.read()
         source.release()
     with Stage("decode"):
@@ -94,10 +99,17 @@ def main(path: str) -> None:
         canonical = to_canonical(decoded.events, decoded.header, "t", 0)
     del decoded
     with Stage("write"), tempfile.TemporaryDirectory() as tmp:
-        for name, table in canonical.tables().items():
-            pq.write_table(
-                table, Path(tmp) / f"{name}.parquet", compression="zstd", compression_level=1
-            )
+        try:
+            from stallscope.ingest.job import _write_tables  # as ingest writes: a few at a time
+        except ImportError:  # an older checkout: one after the other
+            _write_tables = None
+        if _write_tables is not None:
+            _write_tables(Path(tmp), canonical.tables())
+        else:
+            for name, table in canonical.tables().items():
+                pq.write_table(
+                    table, Path(tmp) / f"{name}.parquet", compression="zstd", compression_level=1
+                )
     print(f"{'total':<12} {time.perf_counter() - _T0:7.3f} s wall {time.process_time():7.3f} s cpu")
 
 
