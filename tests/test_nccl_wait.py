@@ -272,7 +272,9 @@ def test_ddp_overlap_has_no_straggler(store):
     job = sample_job(store, "ddp_overlap")
     result = nccl_wait.run(job, nccl_wait.SPEC.params())
     assert [f.severity for f in result.findings] == ["info"]
-    assert result.findings[0].evidence["matched"] == 40
+    truth = json.loads((SAMPLES / "kineto" / "ddp_overlap" / "ddp_overlap.truth.json").read_text())
+    steps = truth["trace_review"]["rank0.pt.trace.json.gz"]["per_step"]
+    assert result.findings[0].evidence["matched"] == sum(s["nccl_kernels"] for s in steps) == 80
     job.close()
 
 

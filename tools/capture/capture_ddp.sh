@@ -5,6 +5,8 @@
 #
 # Writes OUTDIR/{kineto/ddp_<variant>/rank{0,1}.pt.trace.json.gz + truth,
 # nsys/ddp_<variant>.sqlite.gz + truth, logs/}. Failures are logged, not fatal.
+# KINETO_VARIANTS / NSYS_VARIANTS pick the variants, KINETO_ACTIVE (default 4)
+# the profiled steps per Kineto trace, NSYS_STEPS (default 5) the nsys steps.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CAP=$ROOT/tools/capture
@@ -55,7 +57,8 @@ RUN="$PY -m torch.distributed.run --standalone --nproc_per_node $NPROC"
 
 # ---- 1. Kineto, one trace per rank ------------------------------------------
 for v in ${KINETO_VARIANTS-ddp_overlap ddp_no_overlap ddp_straggler}; do
-    cap "kineto_$v" 180 $RUN "$CAP/ddp_scenarios.py" --variant "$v" --out "$O/kineto/$v"
+    cap "kineto_$v" 180 $RUN "$CAP/ddp_scenarios.py" --variant "$v" --out "$O/kineto/$v" \
+        --active "${KINETO_ACTIVE:-4}"
 done
 
 # ---- 2. Nsight Systems of the whole torchrun launch (all ranks, one report) --
@@ -64,11 +67,12 @@ done
 NSYS_TRACE=${NSYS_TRACE:-cuda,nvtx}
 if [ -n "$NSYS" ]; then
     for v in ${NSYS_VARIANTS:-ddp_overlap ddp_straggler}; do
-        ncmd="nsys profile -t $NSYS_TRACE -s none --cpuctxsw=none --trace-fork-before-exec=true -o $v python3 -m torch.distributed.run --standalone --nproc_per_node $NPROC tools/capture/ddp_scenarios.py --variant $v --profiler none --nvtx --warmup 2 --steps 5"
+        steps=${NSYS_STEPS:-5}
+        ncmd="nsys profile -t $NSYS_TRACE -s none --cpuctxsw=none --trace-fork-before-exec=true -o $v python3 -m torch.distributed.run --standalone --nproc_per_node $NPROC tools/capture/ddp_scenarios.py --variant $v --profiler none --nvtx --warmup 2 --steps $steps"
         cap "nsys_$v" 240 env LD_LIBRARY_PATH="$NSYS_LD" "$NSYS" profile -t "$NSYS_TRACE" -s none \
             --cpuctxsw=none --trace-fork-before-exec=true --force-overwrite=true \
             -o "$O/nsys/$v" $RUN "$CAP/ddp_scenarios.py" --variant "$v" --profiler none \
-            --nvtx --warmup 2 --steps 5 --out "$O/nsys" --trace-format nsys-sqlite \
+            --nvtx --warmup 2 --steps "$steps" --out "$O/nsys" --trace-format nsys-sqlite \
             --external-command "$ncmd"
         if [ -f "$O/nsys/$v.nsys-rep" ]; then
             cap "nsysexport_$v" 200 env LD_LIBRARY_PATH="$NSYS_LD" "$NSYS" export --type sqlite \
