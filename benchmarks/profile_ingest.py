@@ -69,13 +69,16 @@ def main(path: str) -> None:
         from stallscope.ingest.kineto_canonical import to_canonical
         from stallscope.ingest.kineto_decode import decode_kineto
         from stallscope.ingest.reader import expand_path
-    if os.environ.get("PANDAS_PROBE") != "1":  # as in the CLI (kineto_decode._skip_pandas_probe)
+    if os.environ.get("PANDAS_PROBE") != "1":  # as in the CLI (ingest.startup.skip_pandas_probe)
         import pyarrow as pa
 
         try:
-            from stallscope.ingest.kineto_decode import _NoPandas
-        except ImportError:  # an older checkout: it had no such thing
-            _NoPandas = None
+            from stallscope.ingest.startup import NoPandas as _NoPandas
+        except ImportError:  # an older checkout
+            try:
+                from stallscope.ingest.kineto_decode import _NoPandas
+            except ImportError:  # older still: it had no such thing
+                _NoPandas = None
         if _NoPandas is not None:
             sys.meta_path.insert(0, blocker := _NoPandas())
             pa.array([0])

@@ -24,9 +24,7 @@ than ``traceEvents`` (``deviceProperties``, ``distributedInfo``,
 from __future__ import annotations
 
 import gc
-import importlib.abc
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallscope.errors import InputError
-from stallscope.ingest.kineto_pieces import decode_pieces, in_cli
+from stallscope.ingest.kineto_pieces import decode_pieces
+from stallscope.ingest.startup import skip_pandas_probe
 
 CHUNK_EVENTS = 100_000
 _INT64_MAX = (1 << 63) - 1
@@ -115,7 +114,7 @@ class KinetoDecoded:
 
 def decode_kineto(name: str, data: bytes) -> KinetoDecoded:
     """Decode a Kineto JSON document (object with ``traceEvents`` or bare array)."""
-    _skip_pandas_probe()
+    skip_pandas_probe()
     # Many short-lived Arrow arrays are made here; pyarrow's default pool
     # (mimalloc) keeps their pages after they are freed, the system one gives
     # them back: ~30 MB less peak memory on a 54 MB trace, no slower.
@@ -166,34 +165,6 @@ def _decode(name: str, data: bytes) -> KinetoDecoded:
             f"not a Kineto trace: none of the {len(raws):,} traceEvents entries is an event object",
         )
     return KinetoDecoded(events=table, header=header, warnings=warnings)
-
-
-def _skip_pandas_probe() -> None:
-    """In a ``stallscope`` command process, keep pyarrow from importing pandas.
-
-    The first time ``pa.array`` converts a Python list, pyarrow imports pandas
-    only to learn whether the list is a pandas object: 0.2-0.5 s and ~45 MB
-    that an ingest never uses. Failing that one import makes pyarrow record
-    "no pandas"; ``to_pandas()`` and ``from_pandas()`` still import it on
-    demand. Only in the CLI (``__main__`` is the ``stallscope`` command), never
-    in the dashboard, tests or notebooks, where a pandas object handed to
-    ``pa.array`` later would be read as a plain sequence.
-    """
-    if "pandas" in sys.modules or not in_cli():
-        return
-    blocker = _NoPandas()
-    sys.meta_path.insert(0, blocker)
-    try:
-        pa.array([0])
-    finally:
-        sys.meta_path.remove(blocker)
-
-
-class _NoPandas(importlib.abc.MetaPathFinder):
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError(f"{name} is not needed to ingest", name=name)
-        return None
 
 
 def _decode_clean(data: bytes) -> KinetoDecoded | None:

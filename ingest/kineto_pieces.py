@@ -33,6 +33,8 @@ from concurrent.futures.process import BrokenProcessPool
 import msgspec
 import pyarrow as pa
 
+from stallscope.ingest.startup import in_cli
+
 CHUNK_BYTES = 4 << 20  # ~16k events: a piece's objects stay in cache (measured: 2-4 MB best)
 PARALLEL_MIN_BYTES = 128 << 20  # below this, workers cost more (time, memory) than they save
 MAX_WORKERS = 8  # each worker adds ~35 MB of private memory
@@ -136,12 +138,3 @@ def _decode_in_worker(index: int) -> bytes | str:
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
     return sink.getvalue().to_pybytes()
-
-
-def in_cli() -> bool:
-    """True in a ``stallscope`` command process (``python -m stallscope.cli`` or the script)."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name == "stallscope.cli":
-        return True
-    return os.path.basename(getattr(main, "__file__", None) or "") == "stallscope"

@@ -83,7 +83,7 @@ def test_worker_count(monkeypatch):
     monkeypatch.delenv("STALLSCOPE_DECODE_WORKERS", raising=False)
     big = kineto_pieces.PARALLEL_MIN_BYTES
     assert kineto_pieces.decode_workers(big, 50) == 1  # not the CLI: no forking by default
-    monkeypatch.setattr(kineto_pieces, "in_cli", lambda: True)
+    monkeypatch.setattr(kineto_pieces, "in_cli", lambda: True)  # as imported there
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     expected = 4 if sys.platform == "linux" else 1
     assert kineto_pieces.decode_workers(big, 50) == expected
@@ -107,7 +107,9 @@ def _reordered(data: bytes, note: str) -> list[bytes]:
         data,
         b'{"traceEvents": ' + events + b", " + header[1:],  # every key after the array
         header[:-1] + b', "traceEvents": ' + events + b", " + extra + b"}",  # a list after it
-        b'{"title": "\\"traceEvents\\": [", "traceEvents": ' + events + b"}",  # key text in a string
+        b'{"title": "\\"traceEvents\\": [", "traceEvents": '
+        + events
+        + b"}",  # key text in a string
         header[:-1] + b', "traceEvents": []}',  # no events
     ]
 

@@ -1,0 +1,54 @@
+"""Process facts and start-up savings shared by the parsers.
+
+``in_cli()`` tells a ``stallscope`` command process from the dashboard,
+tests and notebooks; ``skip_pandas_probe()`` saves the command the pandas
+import that pyarrow would otherwise make on its first list conversion.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+from typing import Any
+
+import pyarrow as pa
+
+
+def in_cli() -> bool:
+    """True in a ``stallscope`` command process (``python -m stallscope.cli`` or the script)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name == "stallscope.cli":
+        return True
+    return os.path.basename(getattr(main, "__file__", None) or "") == "stallscope"
+
+
+def skip_pandas_probe() -> None:
+    """In a ``stallscope`` command process, keep pyarrow from importing pandas.
+
+    The first time ``pa.array`` converts a Python list, pyarrow imports pandas
+    only to learn whether the list is a pandas object: 0.2-0.5 s and ~45 MB
+    that an ingest never uses. Failing that one import makes pyarrow record
+    "no pandas"; ``to_pandas()`` and ``from_pandas()`` still import it on
+    demand. Only in the CLI (``__main__`` is the ``stallscope`` command), never
+    in the dashboard, tests or notebooks, where a pandas object handed to
+    ``pa.array`` later would be read as a plain sequence.
+    """
+    if "pandas" in sys.modules or not in_cli():
+        return
+    blocker = NoPandas()
+    sys.meta_path.insert(0, blocker)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(blocker)
+
+
+class NoPandas(importlib.abc.MetaPathFinder):
+    """An import hook that refuses pandas (used for one probe, then removed)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"{name} is not needed to ingest", name=name)
+        return None
