@@ -10,7 +10,6 @@ header (devices, rank). Rows with equal sort keys keep their file order.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import duckdb
@@ -20,6 +19,7 @@ import pyarrow.compute as pc
 
 from stallscope.ingest.canonical import CanonicalTrace, devices_table
 from stallscope.ingest.comm import COMM_NAME_REGEX, MACROS_SQL
+from stallscope.ingest.startup import duckdb_threads
 
 # Lower-cased Kineto category -> canonical kind.
 GPU_KINDS = {
@@ -71,19 +71,6 @@ def _ns_sql(column: str) -> str:
 def _id_sql(column: str) -> str:
     """pid/tid text -> BIGINT; non-numeric labels get a stable 62-bit hash."""
     return f"coalesce(TRY_CAST({column} AS BIGINT), CAST(hash({column}) % 4611686018427387903 AS BIGINT))"
-
-
-def duckdb_threads() -> int:
-    """DuckDB threads for the canonical SQL: the usable CPUs, 2 to 8.
-
-    Results never depend on it (file order breaks every tie); 8 keeps the
-    memory of parallel sorts in check on big machines.
-    """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 2
-    return max(2, min(8, cpus))
 
 
 def to_canonical(

@@ -29,6 +29,7 @@ from stallscope.ingest.nsys_sql import (
     RANGES_OUT_SQL,
     THREADS_OUT_SQL,
 )
+from stallscope.ingest.startup import duckdb_threads
 
 # (NVTX eventTypes, key columns): push/pop ranges hold what their own thread
 # launched; start/end ranges may end on another thread, so they hold what any
@@ -41,7 +42,7 @@ class NsysCanonical:
     """One export's events in DuckDB, prepared once; emits the canonical tables."""
 
     def __init__(self, raw: dict[str, pa.Table]):
-        self.con = duckdb.connect(config={"threads": 2})
+        self.con = duckdb.connect(config={"threads": duckdb_threads()})
         # ``gid``: a stable id per GPU activity (file order), the tie-breaker of every ORDER BY.
         act = raw["act"]
         raw = dict(raw, act=act.append_column("gid", pa.array(np.arange(act.num_rows))))

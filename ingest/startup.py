@@ -2,7 +2,8 @@
 
 ``in_cli()`` tells a ``stallscope`` command process from the dashboard,
 tests and notebooks; ``skip_pandas_probe()`` saves the command the pandas
-import that pyarrow would otherwise make on its first list conversion.
+import that pyarrow would otherwise make on its first list conversion;
+``duckdb_threads()`` sizes the parsers' DuckDB connections to the machine.
 """
 
 from __future__ import annotations
@@ -52,3 +53,16 @@ class NoPandas(importlib.abc.MetaPathFinder):
         if name == "pandas" or name.startswith("pandas."):
             raise ModuleNotFoundError(f"{name} is not needed to ingest", name=name)
         return None
+
+
+def duckdb_threads() -> int:
+    """DuckDB threads for the parsers' SQL: the usable CPUs, 2 to 8.
+
+    Results never depend on it (file order breaks every tie); 8 keeps the
+    memory of parallel sorts in check on big machines.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 2
+    return max(2, min(8, cpus))
