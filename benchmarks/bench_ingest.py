@@ -9,7 +9,7 @@ Start-up and imports count. Wall time is measured around the child process;
 CPU time (user + system, all threads and worker processes) is the child's
 ``ru_utime + ru_stime`` (from ``os.wait4``); peak RSS is the child's
 ``ru_maxrss`` or, if larger, the largest PSS sum over the child and its
-worker processes, sampled every 10 ms (:func:`run_child`). Runs of the two
+worker processes, sampled every 20 ms (:func:`run_child`). Runs of the two
 tools alternate, so a busy machine slows both alike; the table gives the
 median wall time and the largest peak RSS over the runs.
 
@@ -80,7 +80,7 @@ def run_child(cmd: list[str], **kw) -> tuple[float, float, float, str]:
     Peak memory is the larger of the child's own ``ru_maxrss`` and the
     largest sum of PSS (proportional set size: a page shared by n processes
     counts 1/n in each) over the child and all its descendants, sampled every
-    10 ms (Linux): ``ru_maxrss`` alone would hide worker processes, and a sum
+    20 ms while it has any (Linux): ``ru_maxrss`` alone would hide worker processes, and a sum
     of RSS would count the pages that forked workers share with their parent
     once per process. For a single process this is its ``ru_maxrss``.
     """
@@ -101,7 +101,12 @@ def run_child(cmd: list[str], **kw) -> tuple[float, float, float, str]:
 
 
 class TreeRssSampler(threading.Thread):
-    """Largest sum of PSS (kB) over a process and its descendants, sampled every 10 ms."""
+    """Largest sum of PSS (kB) over a process and its descendants, sampled every 20 ms.
+
+    Only while the process has children: a lone process's peak is its own
+    ``ru_maxrss``, and reading PSS walks its page tables (costly on a big
+    process, and it would slow the process being measured).
+    """
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
@@ -110,8 +115,10 @@ class TreeRssSampler(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        while not self._done.wait(0.01):
-            self.peak_kb = max(self.peak_kb, sum(map(_pss_kb, _tree(self.pid))))
+        while not self._done.wait(0.02):
+            tree = _tree(self.pid)
+            if len(tree) > 1:
+                self.peak_kb = max(self.peak_kb, sum(map(_pss_kb, tree)))
 
     def stop(self) -> None:
         self._done.set()
@@ -119,20 +126,17 @@ class TreeRssSampler(threading.Thread):
 
 
 def _tree(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
+    """``root`` and its descendants (Linux ``/proc/PID/task/TID/children``)."""
     tree, todo = [], [root]
     while todo:
         pid = todo.pop()
         tree.append(pid)
-        todo += children.get(pid, [])
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as fh:
+                    todo += [int(child) for child in fh.read().split()]
+        except OSError:
+            continue
     return tree
 
 
