@@ -44,18 +44,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
-import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
+
+from benchlib import Runs, machine, run_child, stallscope_cmd
 
 HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 5.0
@@ -93,59 +91,6 @@ _PEER_EXTENSION = (
     "    con.execute('LOAD sqlite_scanner')\n"
     "    print(f'installed {ext}')\n"
 )
-
-
-@dataclass
-class Runs:
-    """One tool's runs on one input."""
-
-    wall: list[float] = field(default_factory=list)  # seconds
-    cpu: list[float] = field(default_factory=list)  # user + system seconds, all threads
-    rss_mb: list[float] = field(default_factory=list)  # peak resident set, MB
-    inner: list[float] = field(default_factory=list)  # the tool's own timing, if it gives one
-    error: str | None = None  # why the tool failed on this input (no timing then)
-
-    def add(self, wall: float, cpu: float, rss_mb: float) -> None:
-        self.wall.append(wall)
-        self.cpu.append(cpu)
-        self.rss_mb.append(rss_mb)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.wall) if self.wall else float("nan")
-
-    @property
-    def median_cpu(self) -> float:
-        return statistics.median(self.cpu) if self.cpu else float("nan")
-
-    @property
-    def peak(self) -> float:
-        return max(self.rss_mb) if self.rss_mb else float("nan")
-
-
-def run_child(cmd: list[str], **kw) -> tuple[float, float, float, str]:
-    """(wall seconds, CPU seconds, peak RSS MB, stdout+stderr) of one child process.
-
-    Raises RuntimeError (with the output's tail) when the child fails.
-    """
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
-    output = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - started
-    code = os.waitstatus_to_exitcode(status)
-    text = output.decode(errors="replace")
-    if code != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({code}):\n{text[-3000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, text
-
-
-def stallscope_cmd(choice: str | None = None) -> list[str]:
-    """The command that runs stallscope: ``choice`` split as a shell would, else ours."""
-    if choice:
-        return shlex.split(choice)
-    exe = Path(sys.executable).with_name("stallscope")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "stallscope.cli"]
 
 
 def find_peer_python(choice: str | None) -> str | None:
@@ -212,33 +157,6 @@ def bench_peer(python: str, path: Path, runs: Runs, build_map: bool) -> None:
     match = re.search(r"nsys-ai load seconds: ([\d.]+)", text)
     if match:
         runs.inner.append(float(match.group(1)))
-
-
-def machine() -> dict[str, str]:
-    """Date, CPU model, core count, memory, OS and Python of this machine."""
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next(
-                line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        pass
-    mem = "unknown"
-    try:
-        with open("/proc/meminfo") as fh:
-            kb = int(next(line.split()[1] for line in fh if line.startswith("MemTotal")))
-        mem = f"{kb / 1024 / 1024:.1f} GiB"
-    except (OSError, StopIteration):
-        pass
-    return {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "memory": mem,
-        "os": platform.platform(),
-        "python": platform.python_version(),
-    }
 
 
 def versions(peer_python: str | None) -> dict[str, str]:
