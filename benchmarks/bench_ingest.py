@@ -29,14 +29,13 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import Runs, machine, run_child, stallscope_cmd
+from benchlib import Runs, find_python, machine, run_child, stallscope_cmd
 
 HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 10.0
@@ -51,24 +50,7 @@ _HTA_RUN = (
 
 
 def find_hta_python(choice: str | None) -> str | None:
-    candidates = (
-        [choice]
-        if choice
-        else [
-            sys.executable,
-            "/tmp/htavenv/bin/python",
-            shutil.which("python3"),
-            shutil.which("python"),
-        ]
-    )
-    for python in candidates:
-        if python and Path(python).exists():
-            probe = subprocess.run([python, "-c", "import hta"], capture_output=True)
-            if probe.returncode == 0:
-                return python
-        if choice:
-            sys.exit(f"--hta-python {choice} cannot import hta")
-    return None
+    return find_python("hta", choice, "/tmp/htavenv/bin/python", "--hta-python")
 
 
 def trace_rank(path: Path) -> int:

@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchlib import Runs, machine, run_child, stallscope_cmd
+from benchlib import Runs, find_python, machine, run_child, stallscope_cmd
 
 HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 5.0
@@ -95,24 +94,7 @@ _PEER_EXTENSION = (
 
 def find_peer_python(choice: str | None) -> str | None:
     """The first candidate Python that can import ``nsys_ai`` (exits if ``choice`` cannot)."""
-    candidates = (
-        [choice]
-        if choice
-        else [
-            sys.executable,
-            "/tmp/nsysaivenv/bin/python",
-            shutil.which("python3"),
-            shutil.which("python"),
-        ]
-    )
-    for python in candidates:
-        if python and Path(python).exists():
-            probe = subprocess.run([python, "-c", "import nsys_ai.profile"], capture_output=True)
-            if probe.returncode == 0:
-                return python
-        if choice:
-            sys.exit(f"--peer-python {choice} cannot import nsys_ai")
-    return None
+    return find_python("nsys_ai.profile", choice, "/tmp/nsysaivenv/bin/python", "--peer-python")
 
 
 def prepare_peer(python: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -157,3 +158,21 @@ def machine() -> dict[str, str]:
         "os": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def find_python(module: str, choice: str | None, venv_python: str, flag: str) -> str | None:
+    """The first Python that can import ``module``: ``choice`` (exits if it cannot), else
+    this one, ``venv_python``, python3, python; None when none can."""
+    candidates = (
+        [choice]
+        if choice
+        else [sys.executable, venv_python, shutil.which("python3"), shutil.which("python")]
+    )
+    for python in candidates:
+        if python and Path(python).exists():
+            probe = subprocess.run([python, "-c", f"import {module}"], capture_output=True)
+            if probe.returncode == 0:
+                return python
+        if choice:
+            sys.exit(f"{flag} {choice} cannot import {module}")
+    return None
