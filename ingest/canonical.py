@@ -102,20 +102,33 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
+_ARROW_TYPES = {
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "string": pa.string(),
+    "double": pa.float64(),
+    "bool": pa.bool_(),
+}
+
+
 def reference_schemas() -> dict[str, pa.Schema]:
     """The canonical schema of every table, as the Kineto parser writes it.
 
     Kineto's SQL is the reference layout (docs/schema.md); every other parser
     is conformed to it before writing, so the store's views always have every
-    column, whatever format a trace came from.
+    column, whatever format a trace came from. Read from the generated
+    ``reference_schemas`` module (``tools/gen_reference_schemas.py``, checked
+    by a test) rather than by running that SQL on an empty trace in every
+    process.
     """
     global _REFERENCE
     if _REFERENCE is None:
-        from stallscope.ingest.kineto_canonical import to_canonical
-        from stallscope.ingest.kineto_decode import _empty_table
+        from stallscope.ingest.reference_schemas import COLUMNS
 
-        empty = to_canonical(_empty_table(), {}, "reference", 0)
-        _REFERENCE = {name: table.schema for name, table in empty.tables().items()}
+        _REFERENCE = {
+            table: pa.schema([pa.field(name, _ARROW_TYPES[kind]) for name, kind in columns])
+            for table, columns in COLUMNS.items()
+        }
     return _REFERENCE
 
 
