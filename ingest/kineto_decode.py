@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallscope.errors import InputError
-from stallscope.ingest.kineto_pieces import decode_pieces
+from stallscope.ingest.kineto_pieces import LastPieceError, decode_pieces
 from stallscope.ingest.startup import skip_pandas_probe
 
 CHUNK_EVENTS = 100_000
@@ -191,8 +191,9 @@ def _decode_clean(data: bytes) -> KinetoDecoded | None:
                 try:  # the last piece first: a wrong end fails there, cheaply
                     batches = decode_pieces(found[1], _decode_piece, last_first=True)
                     return _decoded(batches, found[0])
-                except msgspec.DecodeError:
+                except LastPieceError:
                     pass  # maybe the search was fooled: let msgspec find the array
+                # (a bad piece elsewhere is bad whoever found the array: careful path)
             top = _TOP.decode(data)
             raw = top.pop("traceEvents", None)
             if raw is None:

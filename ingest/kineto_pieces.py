@@ -44,6 +44,10 @@ _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,(?=[ \t\r\n]*\{)")
 DecodePiece = Callable[[bytes], pa.RecordBatch]
 
 
+class LastPieceError(msgspec.DecodeError):
+    """The last piece (decoded first, ``last_first``) did not decode."""
+
+
 def piece_bounds(body: memoryview) -> list[tuple[int, int]]:
     """``[e1, e2, ...]`` -> (start, end) byte ranges of runs of events, about CHUNK_BYTES each.
 
@@ -92,10 +96,17 @@ def decode_pieces(
     """Every piece of ``body`` decoded by ``decode``, in order (see the module docstring).
 
     ``last_first`` decodes the last piece before any other, here: when the
-    body's end is a guess, a wrong guess then fails before the work is done.
+    body's end is a guess, a wrong guess then fails before the work is done,
+    with :class:`LastPieceError` (a ``DecodeError``), told apart from a bad
+    piece elsewhere.
     """
     bounds = piece_bounds(body)
-    last = [decode(piece_bytes(body, bounds.pop()))] if last_first and bounds else []
+    last = []
+    if last_first and bounds:
+        try:
+            last = [decode(piece_bytes(body, bounds.pop()))]
+        except msgspec.DecodeError as exc:
+            raise LastPieceError(str(exc)) from exc
     workers = decode_workers(len(body), len(bounds))
     if workers > 1:
         try:

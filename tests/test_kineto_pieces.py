@@ -53,8 +53,20 @@ def test_piece_that_fails_in_a_worker_sends_the_file_down_the_careful_path(
     at = good.rindex(b'"args": {', 0, len(good) // 2)
     bad = good[:at] + good[at:].replace(b'"args": {"External id": 1}', b'"args": [1]', 1)
     assert bad != good
+    parsed_whole = []
+    real_top = kineto_decode._TOP
+
+    class Spy:
+        def decode(self, data):
+            parsed_whole.append(len(data) == len(bad))
+            return real_top.decode(data)
+
+    monkeypatch.setattr(kineto_decode, "_TOP", Spy())
     serial = _decode(bad, "1", monkeypatch)
     parallel = _decode(bad, "2", monkeypatch)
+    # The array was found right (its last piece decoded): no second parse of the whole file
+    # before the careful path, which splits the top level once itself.
+    assert parsed_whole.count(True) == 2  # once per decode, by the careful path
     assert serial.warnings == ["skipped 1 malformed events (not trace-event objects)"]
     assert parallel.warnings == serial.warnings
     assert parallel.events.equals(serial.events)
