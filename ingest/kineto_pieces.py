@@ -9,9 +9,10 @@ sent) and sending back one Arrow IPC batch per piece, in order.
 Where it runs in parallel (:func:`decode_workers`): on Linux, in the
 ``stallscope`` command, for bodies of at least :data:`PARALLEL_MIN_BYTES`,
 on machines with at least :data:`MIN_CPUS` usable CPUs, with one worker per
-CPU (at most one per piece, at most :data:`MAX_WORKERS`). ``STALLSCOPE_DECODE_WORKERS=N`` sets the count anywhere
-(``1`` turns it off). Not in the dashboard server by default: forking a
-process that runs many threads is not safe.
+CPU (at most one per piece, at most :data:`MAX_WORKERS`).
+``STALLSCOPE_DECODE_WORKERS=N`` sets the count anywhere (``1`` turns it
+off). Not in the dashboard server by default: forking a process that runs
+many threads is not safe.
 
 Contract: the batches are the same, row for row, as decoding the pieces one
 by one in this process; a piece that fails to decode (``msgspec.DecodeError``,
