@@ -66,6 +66,12 @@ class Payload:
 
 Parser = Callable[[Source, Payload, ParseContext], list[ParsedTrace]]
 
+# Files given together are one job's ranks; said where ranks cannot be told apart.
+SEPARATE_JOBS_HINT = (
+    "files given together are taken as the ranks of one job: to analyze unrelated traces,"
+    " pass --each or put each job in its own folder"
+)
+
 
 def _kineto(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
     from stallscope.ingest.kineto import parse_kineto

@@ -26,7 +26,14 @@ import pyarrow.parquet as pq
 from stallscope import __version__
 from stallscope.errors import InputError
 from stallscope.ingest.canonical import conform
-from stallscope.ingest.formats import PARSERS, ParseContext, ParsedTrace, Payload, detect_format
+from stallscope.ingest.formats import (
+    PARSERS,
+    SEPARATE_JOBS_HINT,
+    ParseContext,
+    ParsedTrace,
+    Payload,
+    detect_format,
+)
 from stallscope.ingest.ncu import source_is_ncu
 from stallscope.ingest.ncu_match import pair_ncu_traces
 from stallscope.ingest.reader import Source
@@ -216,7 +223,10 @@ def _check_ranks(metas: list[dict[str, Any]]) -> None:
         key = (meta["rank"], meta["name"].rsplit("(", 1)[-1] if meta["source"] == "ncu" else "")
         other = by_rank.get(key)
         if other is not None:
-            raise InputError(meta["file_name"], f"rank {meta['rank']} is also claimed by {other}")
+            raise InputError(
+                meta["file_name"],
+                f"rank {meta['rank']} is also claimed by {other} ({SEPARATE_JOBS_HINT})",
+            )
         by_rank[key] = meta["file_name"]
 
 
@@ -236,7 +246,7 @@ def _trace_meta(
         if trace.source == "ncu":
             rank = None  # the rank of the timeline it describes: set by pair_ncu_traces
         elif not single:
-            raise InputError(source.name, "cannot tell this file's rank")
+            raise InputError(source.name, f"cannot tell this file's rank ({SEPARATE_JOBS_HINT})")
         else:
             rank = 0
     else:

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from stallscope.errors import InputError
-from stallscope.ingest.formats import ParseContext, ParsedTrace
+from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace
 from stallscope.ingest.kineto_canonical import to_canonical
 from stallscope.ingest.kineto_decode import decode_kineto
 from stallscope.ingest.reader import Source
@@ -65,5 +65,7 @@ def rank_info(
     if single:
         return 0, world, backend
     raise InputError(
-        name, "cannot tell this file's rank: no distributedInfo.rank and no rank in the file name"
+        name,
+        "cannot tell this file's rank: no distributedInfo.rank and no rank in the file name"
+        f" ({SEPARATE_JOBS_HINT})",
     )
