@@ -29,6 +29,7 @@ import numpy as np
 from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
 from stallscope.analyzers.host_sync import enclosing_ops, name_lookup, op_stack
 from stallscope.jobdata import JobData
+from stallscope.scope import launched_in_steps
 
 THRESHOLDS = (
     Threshold("top_n", 10, "rows", "rows in the top-kernel and top-operator tables", minimum=1),
@@ -190,19 +191,20 @@ def tensor_cores_of(name: str) -> str:
     return "unknown"
 
 
-_KERNELS_SQL = """
-SELECT device, name_id, kind, bool_or(coalesce(is_comm, false)) AS is_comm, count(*) AS count,
-       sum(end_ns - start_ns) AS total_ns, median(end_ns - start_ns) AS median_ns
-FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset')
-GROUP BY device, name_id, kind
+# Only GPU work launched inside the steps when the trace has steps (stallscope.scope).
+_KERNELS_SQL = f"""
+SELECT g.device, g.name_id, g.kind, bool_or(coalesce(g.is_comm, false)) AS is_comm, count(*) AS count,
+       sum(g.end_ns - g.start_ns) AS total_ns, median(g.end_ns - g.start_ns) AS median_ns
+FROM gpu g WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset') AND {launched_in_steps()}
+GROUP BY g.device, g.name_id, g.kind
 """
 
-_LAUNCHES_SQL = """
+_LAUNCHES_SQL = f"""
 SELECT g.device, h.pid, h.tid, h.start_ns, h.end_ns,
        sum(g.end_ns - g.start_ns) AS gpu_ns, count(*) AS ops
 FROM gpu g JOIN host h
   ON h.trace_id = g.trace_id AND h.correlation = g.correlation AND h.kind IN ('runtime', 'driver')
-WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
+WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset') AND {launched_in_steps()}
 GROUP BY g.device, h.pid, h.tid, h.start_ns, h.end_ns
 """
 
@@ -444,8 +446,9 @@ def _recommendation(fp32_pct, memory_pct, cat_ns, gpu_ns, head, params) -> str:
 
 def _windows(job: JobData, trace: str, device: int, name_id) -> list[list[int]]:
     rows = job.sql(
-        "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND name_id = ? "
-        "AND kind = 'kernel' ORDER BY end_ns - start_ns DESC, start_ns LIMIT ?",
+        "SELECT g.start_ns, g.end_ns FROM gpu g WHERE g.trace_id = ? AND g.device = ? "
+        f"AND g.name_id = ? AND g.kind = 'kernel' AND {launched_in_steps()} "
+        "ORDER BY g.end_ns - g.start_ns DESC, g.start_ns LIMIT ?",
         [trace, device, int(name_id), MAX_WINDOWS],
     ).fetchall()
     return [[int(a), int(b)] for a, b in rows]

@@ -24,6 +24,7 @@ from stallscope.analyzers.base import (
 )
 from stallscope.idle import CAUSES, LAUNCH_API_REGEX, attribute_idle
 from stallscope.jobdata import JobData
+from stallscope.scope import launched_in_steps
 
 THRESHOLDS = (
     *graded_thresholds(
@@ -45,7 +46,8 @@ WITH launches AS (
   FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
   WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver') AND regexp_matches(n.name, '{LAUNCH_API_REGEX}')
 ), kernels AS (
-  SELECT g.start_ns, g.end_ns, g.correlation FROM gpu g WHERE g.trace_id = ? AND g.device = ? AND g.kind = 'kernel'
+  SELECT g.start_ns, g.end_ns, g.correlation FROM gpu g
+  WHERE g.trace_id = ? AND g.device = ? AND g.kind = 'kernel' AND {launched_in_steps()}
 )
 SELECT
   (SELECT count(*) FROM kernels) AS kernels,

@@ -42,3 +42,19 @@ def in_scope(starts: np.ndarray, ends: np.ndarray, scope: tuple[int, int] | None
     lo, hi = scope
     keep = (ends > lo) & (starts < hi)
     return keep, np.clip(starts[keep], lo, hi), np.clip(ends[keep], lo, hi)
+
+
+def launched_in_steps(gpu: str = "g") -> str:
+    """SQL condition on the ``gpu`` row alias: the operation is in the step scope's work.
+
+    True when the trace has no step ranges (whole-trace behaviour), or when the
+    operation's launch call (runtime/driver, matched by correlation id; its
+    ``start_ns`` if there is none) starts inside a step: the same
+    operations that :func:`step_scope` spans. A semi-join, so each GPU row is
+    counted once even if several launch records share its correlation id.
+    """
+    launch = f"""coalesce((SELECT min(h.start_ns) FROM host h WHERE h.trace_id = {gpu}.trace_id
+      AND h.correlation = {gpu}.correlation AND h.kind IN ('runtime', 'driver')), {gpu}.start_ns)"""
+    return f"""(NOT EXISTS (SELECT 1 FROM ranges r WHERE r.trace_id = {gpu}.trace_id AND r.kind = 'step')
+  OR EXISTS (SELECT 1 FROM ranges r WHERE r.trace_id = {gpu}.trace_id AND r.kind = 'step'
+    AND {launch} >= r.start_ns AND {launch} < r.end_ns))"""
