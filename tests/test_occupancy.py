@@ -267,7 +267,7 @@ def test_achieved_far_below_theoretical(store, tmp_path):
     assert _flagged(near_gap) == {}
 
 
-def test_library_kernels_without_ncu_are_one_low_finding_claiming_no_time(store, tmp_path):
+def test_library_kernels_without_ncu_are_one_info_finding_claiming_no_time(store, tmp_path):
     from tests.kineto_builder import KinetoTrace
 
     t = KinetoTrace(device_props=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8,
@@ -287,7 +287,7 @@ def test_library_kernels_without_ncu_are_one_low_finding_claiming_no_time(store,
         )
     result = _run(store, [t.write(tmp_path / "a100.json")], min_impact_ms=0)
     library = [f for f in result.findings if f.evidence.get("key") == "library"]
-    assert len(library) == 1 and library[0].severity == "low" and library[0].impact_ns == 0
+    assert len(library) == 1 and library[0].severity == "info" and library[0].impact_ns == 0
     (mine,) = _flagged(result).values()
     assert (
         mine.evidence["kernel"] == "my_kernel"
