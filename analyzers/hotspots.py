@@ -44,13 +44,14 @@ THRESHOLDS = (
         "memory_bound_pct",
         40.0,
         "%",
-        "share of GPU time in elementwise, normalization, reduction and memory kernels that "
-        "triggers the fusion advice",
+        "share of GPU time in elementwise, normalization, reduction and memory kernels (not "
+        "memcpy/memset copies) that triggers the fusion advice",
         maximum=100,
     ),
 )
 MAX_WINDOWS = 20
 MATRIX = ("gemm", "attention", "convolution")
+FUSIBLE = ("elementwise", "normalization", "reduction", "memory")  # memory-bound kernel categories
 CATEGORIES = (
     "communication",
     "memory",
@@ -348,8 +349,8 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
     ]
     fp32_no_tc = matrix & (t["precision"] == "fp32") & (t["tensor_cores"] == "no")
     fp32_no_tc_pct = 100.0 * t["total_ns"][fp32_no_tc].sum() / matrix_ns if matrix_ns else 0.0
-    memory_bound = sum(cat_ns[c] for c in ("elementwise", "normalization", "reduction", "memory"))
-    memory_bound_pct = 100.0 * memory_bound / gpu_ns if gpu_ns else 0.0
+    fusible = is_kernel & np.isin(t["category"], FUSIBLE)  # copies are not fusible kernels
+    memory_bound_pct = 100.0 * t["total_ns"][fusible].sum() / gpu_ns if gpu_ns else 0.0
     windows = _windows(job, trace, device, t["name_id"][top[0]]) if top else []
     head = top_kernels[0] if top_kernels else None
     cats_text = ", ".join(f"{c['category']} {c['pct']:.0f}%" for c in categories[:4])
@@ -382,7 +383,7 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
             title=title,
             detail=detail,
             recommendation=_recommendation(
-                fp32_no_tc_pct, memory_bound_pct, cat_ns, gpu_ns, head, params
+                fp32_no_tc_pct, memory_bound_pct, cat_ns, gpu_ns, _lead(t, order), params
             ),
             impact_ns=0,
             evidence={
@@ -414,7 +415,21 @@ def _shares(labels: np.ndarray, ns: np.ndarray, whole: int) -> dict[str, dict]:
     }
 
 
-def _recommendation(fp32_pct, memory_pct, cat_ns, gpu_ns, head, params) -> str:
+def _lead(t: dict, order: np.ndarray) -> dict | None:
+    """The row with the most GPU time (kernel, memcpy or memset): name, kind, category, total_ns."""
+    if not order.size:
+        return None
+    i = order[0]
+    return {k: t[k][i] for k in ("name", "kind", "category", "total_ns")}
+
+
+def _recommendation(fp32_pct, memory_pct, cat_ns, gpu_ns, lead, params) -> str:
+    """Advice for what the GPU time is: the lead row's kind first, then precision and fusion.
+
+    ``fp32_pct``: % of matrix time in FP32 without Tensor Cores; ``memory_pct``: %
+    of GPU time in memory-bound kernels (:data:`FUSIBLE`, copies excluded);
+    ``cat_ns``: ns per category; ``lead``: :func:`_lead`.
+    """
     advice = []
     if fp32_pct >= params["fp32_matmul_pct"]:
         advice.append(
@@ -429,19 +444,54 @@ def _recommendation(fp32_pct, memory_pct, cat_ns, gpu_ns, head, params) -> str:
             "kernels, which are memory-bound: fuse them with torch.compile, use fused optimizers "
             "(fused=True / foreach=True) and fused normalization / attention kernels."
         )
+    lead_text = _lead_advice(lead, cat_ns, gpu_ns, bool(advice))
+    if lead_text:
+        advice.insert(0, lead_text)
     attention_share = 100.0 * cat_ns["attention"] / gpu_ns if gpu_ns else 0.0
-    if head and not advice:
-        advice.append(
-            f"Optimize from the top: {_short(head['name'])} alone is {head['share_pct']:.0f}% of kernel "
-            "time; check its shapes and library choice (cuBLAS/cuDNN heuristics, "
-            "torch.backends.cudnn.benchmark = True for fixed-shape convolutions)."
-        )
     if attention_share >= 20 and not any("attention" in a for a in advice):
         advice.append(
             "Attention is a large share: use fused attention (F.scaled_dot_product_attention with "
             "the flash / memory-efficient backends)."
         )
     return " ".join(advice) or "No GPU activity to profile."
+
+
+def _lead_advice(lead: dict | None, cat_ns: dict, gpu_ns: int, advised: bool) -> str | None:
+    """Advice that fits the row with the most GPU time, or None.
+
+    Copies -> the memcpy analyzer's advice; communication kernels -> overlap /
+    nccl_wait; GEMM, convolution and attention kernels -> shapes and library
+    choice; other kernels -> Nsight Compute. Kernel advice is left out when the
+    precision or fusion advice (``advised``) already covers the work.
+    """
+    if lead is None or not gpu_ns:
+        return None
+    name, share = _short(str(lead["name"])), 100.0 * lead["total_ns"] / gpu_ns
+    if lead["kind"] != "kernel":
+        return (
+            f"Copies lead the GPU time ({str(lead['name']).strip()} alone {share:.0f}%); as the "
+            "memcpy findings say: pinned memory (pin_memory=True) with non_blocking=True, fewer and "
+            "larger copies overlapped with compute, and data kept on the GPU between steps."
+        )
+    if lead["category"] == "communication":
+        comm = 100.0 * cat_ns["communication"] / gpu_ns
+        return (
+            f"Communication kernels take {comm:.0f}% of GPU time (top: {name}); their time includes "
+            "waiting for the other ranks: see the overlap and nccl_wait findings (overlap with "
+            "compute, bucket sizes, straggling ranks)."
+        )
+    if advised:
+        return None
+    if lead["category"] in MATRIX:
+        return (
+            f"Optimize from the top: {name} alone is {share:.0f}% of GPU time; check its shapes "
+            "and library choice (cuBLAS/cuDNN heuristics, torch.backends.cudnn.benchmark = True "
+            "for fixed-shape convolutions)."
+        )
+    return (
+        f"Optimize from the top: {name} alone is {share:.0f}% of GPU time; profile it with "
+        "Nsight Compute (ncu -k regex:<name> --set full) for occupancy and memory throughput."
+    )
 
 
 def _windows(job: JobData, trace: str, device: int, name_id) -> list[list[int]]:

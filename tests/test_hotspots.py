@@ -255,3 +255,61 @@ def test_reports_hold_plain_json_values(store):
             assert plain(finding.to_dict()), (module.SPEC.id, finding.evidence)
         assert all(plain(m.to_dict()) for m in result.metrics), module.SPEC.id
     job.close()
+
+
+def lead_trace(lead: str) -> KinetoTrace:
+    """GPU 0: one 100 µs operation of the given kind, then a 20 µs bf16 GEMM and a 10 µs add.
+
+    The lead operation is 100 / 130 = 77 % of GPU time; memory-bound kernels are
+    10 / 130 = 7.7 % (under memory_bound_pct), so only the lead's advice is given.
+    """
+    t = KinetoTrace(device_props=[H100])
+    if lead == "copy":
+        t.memcpy("HtoD", "Pageable", "Device", 0, 100_000, 64 << 20)
+    else:
+        name = {
+            "comm": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "gemm": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_big",
+            "custom": "void moe_router_kernel<float>(float*, int)",
+        }[lead]
+        t.kernel(name, 0, 100_000)
+    t.kernel("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 100_000, 20_000)
+    t.kernel("void at::native::vectorized_elementwise_kernel<4, add>(int)", 120_000, 10_000)
+    return t
+
+
+@pytest.mark.parametrize(
+    "lead, says, not_says",
+    [
+        ("copy", ["77%", "pin_memory", "memcpy"], ["torch.compile", "cuBLAS", "Nsight Compute"]),
+        ("comm", ["77%", "overlap", "nccl_wait"], ["cuBLAS", "torch.compile", "pin_memory"]),
+        ("gemm", ["77%", "shapes", "cuBLAS"], ["Nsight Compute", "nccl_wait", "pin_memory"]),
+        ("custom", ["moe_router_kernel", "Nsight Compute"], ["cuBLAS", "nccl_wait", "pin_memory"]),
+    ],
+)
+def test_advice_fits_the_lead_work(store, tmp_path, lead, says, not_says):
+    (res,) = ingest_paths(store, [str(lead_trace(lead).write(tmp_path / "t.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    result = hotspots.run(job, hotspots.SPEC.params())
+    job.close()
+    (f,) = result.findings
+    assert f.evidence["memory_bound_pct"] == round(100 * 10 / 130, 3)  # copies are not counted
+    assert all(s in f.recommendation for s in says), f.recommendation
+    assert not any(s in f.recommendation for s in not_says), f.recommendation
+
+
+@pytest.mark.parametrize(
+    "scenario, rank, says, not_says",
+    [
+        ("pageable_sync", 0, "pin_memory", "torch.compile"),  # a 64 MiB pageable H2D copy leads
+        ("ddp_straggler", 0, "nccl_wait", "cuBLAS"),  # rank 0's NCCL kernels wait for rank 1
+    ],
+)
+def test_sample_advice_fits_the_lead_work(store, scenario, rank, says, not_says):
+    folder = REPO / "sample_traces" / "kineto" / scenario
+    (res,) = ingest_paths(store, [str(p) for p in folder.glob("*.json.gz")])
+    job = JobData(store, store.traces(res.job_id))
+    result = hotspots.run(job, hotspots.SPEC.params())
+    job.close()
+    f = next(f for f in result.findings if f.rank == rank)
+    assert says in f.recommendation and not_says not in f.recommendation, f.recommendation
