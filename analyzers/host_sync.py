@@ -18,7 +18,9 @@ is *drained* by a blocking call when the GPU ran out of work while the call
 was in progress and started again only after it returned. Its cost is the
 counterfactual gain of not blocking: min(gap length, host time blocked from
 the draining call's start to the end of the gap), with time inside
-graph-launch calls (inflated by CUPTI) taken off the gap first. Gaps already
+graph-launch calls (inflated by CUPTI) taken off the gap first, and capped
+at the gap's idle time that gpu_idle attributes to ``host_sync``
+(:func:`sync_idle_per_gap`: each idle ns has one cause). Gaps already
 open when a call began cost nothing here. See docs/analyzers/host_sync.md.
 
 :func:`op_stack` and :func:`enclosing_ops` (the innermost and outermost CPU
@@ -43,6 +45,7 @@ from stallscope.analyzers.base import (
     graded_severity,
     graded_thresholds,
 )
+from stallscope.idle import CAUSES, attribute_idle
 from stallscope.jobdata import JobData
 
 THRESHOLDS = (
@@ -465,6 +468,28 @@ def _covered_before(union: tuple[np.ndarray, np.ndarray]):
     return before
 
 
+def sync_idle_per_gap(
+    job: JobData, trace: str, device: int, gap_s: np.ndarray, gap_e: np.ndarray
+) -> np.ndarray:
+    """Per gap [gap_s, gap_e) (sorted, disjoint; int64 ns): idle ns that gpu_idle gives ``host_sync``.
+
+    The idle attribution (:func:`stallscope.idle.attribute_idle`) labels each
+    idle nanosecond with exactly one cause; a blocking call may be charged
+    only the ``host_sync`` part, never time the host spent loading data,
+    launching or in other work after the call returned. Its gaps are clipped
+    to the step scope, so each lies inside one of these gaps (or none).
+    """
+    attribution = attribute_idle(job, trace, device)
+    result = np.zeros(gap_s.size, dtype=np.int64)
+    if gap_s.size == 0 or attribution.gap_starts.size == 0:
+        return result
+    sync_ns = attribution.per_gap[:, CAUSES.index("host_sync")]
+    idx = np.searchsorted(gap_s, attribution.gap_starts, side="right") - 1
+    inside = (idx >= 0) & (attribution.gap_starts < gap_e[np.maximum(idx, 0)])
+    np.add.at(result, idx[inside], sync_ns[inside])
+    return result
+
+
 GRAPH_LAUNCH_REGEX = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)$"
 
 
@@ -511,6 +536,7 @@ def _device(
     calls = {k: v[order] for k, v in calls.items()}
     in_step, sites = in_step[order], sites[order]
     cost = gap_costs(gap_s, gap_e, calls["start_ns"], calls["end_ns"], context["graph_launches"])
+    cost.lost = np.minimum(cost.lost, sync_idle_per_gap(job, trace, device, gap_s, gap_e))
     lost = int(cost.lost.sum())
     share = 100.0 * lost / span if span else 0.0
     steps = context["steps"]

@@ -14,6 +14,10 @@ activity covers it on the threads that launch work onto that device:
 5. ``cpu``        — other host work (operators, Python) on those threads;
 6. ``unknown``    — nothing recorded on those threads.
 
+In a gap drained by a sync (it opened while the host was blocked in one),
+the ``launch``/``cpu`` time after the sync, up to the first time of another
+cause, is ``host_sync`` too (:func:`_charge_drain_to_sync`).
+
 Before that, a gap whose next operation had already been handed to the GPU
 when the gap began (its launch call had returned) is ``queued`` as a whole:
 the host was not what the GPU waited for (cross-stream dependencies, device
@@ -258,10 +262,47 @@ def _label_gaps(
         label[hit] = index
         unlabeled &= ~hit
     gap_index = np.searchsorted(gap_s, seg_start, side="right") - 1
+    label = _charge_drain_to_sync(label, gap_index, seg_len)
     np.add.at(per_gap, (gap_index, label), seg_len)
     in_graph = (label == CAUSES.index("launch")) & _covered(seg_start, graph_union)
     np.add.at(graph, gap_index[in_graph], seg_len[in_graph])
     return per_gap, graph
+
+
+DRAIN_ABSORBS = (CAUSES.index("launch"), CAUSES.index("cpu"))
+DRAIN_SLIVER_NS = 50_000  # unrecorded host time up to this (Python between ops) counts as host work
+
+
+def _charge_drain_to_sync(
+    label: np.ndarray, gap_index: np.ndarray, seg_len: np.ndarray
+) -> np.ndarray:
+    """Relabel as ``host_sync`` the launch/cpu time a sync exposed in the gap it drained.
+
+    ``label`` is each gap segment's cause (index into CAUSES), segments sorted
+    by start; ``gap_index`` and ``seg_len`` (ns) each segment's gap and length. A gap whose first segment
+    is ``host_sync`` opened while the host was blocked in a sync: the sync
+    drained the GPU queue. The ``launch`` and ``cpu`` segments that follow
+    (and ``unknown`` slivers of at most DRAIN_SLIVER_NS: Python between
+    recorded operators), up to the first segment of any other cause, are host
+    work that would have overlapped GPU work without the sync, so they become
+    ``host_sync``. From a ``dataloader``, ``memcpy`` or longer ``unknown``
+    segment on (a sleep, the GIL: its own fault), the gap keeps its labels. Returns a new array; each segment
+    still has exactly one cause.
+    """
+    if label.size == 0:
+        return label
+    sync = CAUSES.index("host_sync")
+    first = np.concatenate(([True], gap_index[1:] != gap_index[:-1]))
+    first_idx = np.maximum.accumulate(np.where(first, np.arange(label.size), 0))
+    drained = label[first_idx] == sync
+    sliver = (label == CAUSES.index("unknown")) & (seg_len <= DRAIN_SLIVER_NS)
+    absorbs = np.isin(label, DRAIN_ABSORBS) | sliver
+    breaker = (~absorbs & (label != sync)).astype(np.int64)
+    cum = np.cumsum(breaker)
+    broken = cum - (cum[first_idx] - breaker[first_idx]) > 0
+    out = label.copy()
+    out[drained & absorbs & ~broken] = sync
+    return out
 
 
 def top_host_ops(

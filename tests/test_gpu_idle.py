@@ -17,11 +17,13 @@ def hand_trace() -> KinetoTrace:
     """Device 0, launch thread (100, 100); times in µs.
 
     gap1 [10,40):  DataLoader [12,37) -> dataloader 25; [10,12) unknown 2; launching op [37,40) -> launch 3
-    gap2 [50,80):  cudaStreamSynchronize [45,60) -> host_sync 10; python [60,70) -> cpu 10;
-                   [70,74) unknown 4; launching op [74,79) -> launch 5; [79,80) unknown 1
+    gap2 [50,80):  cudaStreamSynchronize [45,60) -> host_sync 10; the sync drained the GPU, so
+                   what follows up to the next launch is the sync's too: python [60,70) (cpu),
+                   [70,74) and [79,80) (unknown slivers), launching op [74,79) (launch) -> host_sync 30
     gap3 [90,98):  cudaMemcpy (HtoD pageable) [90,98) -> memcpy 8
     gap4 [110,120): aten::item [110,125) -> host_sync 10
-    gap5 [121,130): aten::item until 125 -> host_sync 4; [125,127) unknown 2; cuLaunchKernelEx [127,130) -> launch 3
+    gap5 [121,130): aten::item until 125 -> host_sync 4; drained, so [125,127) unknown and
+                   cuLaunchKernelEx [127,130) -> host_sync 9 in all
     gap6 [140,145): kernel F was launched at 91 µs, long before: queued 5 (a GPU-side wait)
     A noise thread (100, 200) is busy the whole time: it launches nothing, so it is ignored.
     """
@@ -79,12 +81,12 @@ def test_attribution_by_hand(job):
     assert attribution.threads == [(100, 100)]
     expected = {
         "dataloader": 25,
-        "host_sync": 24,
+        "host_sync": 49,
         "memcpy": 8,
-        "launch": 11,
-        "cpu": 10,
+        "launch": 3,
+        "cpu": 0,
         "queued": 5,
-        "unknown": 9,
+        "unknown": 2,
     }
     assert attribution.totals == {c: expected[c] * US for c in CAUSES}
     assert attribution.per_gap.sum(axis=1).tolist() == [
@@ -100,7 +102,7 @@ def test_attribution_by_hand(job):
 def test_metrics_and_findings(job):
     result = gpu_idle.run(job, gpu_idle.SPEC.params({"min_impact_ms": 0}))
     metrics = {m.name: m.value for m in result.metrics}
-    assert metrics["idle_dataloader_ns"] == 25 * US and metrics["idle_unknown_ns"] == 9 * US
+    assert metrics["idle_dataloader_ns"] == 25 * US and metrics["idle_unknown_ns"] == 2 * US
     assert metrics["idle_queued_ns"] == 5 * US
     by_cause = {f.evidence["cause"]: f for f in result.findings}
     assert "launch" not in by_cause  # reported by launch_overhead
