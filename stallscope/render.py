@@ -63,6 +63,21 @@ _METRIC_HEADER = [
 ]
 
 
+def _no_timeline(report: dict[str, Any]) -> str:
+    """What stands in for the metrics table when no trace has a GPU timeline."""
+    if report["traces"] and all(t.get("source") == "ncu" for t in report["traces"]):
+        return (
+            "No GPU timeline: Nsight Compute results only (per-kernel metrics; add a Kineto or "
+            "nsys trace of the same program for time-based metrics)."
+        )
+    return "No GPU activity in these traces."
+
+
+def _warnings(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(trace name, warning) of every trace, in report order."""
+    return [(t.get("name") or t["id"], w) for t in report["traces"] for w in t.get("warnings", [])]
+
+
 def render_text(report: dict[str, Any]) -> str:
     lines = [
         f"stallscope report ({_count(len(report['traces']), 'trace')}, {_count(len(report['findings']), 'finding')})",
@@ -72,8 +87,9 @@ def render_text(report: dict[str, Any]) -> str:
     if rows:
         lines += _table(_METRIC_HEADER, rows)
     else:
-        lines.append("No GPU activity in these traces.")
+        lines.append(_no_timeline(report))
     lines.append("")
+    lines += [f"Warning: {name}: {text}" for name, text in _warnings(report)]
     if not report["findings"]:
         lines.append("No findings.")
     for f in report["findings"]:
@@ -96,7 +112,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append("|" + "---|" * len(_METRIC_HEADER))
         lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
     else:
-        lines.append("No GPU activity in these traces.")
+        lines.append(_no_timeline(report))
+    warnings = [f"> Warning: {_md(name)}: {_md(text)}" for name, text in _warnings(report)]
+    lines += ["", *warnings] if warnings else []
     lines += ["", f"### Findings ({len(report['findings'])})", ""]
     if not report["findings"]:
         lines.append("No findings.")
@@ -182,7 +200,8 @@ def render_html(report: dict[str, Any]) -> str:
             )
         )
     else:
-        parts.append("<p>No GPU activity in these traces.</p>")
+        parts.append(f"<p>{escape(_no_timeline(report))}</p>")
+    parts += [f"<p><b>Warning</b>: {escape(n)}: {escape(w)}</p>" for n, w in _warnings(report)]
     parts.append(f"<h2>Findings ({len(report['findings'])})</h2>")
     if not report["findings"]:
         parts.append("<p>No findings.</p>")

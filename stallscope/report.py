@@ -45,6 +45,7 @@ def trace_entry(ref: TraceRef) -> dict[str, Any]:
         "span_ns": meta.get("span_ns"),
         "event_count": meta.get("event_count"),
         "kernel_count": meta.get("kernel_count"),
+        "warnings": list(meta.get("warnings", [])),
     }
 
 

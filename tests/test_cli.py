@@ -11,7 +11,7 @@ from stallscope.analyzers import all_specs
 from tests.kineto_builder import KinetoTrace
 
 TRACE_KEYS = {"id", "name", "source", "source_version", "job", "rank", "world_size", "devices", "span_ns",
-              "event_count", "kernel_count"}  # fmt: skip
+              "event_count", "kernel_count", "warnings"}  # fmt: skip
 METRIC_KEYS = {"trace", "rank", "device", "name", "value", "unit"}
 FINDING_KEYS = {"id", "trace", "rank", "device", "analyzer", "severity", "title", "detail", "recommendation",
                 "impact_ns", "evidence", "windows"}  # fmt: skip
@@ -34,7 +34,7 @@ def test_json_report_contract(cli, idle_trace):
     report = json.loads(out.stdout)
     assert report["schema"] == "stallscope.report/1"
     (trace,) = report["traces"]
-    assert set(trace) == TRACE_KEYS
+    assert set(trace) == TRACE_KEYS and trace["warnings"] == []
     assert (trace["kernel_count"], trace["span_ns"], trace["rank"], trace["source"]) == (
         3,
         100_000_000,
@@ -191,6 +191,24 @@ def test_a_lone_nsight_compute_csv_analyzes(cli):
     out = cli("analyze", str(SAMPLES / "ncu" / "occupancy.raw.csv"), "--format", "json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["traces"][0]["source"] == "ncu"
+    text = cli("analyze", str(SAMPLES / "ncu" / "occupancy.raw.csv")).stdout
+    assert "No GPU timeline: Nsight Compute results only" in text
+    assert "No GPU activity" not in text  # its occupancy finding follows: not a contradiction
+
+
+def test_ingest_warnings_reach_the_report(cli, tmp_path):
+    t = KinetoTrace(rank=0, world_size=1)
+    t.kernel("k", 0, 1000)
+    t.step(1, 0, 2000)
+    path = tmp_path / "nan.json"
+    path.write_text(
+        t.render().replace('"est. achieved occupancy %": 25', '"est. achieved occupancy %": NaN')
+    )
+    report = json.loads(cli("analyze", str(path), "--format", "json").stdout)
+    (warning,) = report["traces"][0]["warnings"]
+    assert "NaN" in warning
+    for fmt, prefix in (("text", "Warning: nan.json: "), ("markdown", "> Warning: nan.json: ")):
+        assert prefix + warning in cli("analyze", str(path), "--format", fmt).stdout
 
 
 def test_commands_other_than_analyze_import_no_analyzer():
