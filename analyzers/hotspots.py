@@ -29,7 +29,7 @@ import numpy as np
 from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
 from stallscope.analyzers.host_sync import enclosing_ops, name_lookup, op_stack
 from stallscope.jobdata import JobData
-from stallscope.scope import launched_in_steps
+from stallscope.scope import scope_sql
 
 THRESHOLDS = (
     Threshold("top_n", 10, "rows", "rows in the top-kernel and top-operator tables", minimum=1),
@@ -192,20 +192,20 @@ def tensor_cores_of(name: str) -> str:
     return "unknown"
 
 
-# Only GPU work launched inside the steps when the trace has steps (stallscope.scope).
-_KERNELS_SQL = f"""
+# Only GPU work inside the step scope when the trace has steps (stallscope.scope.scope_sql).
+_KERNELS_SQL = """
 SELECT g.device, g.name_id, g.kind, bool_or(coalesce(g.is_comm, false)) AS is_comm, count(*) AS count,
        sum(g.end_ns - g.start_ns) AS total_ns, median(g.end_ns - g.start_ns) AS median_ns
-FROM gpu g WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset') AND {launched_in_steps()}
+FROM gpu g WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset') AND {scope}
 GROUP BY g.device, g.name_id, g.kind
 """
 
-_LAUNCHES_SQL = f"""
+_LAUNCHES_SQL = """
 SELECT g.device, h.pid, h.tid, h.start_ns, h.end_ns,
        sum(g.end_ns - g.start_ns) AS gpu_ns, count(*) AS ops
 FROM gpu g JOIN host h
   ON h.trace_id = g.trace_id AND h.correlation = g.correlation AND h.kind IN ('runtime', 'driver')
-WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset') AND {launched_in_steps()}
+WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset') AND {scope}
 GROUP BY g.device, h.pid, h.tid, h.start_ns, h.end_ns
 """
 
@@ -219,7 +219,12 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
-    kernels = {k: np.asarray(v) for k, v in job.numpy(_KERNELS_SQL, [trace]).items()}
+    kernels = {
+        k: np.asarray(v)
+        for k, v in job.numpy(
+            _KERNELS_SQL.replace("{scope}", scope_sql(job, trace)), [trace]
+        ).items()
+    }
     if kernels["device"].size == 0:
         return
     names = name_lookup(job, trace, kernels["name_id"])
@@ -254,7 +259,12 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
 
 def _top_ops(job: JobData, trace: str) -> dict[int, list[dict]]:
     """Per device: [{name, gpu_ns, kernels, calls}] for every operator that launched GPU work."""
-    launches = {k: np.asarray(v) for k, v in job.numpy(_LAUNCHES_SQL, [trace]).items()}
+    launches = {
+        k: np.asarray(v)
+        for k, v in job.numpy(
+            _LAUNCHES_SQL.replace("{scope}", scope_sql(job, trace)), [trace]
+        ).items()
+    }
     if launches["device"].size == 0:
         return {}
     stack = op_stack(job, trace)
@@ -497,7 +507,7 @@ def _lead_advice(lead: dict | None, cat_ns: dict, gpu_ns: int, advised: bool) ->
 def _windows(job: JobData, trace: str, device: int, name_id) -> list[list[int]]:
     rows = job.sql(
         "SELECT g.start_ns, g.end_ns FROM gpu g WHERE g.trace_id = ? AND g.device = ? "
-        f"AND g.name_id = ? AND g.kind = 'kernel' AND {launched_in_steps()} "
+        f"AND g.name_id = ? AND g.kind = 'kernel' AND {scope_sql(job, trace)} "
         "ORDER BY g.end_ns - g.start_ns DESC, g.start_ns LIMIT ?",
         [trace, device, int(name_id), MAX_WINDOWS],
     ).fetchall()

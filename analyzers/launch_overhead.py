@@ -24,7 +24,7 @@ from stallscope.analyzers.base import (
 )
 from stallscope.idle import CAUSES, LAUNCH_API_REGEX, attribute_idle
 from stallscope.jobdata import JobData
-from stallscope.scope import launched_in_steps
+from stallscope.scope import scope_sql
 
 THRESHOLDS = (
     *graded_thresholds(
@@ -47,7 +47,7 @@ WITH launches AS (
   WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver') AND regexp_matches(n.name, '{LAUNCH_API_REGEX}')
 ), kernels AS (
   SELECT g.start_ns, g.end_ns, g.correlation FROM gpu g
-  WHERE g.trace_id = ? AND g.device = ? AND g.kind = 'kernel' AND {launched_in_steps()}
+  WHERE g.trace_id = ? AND g.device = ? AND g.kind = 'kernel' AND {{scope}}
 )
 SELECT
   (SELECT count(*) FROM kernels) AS kernels,
@@ -78,7 +78,9 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 def _device(
     job: JobData, result: AnalyzerResult, trace: str, rank: int, device: int, steps: int, params
 ) -> None:
-    row = job.sql(_STATS_SQL, [trace, trace, device]).fetchone()
+    row = job.sql(
+        _STATS_SQL.replace("{scope}", scope_sql(job, trace)), [trace, trace, device]
+    ).fetchone()
     (
         kernels,
         launches,

@@ -44,17 +44,22 @@ def in_scope(starts: np.ndarray, ends: np.ndarray, scope: tuple[int, int] | None
     return keep, np.clip(starts[keep], lo, hi), np.clip(ends[keep], lo, hi)
 
 
-def launched_in_steps(gpu: str = "g") -> str:
-    """SQL condition on the ``gpu`` row alias: the operation is in the step scope's work.
+def scope_sql(job: JobData, trace_id: str, alias: str = "g") -> str:
+    """SQL condition on a ``gpu`` row: it starts inside its device's step scope.
 
-    True when the trace has no step ranges (whole-trace behaviour), or when the
-    operation's launch call (runtime/driver, matched by correlation id; its
-    ``start_ns`` if there is none) starts inside a step: the same
-    operations that :func:`step_scope` spans. A semi-join, so each GPU row is
-    counted once even if several launch records share its correlation id.
+    The scope is :func:`step_scope`'s (first start to last end of the GPU work
+    launched inside steps), the same window the idle and utilization figures
+    use; set-up before the first step and tear-down after the last are out.
+    ``TRUE`` for devices of a trace without step ranges. Literal bounds, one
+    ``CASE`` arm per device: a cheap filter, whatever the trace's size.
     """
-    launch = f"""coalesce((SELECT min(h.start_ns) FROM host h WHERE h.trace_id = {gpu}.trace_id
-      AND h.correlation = {gpu}.correlation AND h.kind IN ('runtime', 'driver')), {gpu}.start_ns)"""
-    return f"""(NOT EXISTS (SELECT 1 FROM ranges r WHERE r.trace_id = {gpu}.trace_id AND r.kind = 'step')
-  OR EXISTS (SELECT 1 FROM ranges r WHERE r.trace_id = {gpu}.trace_id AND r.kind = 'step'
-    AND {launch} >= r.start_ns AND {launch} < r.end_ns))"""
+    devices = job.sql(
+        "SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND device IS NOT NULL", [trace_id]
+    ).fetchall()
+    arms = []
+    for (device,) in devices:
+        scope = step_scope(job, trace_id, int(device))
+        if scope is not None:
+            start = f"{alias}.start_ns"
+            arms.append(f"WHEN {int(device)} THEN {start} >= {scope[0]} AND {start} < {scope[1]}")
+    return f"(CASE {alias}.device {' '.join(arms)} ELSE TRUE END)" if arms else "TRUE"
