@@ -363,7 +363,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
         "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
     )
     step_union = intervals.union(steps["start_ns"], steps["end_ns"])
-    in_step = covered(calls["start_ns"], step_union)
+    in_step = intervals.covers(step_union, calls["start_ns"])
     sites = call_sites(
         job, trace, calls["pid"], calls["tid"], calls["start_ns"], calls["end_ns"], calls["api"]
     )
@@ -679,18 +679,6 @@ def _recommendation(sites: list[dict], calls: dict) -> str:
             "host's next launches run with the GPU idle."
         )
     return " ".join(fixes)
-
-
-def covered(points: np.ndarray, union: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Whether each point lies inside the (sorted, disjoint) union of intervals."""
-    starts, ends = union
-    if starts.size == 0:
-        return np.zeros(points.size, dtype=bool)
-    idx = np.searchsorted(starts, points, side="right") - 1
-    ok = idx >= 0
-    result = np.zeros(points.size, dtype=bool)
-    result[ok] = points[ok] < ends[idx[ok]]
-    return result
 
 
 SPEC = AnalyzerSpec(

@@ -39,7 +39,6 @@ from stallscope.analyzers.host_sync import (
     COPY_API_REGEX,
     SMALL_H2D_BYTES,
     call_sites,
-    covered,
 )
 from stallscope.jobdata import JobData
 
@@ -113,7 +112,9 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
     )
     n_steps = int(steps["start_ns"].size)
     window = (int(steps["start_ns"].min()), int(steps["end_ns"].max())) if n_steps else None
-    in_step = covered(copies["host_start"], intervals.union(steps["start_ns"], steps["end_ns"]))
+    in_step = intervals.covers(
+        intervals.union(steps["start_ns"], steps["end_ns"]), copies["host_start"]
+    )
     if not n_steps:
         in_step[:] = True
     sites = (

@@ -49,3 +49,15 @@ def gaps(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The holes between the union's intervals (from the first start to the last end)."""
     us, ue = union(starts, ends)
     return ue[:-1], us[1:]
+
+
+def covers(union: tuple[np.ndarray, np.ndarray], points: np.ndarray) -> np.ndarray:
+    """Whether each point (ns) lies inside the sorted, disjoint ``union`` of [start, end)."""
+    starts, ends = union
+    if starts.size == 0:
+        return np.zeros(points.size, dtype=bool)
+    idx = np.searchsorted(starts, points, side="right") - 1
+    ok = idx >= 0
+    result = np.zeros(points.size, dtype=bool)
+    result[ok] = points[ok] < ends[idx[ok]]
+    return result

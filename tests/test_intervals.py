@@ -41,3 +41,12 @@ def test_gaps_between_union_intervals():
     s, e = intervals.gaps(arr(0, 5, 20, 50), arr(10, 12, 30, 60))
     assert s.tolist() == [12, 30]
     assert e.tolist() == [20, 50]
+
+
+def test_covers_points_in_half_open_union():
+    union = (np.array([10, 30]), np.array([20, 40]))
+    points = np.array([5, 10, 19, 20, 25, 30, 39, 40, 50])
+    assert intervals.covers(union, points).tolist() == [
+        False, True, True, False, False, True, True, False, False
+    ]  # fmt: skip
+    assert intervals.covers((np.array([]), np.array([])), points).tolist() == [False] * 9
