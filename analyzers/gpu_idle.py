@@ -75,6 +75,28 @@ CAUSE_TEXT = {
 }
 
 
+# ``unknown`` when the host side WAS profiled (operators, Python or OS calls
+# recorded): the gap is in work the profiler does not record.
+UNRECORDED_WORK_FIX = (
+    "CPU activity was captured, but the launching thread ran no recorded operation in these gaps: it was in "
+    "work the profiler does not record (Python between operators, time.sleep or I/O, waiting for the GIL, or "
+    "descheduled). Sample the Python stack over these windows (py-spy, or Nsight Systems with "
+    "--python-sampling=true) and move that work out of the step. In a multi-rank job, see nccl_wait: a rank "
+    "whose host falls behind here is the straggler the others wait for."
+)
+_HOST_WORK_SQL = (
+    "SELECT count(*) > 0 FROM host WHERE trace_id = ? AND kind IN ('cpu_op', 'python', 'osrt')"
+)
+
+
+def host_work_recorded(job: JobData, trace: str) -> bool:
+    """Whether the trace records host work beyond launch calls and ranges (operators, Python, OS calls)."""
+    key = ("host_work_recorded", trace)
+    if key not in job.cache:
+        job.cache[key] = bool(job.sql(_HOST_WORK_SQL, [trace]).fetchone()[0])
+    return job.cache[key]
+
+
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
     for ref in job.traces:
@@ -111,6 +133,8 @@ def _finding(
     windows = [[int(attribution.gap_starts[i]), int(attribution.gap_ends[i])] for i in order]
     gaps_with_cause = int((per_gap > 0).sum())
     what, fix = CAUSE_TEXT[cause]
+    if cause == "unknown" and host_work_recorded(job, trace):
+        fix = UNRECORDED_WORK_FIX
     top_ops = top_host_ops(job, trace, attribution.threads, windows) if cause != "unknown" else []
     top_text = ", ".join(f"{op['name']} ({op['overlap_ns'] / 1e6:.2f} ms)" for op in top_ops[:3])
     detail = (
@@ -138,6 +162,9 @@ def _finding(
             "span_ns": span,
             "idle_by_cause_ns": attribution.totals,
             "top_host_ops": top_ops,
+            **(
+                {"host_work_recorded": host_work_recorded(job, trace)} if cause == "unknown" else {}
+            ),
         },
         windows=windows,
     )

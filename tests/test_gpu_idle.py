@@ -121,3 +121,27 @@ def test_metrics_and_findings(job):
 
 def test_min_impact_suppresses_small_traces(job):
     assert gpu_idle.run(job, gpu_idle.SPEC.params()).findings == []
+
+
+@pytest.mark.parametrize("with_cpu_ops", [True, False])
+def test_unrecorded_gap_advice_depends_on_what_was_captured(store, tmp_path, with_cpu_ops):
+    """A 1 ms gap with nothing recorded: sample the unrecorded host work if CPU ops were
+    captured (the profiler did see the host), else capture them."""
+    t = KinetoTrace(rank=0, world_size=1)
+    for i, start in enumerate((0, 1_100_000)):  # kernels of 100 µs, a 1 ms gap between them
+        corr = t.next_corr()
+        t.runtime("cudaLaunchKernel", start, 5_000, corr=corr)
+        if with_cpu_ops:
+            t.cpu_op("aten::mul", start - 1_000 if start else 0, 6_000)
+        t.kernel(f"k{i}", start + 10_000, 90_000, corr=corr)
+    path = t.write(tmp_path / f"gap{int(with_cpu_ops)}.json")
+    (res,) = ingest_paths(store, [str(path)])
+    job = JobData(store, store.traces(res.job_id))
+    result = gpu_idle.run(job, gpu_idle.SPEC.params({"min_impact_ms": 0}))
+    job.close()
+    (finding,) = [f for f in result.findings if f.evidence["cause"] == "unknown"]
+    assert finding.evidence["host_work_recorded"] is with_cpu_ops
+    if with_cpu_ops:
+        assert finding.recommendation == gpu_idle.UNRECORDED_WORK_FIX
+    else:
+        assert finding.recommendation.startswith("Capture with CPU activity")
