@@ -122,6 +122,7 @@ def compare_jobs(
         "step_time": step,
         "verdict": verdict,
         "reason": reason,
+        "warnings": sample_warnings(a, b),
         "causes": [
             _delta_row(
                 {"cause": key.split(":", 1)[1], "kind": key.split(":", 1)[0]},
@@ -140,6 +141,23 @@ def compare_jobs(
             ),
         },
     }
+
+
+def sample_warnings(base: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Why the step-time verdict may mislead: no step markers, or too few steps for a noise estimate."""
+    out = []
+    for label, side in (("base", base), ("new", new)):
+        if side["source"] == "gpu_span":
+            out.append(
+                f"{label} has no step markers: its one 'step' is the GPU span of the whole capture, so "
+                "the verdict compares capture lengths (add ProfilerStep or NVTX 'step N' ranges, or "
+                "compare captures of the same length and work)"
+            )
+        elif len(side["steps"]) < 2:
+            out.append(
+                f"{label} has 1 step: no noise estimate, the verdict uses the threshold alone"
+            )
+    return out
 
 
 def step_statistics(base: np.ndarray, new: np.ndarray, noise_k: float) -> dict[str, Any]:
@@ -254,6 +272,8 @@ def render_compare(result: dict[str, Any], fmt: str) -> str:
         f"{result['reason']}.",
         "",
     ]
+    if result["warnings"]:
+        lines += [f"Warning: {w}." for w in result["warnings"]] + [""]
     base_names = ", ".join(str(n) for n in result["base"]["names"])
     new_names = ", ".join(str(n) for n in result["new"]["names"])
     step_rows = [

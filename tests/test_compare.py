@@ -91,6 +91,12 @@ def test_without_steps_the_gpu_span_is_the_sample(cli, tmp_path):
     assert rc == 1 and result["base"]["step_source"] == "gpu_span"
     assert result["step_time"]["pooled_std_ms"] is None and result["step_time"]["noise_ms"] == 0
     assert "no noise estimate" in result["reason"]
+    assert [w.split(":")[0] for w in result["warnings"]] == [
+        "base has no step markers",
+        "new has no step markers",
+    ]
+    text = cli("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")).stdout
+    assert "Warning: base has no step markers" in text
 
 
 def test_store_ids_and_text_markdown(cli, tmp_path):
