@@ -57,7 +57,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """
     from stallscope.commands import analyze, compare, export, ingest, listing, remove, serve
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stallscope",
         description=(
             "Find where GPU training and inference jobs lose time, from PyTorch profiler (Kineto), "
@@ -69,13 +69,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"stallscope {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in (ingest, listing, analyze, compare, export, serve, remove):
         if module is analyze:
             analyze.register(sub, thresholds=command in (None, "analyze"))
         else:
             module.register(sub)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and exit code 2; the full usage stays in ``--help``.
+
+    (argparse's default prints the whole usage first: ~60 lines for ``analyze``,
+    with the error last.)
+    """
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def add_store_option(parser: argparse.ArgumentParser) -> None:

@@ -102,7 +102,11 @@ def test_unknown_id_is_an_input_error(cli):
 def test_usage_errors_exit_2(cli):
     assert cli().returncode == 2
     assert cli("analyze").returncode == 2
-    assert cli("analyze", "x", "--format", "yaml").returncode == 2
+    bad = cli("analyze", "x", "--format", "yaml")
+    assert bad.returncode == 2
+    (line,) = bad.stderr.strip().splitlines()  # one line, not the whole usage first
+    assert line.startswith("stallscope analyze: error: argument --format: invalid choice: 'yaml'")
+    assert line.endswith("(see 'stallscope analyze --help')")
 
 
 @pytest.mark.parametrize(
