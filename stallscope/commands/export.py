@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "track (args: severity, analyzer, detail, recommendation, impact_ms)."
         ),
     )
-    p.add_argument("trace", metavar="TRACE", help="trace file or stored trace id")
+    p.add_argument(
+        "trace", metavar="TRACE", help="trace file, stored trace id, or id of a one-trace job"
+    )
     p.add_argument(
         "--perfetto",
         metavar="OUT.json",

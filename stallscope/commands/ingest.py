@@ -13,8 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="add trace files, directories or zips to the store",
         description=(
             "Add traces to the store: PyTorch profiler (Kineto) JSON, Nsight Systems exports (.sqlite, "
-            ".sqlite.gz, .nsys-rep) and Nsight Compute CSVs. Files given together form one job "
-            "(the ranks of one run; use --each for unrelated files); each directory or .zip is one job. "
+            ".sqlite.gz, .nsys-rep, .qdrep) and Nsight Compute CSVs (.ncu-rep with ncu). Files given "
+            "together form one job (the ranks of one run; use --each for unrelated files); each "
+            "directory or .zip is one job. "
             "Re-ingesting the same files finds the stored job instead of duplicating it."
         ),
     )
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "paths",
         nargs="+",
         metavar="PATH",
-        help="trace file (.json[.gz], .sqlite[.gz], .nsys-rep, ncu .csv), directory or .zip",
+        help="trace file (.json[.gz], .sqlite[.gz], .nsys-rep/.qdrep, ncu .csv/.ncu-rep), directory or .zip",
     )
     p.add_argument("--each", action="store_true", help="ingest every file as its own job")
     p.add_argument(
