@@ -349,7 +349,10 @@ def _signed(value: float | None) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "new" if value is None else f"{value:+.1f}%"
+    """A relative change for tables: 'new' from zero, '>+999%' when the base was tiny (JSON keeps it)."""
+    if value is None:
+        return "new"
+    return ">+999%" if value > 999 else f"{value:+.1f}%"  # a decrease is -100% at most
 
 
 def _short(text: str, width: int) -> str:

@@ -136,3 +136,11 @@ def test_decide_unit():
     assert decide(s, 0.05)[0] == "no significant change"
     s = step_statistics(np.array([10 * MS, 10 * MS]), np.array([10.6 * MS, 10.6 * MS]), 2.0)
     assert decide(s, 0.05)[0] == "regression"  # zero variance: any change past 5 % counts
+
+
+def test_table_percentages_read_well():
+    from stallscope.compare import _pct
+
+    assert [_pct(v) for v in (None, 5.0, -12.34, 999.0, 193417.3)] == [
+        "new", "+5.0%", "-12.3%", "+999.0%", ">+999%"
+    ]  # fmt: skip
