@@ -113,18 +113,20 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
     else:
         lines.append(_no_timeline(report))
-    warnings = [f"> Warning: {_md(name)}: {_md(text)}" for name, text in _warnings(report)]
+    warnings = [
+        f"> Warning: {_md_line(name)}: {_md_line(text)}" for name, text in _warnings(report)
+    ]
     lines += ["", *warnings] if warnings else []
     lines += ["", f"### Findings ({len(report['findings'])})", ""]
     if not report["findings"]:
         lines.append("No findings.")
     for f in report["findings"]:
         lines.append(
-            f"- **{f['severity'].upper()}** {_md(f['title'])} — `{f['analyzer']}`, trace `{f['trace']}`, "
+            f"- **{f['severity'].upper()}** {_md_line(f['title'])} — `{f['analyzer']}`, trace `{f['trace']}`, "
             f"rank {f['rank']}, {f['impact_ns'] / 1e6:.2f} ms lost"
         )
-        lines.append(f"  - {_md(f['detail'])}")
-        lines.append(f"  - Fix: {_md(f['recommendation'])}")
+        lines.append(f"  - {_md_line(f['detail'])}")
+        lines.append(f"  - Fix: {_md_line(f['recommendation'])}")
     return "\n".join(lines) + "\n"
 
 
@@ -149,7 +151,13 @@ def _short(text: str, width: int) -> str:
 
 
 def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Text for a Markdown table cell: pipes escaped, one line."""
+    return _md_line(text).replace("|", "\\|")
+
+
+def _md_line(text: str) -> str:
+    """Text for a Markdown line outside tables: one line, pipes kept (``\\|`` would show in code)."""
+    return str(text).replace("\n", " ")
 
 
 _HTML_STYLE = """

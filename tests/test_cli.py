@@ -229,3 +229,12 @@ def test_commands_other_than_analyze_import_no_analyzer():
     full = probe.replace("command='ingest'", "command='analyze'")
     out = subprocess.run([sys.executable, "-c", full], capture_output=True, text=True, check=True)
     assert "'stallscope.analyzers.gpu_idle'" in out.stdout
+
+
+def test_markdown_escapes_pipes_only_in_tables(cli):
+    from tests.conftest import SAMPLES
+
+    text = cli("analyze", str(SAMPLES / "kineto" / "healthy"), "--format", "markdown").stdout
+    fixes = [line for line in text.splitlines() if line.startswith("  - Fix:")]
+    assert any("regex:'" in line and "|" in line for line in fixes)  # ncu -k with alternatives
+    assert not any("\\|" in line for line in text.splitlines() if not line.startswith("|"))
