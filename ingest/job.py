@@ -101,7 +101,14 @@ def prepare_job(
     job_id = short_hash(*sorted(hashes))
     if store.has_job(job_id):
         stored = store.job(job_id).get("trace_ids", [])
-        return PreparedJob(IngestResult(job_id, job_name, stored, existed=True), None)
+        warnings = [
+            f"{ref.meta.get('file_name')}: {w}"
+            for ref in store.traces(job_id)
+            for w in ref.meta.get("warnings", [])
+        ]
+        return PreparedJob(
+            IngestResult(job_id, job_name, stored, existed=True, warnings=warnings), None
+        )
     staging = store.new_staging()
     try:
         metas = []

@@ -238,3 +238,15 @@ def test_markdown_escapes_pipes_only_in_tables(cli):
     fixes = [line for line in text.splitlines() if line.startswith("  - Fix:")]
     assert any("regex:'" in line and "|" in line for line in fixes)  # ncu -k with alternatives
     assert not any("\\|" in line for line in text.splitlines() if not line.startswith("|"))
+
+
+def test_reingest_reports_the_stored_warnings(cli, tmp_path):
+    t = KinetoTrace(rank=0, world_size=1)
+    t.kernel("k", 0, 1000)
+    path = tmp_path / "nan.json"
+    path.write_text(
+        t.render().replace('"est. achieved occupancy %": 25', '"est. achieved occupancy %": NaN')
+    )
+    first, again = (json.loads(cli("ingest", str(path), "--json").stdout)[0] for _ in range(2))
+    assert (first["existed"], again["existed"]) == (False, True)
+    assert again["warnings"] == first["warnings"] and "NaN" in first["warnings"][0]
