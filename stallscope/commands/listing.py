@@ -11,7 +11,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "ls",
         help="list stored traces",
-        description="List the traces in the store, one line per trace.",
+        description=(
+            "List the traces in the store, one line per trace. Span and kernel counts are the whole "
+            "capture's, as ingested; 'analyze' measures only the steps when a trace has step markers, "
+            "so its figures can be smaller. --json also shows each trace's ingest warnings."
+        ),
     )
     p.add_argument("--json", action="store_true", help="print the catalog as JSON")
     add_store_option(p)
