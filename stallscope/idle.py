@@ -14,9 +14,13 @@ activity covers it on the threads that launch work onto that device:
 5. ``cpu``        — other host work (operators, Python) on those threads;
 6. ``unknown``    — nothing recorded on those threads.
 
-In a gap drained by a sync (it opened while the host was blocked in one),
-the ``launch``/``cpu`` time after the sync, up to the first time of another
-cause, is ``host_sync`` too (:func:`_charge_drain_to_sync`).
+An ``unknown`` sliver of at most :data:`SLIVER_NS` next to ``launch`` or
+``cpu`` time in the same gap is the Python between recorded operators, which
+profilers do not record: it becomes ``launch`` if its gap has launch time,
+else ``cpu`` (:func:`_absorb_host_slivers`). In a gap drained by a sync (it opened while
+the host was blocked in one), the ``launch``/``cpu`` time after the sync, up
+to the first time of another cause, is ``host_sync`` too
+(:func:`_charge_drain_to_sync`).
 
 Before that, a gap whose next operation had already been handed to the GPU
 when the gap began (its launch call had returned) is ``queued`` as a whole:
@@ -251,6 +255,7 @@ def _label_gaps(
         label[hit] = index
         unlabeled &= ~hit
     gap_index = np.searchsorted(gap_s, seg_start, side="right") - 1
+    label = _absorb_host_slivers(label, gap_index, seg_len)
     label = _charge_drain_to_sync(label, gap_index, seg_len)
     np.add.at(per_gap, (gap_index, label), seg_len)
     in_graph = (label == CAUSES.index("launch")) & intervals.covers(graph_union, seg_start)
@@ -259,7 +264,47 @@ def _label_gaps(
 
 
 DRAIN_ABSORBS = (CAUSES.index("launch"), CAUSES.index("cpu"))
-DRAIN_SLIVER_NS = 50_000  # unrecorded host time up to this (Python between ops) counts as host work
+SLIVER_NS = 50_000  # unrecorded host time up to this (Python between ops) counts as host work
+LATENCY_SLIVER_NS = 10_000  # at a gap's end: up to a kernel's launch latency after the host's work
+
+
+def _absorb_host_slivers(
+    label: np.ndarray, gap_index: np.ndarray, seg_len: np.ndarray
+) -> np.ndarray:
+    """Relabel short ``unknown`` segments that touch ``launch`` or ``cpu`` time in their gap.
+
+    ``label``, ``gap_index`` and ``seg_len`` (ns) describe the gap segments,
+    sorted by start. An ``unknown`` segment of at most SLIVER_NS whose
+    previous or next segment in the same gap is ``launch`` or ``cpu`` is the
+    interpreter between two recorded operations (argument parsing, Python
+    code, the profiler's own bookkeeping). It becomes ``launch`` when its gap
+    has any ``launch`` time (in a launch-bound loop it is part of the cost of
+    issuing each kernel, even beside a tiny non-launch call such as
+    ``cuKernelGetName``), else ``cpu``. A sliver that ends its gap (after
+    the host's last recorded work) counts only up to LATENCY_SLIVER_NS, a
+    kernel's launch latency. Longer stretches (a sleep, I/O, a blocking call)
+    and slivers with no recorded host work beside them stay ``unknown``.
+    Returns a new array.
+    """
+    unknown, launch, cpu = (CAUSES.index(c) for c in ("unknown", "launch", "cpu"))
+    out = label.copy()
+    if label.size < 2:
+        return out
+    host = (label == launch) | (label == cpu)
+    same_prev = np.concatenate(([False], gap_index[1:] == gap_index[:-1]))
+    same_next = np.concatenate((same_prev[1:], [False]))
+    touches = (same_prev & np.concatenate(([False], host[:-1]))) | (
+        same_next & np.concatenate((host[1:], [False]))
+    )
+    # At the gap's end, after the host's last recorded work, only a device
+    # launch latency's worth: later, the work was handed over and the GPU was late.
+    last_in_gap = ~same_next
+    limit = np.where(last_in_gap, LATENCY_SLIVER_NS, SLIVER_NS)
+    sliver = (label == unknown) & (seg_len <= limit) & touches
+    gap_has_launch = np.zeros(int(gap_index.max()) + 1, dtype=bool)
+    gap_has_launch[gap_index[label == launch]] = True
+    out[sliver] = np.where(gap_has_launch[gap_index[sliver]], launch, cpu)
+    return out
 
 
 def _charge_drain_to_sync(
@@ -271,7 +316,7 @@ def _charge_drain_to_sync(
     by start; ``gap_index`` and ``seg_len`` (ns) each segment's gap and length. A gap whose first segment
     is ``host_sync`` opened while the host was blocked in a sync: the sync
     drained the GPU queue. The ``launch`` and ``cpu`` segments that follow
-    (and ``unknown`` slivers of at most DRAIN_SLIVER_NS: Python between
+    (and ``unknown`` slivers of at most SLIVER_NS: Python between
     recorded operators), up to the first segment of any other cause, are host
     work that would have overlapped GPU work without the sync, so they become
     ``host_sync``. From a ``dataloader``, ``memcpy`` or longer ``unknown``
@@ -284,7 +329,7 @@ def _charge_drain_to_sync(
     first = np.concatenate(([True], gap_index[1:] != gap_index[:-1]))
     first_idx = np.maximum.accumulate(np.where(first, np.arange(label.size), 0))
     drained = label[first_idx] == sync
-    sliver = (label == CAUSES.index("unknown")) & (seg_len <= DRAIN_SLIVER_NS)
+    sliver = (label == CAUSES.index("unknown")) & (seg_len <= SLIVER_NS)
     absorbs = np.isin(label, DRAIN_ABSORBS) | sliver
     breaker = (~absorbs & (label != sync)).astype(np.int64)
     cum = np.cumsum(breaker)

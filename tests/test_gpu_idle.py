@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from stallscope.analyzers import gpu_idle
@@ -145,3 +146,56 @@ def test_unrecorded_gap_advice_depends_on_what_was_captured(store, tmp_path, wit
         assert finding.recommendation == gpu_idle.UNRECORDED_WORK_FIX
     else:
         assert finding.recommendation.startswith("Capture with CPU activity")
+
+
+def test_python_slivers_between_launches_are_launch_time(store, tmp_path):
+    """A launch-bound loop, in ns: each 1 µs kernel ends, the host spends 3 µs in
+    unrecorded Python, then 4 µs in an operator whose launch call runs in its middle,
+    and the next kernel starts 1 µs after the operator returns. Each 8 µs gap is
+    Python 3 + op 4 + device latency 1 (both unrecorded slivers): all ``launch``.
+    Before kernel 3 the unrecorded stretch is 2.003 ms (a sleep): not a sliver, it
+    stays ``unknown``, and that gap's op and latency are ``launch``."""
+    t = KinetoTrace(rank=0, world_size=1)
+    start = 10_000
+    for i in range(6):
+        if i:
+            start += 1_000 + 8_000 + (2_000_000 if i == 3 else 0)
+        corr = t.next_corr()
+        t.cpu_op("aten::mul", start - 5_000, 4_000, args={"External id": 500 + i})
+        t.runtime("cudaLaunchKernel", start - 4_000, 2_000, corr=corr, ext=500 + i)
+        t.kernel(f"k{i}", start, 1_000, corr=corr)
+    path = t.write(tmp_path / "loop.json")
+    (res,) = ingest_paths(store, [str(path)])
+    job = JobData(store, store.traces(res.job_id))
+    attribution = attribute_idle(job, job.traces[0].trace_id, 0)
+    job.close()
+    totals = attribution.totals
+    assert attribution.gap_starts.size == 5
+    assert totals["unknown"] == 2_003_000
+    assert totals["launch"] == 5 * 8_000 - 3_000
+    assert sum(totals.values()) == 5 * 8_000 + 2_000_000
+
+
+@pytest.mark.parametrize(
+    ("labels", "lengths", "gaps", "expected"),
+    [
+        # unknown sliver beside a cpu op in a gap with no launch time: cpu
+        (["unknown", "cpu", "unknown"], [3, 5, 2], [0, 0, 0], ["cpu", "cpu", "cpu"]),
+        # the same gap with launch time anywhere in it: launch
+        (["unknown", "cpu", "unknown", "launch"], [3, 5, 2, 1], [0, 0, 0, 0],
+         ["launch", "cpu", "launch", "launch"]),
+        # too long, or nothing recorded beside it, or beside host work of another gap only
+        (["unknown", "launch", "unknown"], [60_000, 1, 3], [0, 0, 1], ["unknown", "launch", "unknown"]),
+        # beside a dataloader stretch: stays unknown
+        (["dataloader", "unknown", "launch"], [9, 60_001, 1], [0, 0, 0],
+         ["dataloader", "unknown", "launch"]),
+    ],
+)  # fmt: skip
+def test_sliver_rule(labels, lengths, gaps, expected):
+    from stallscope.idle import _absorb_host_slivers
+
+    index = [CAUSES.index(x) for x in labels]
+    out = _absorb_host_slivers(
+        np.array(index), np.array(gaps), np.array(lengths, dtype=np.int64) * US
+    )
+    assert [CAUSES[i] for i in out] == expected

@@ -11,8 +11,9 @@ from tests.kineto_builder import KinetoTrace
 def tiny_kernel_loop(n: int = 100, driver_every: int = 4) -> KinetoTrace:
     """Op i (launching) at [10i, 10i+8) µs; its launch call [10i+2, 10i+7); kernel [10i+7.5, 10i+9.5).
 
-    Gaps between kernels: 8 µs each (99 gaps). In each, the host is idle for 0.5 µs
-    ([10i+9.5, 10i+10)) and then inside the next launching op for 7.5 µs.
+    Gaps between kernels: 8 µs each (99 gaps). In each, the host is in unrecorded
+    Python for 0.5 µs ([10i+9.5, 10i+10): a sliver, counted as launch time) and then
+    inside the next launching op for 7.5 µs: the whole gap waits for the launch.
     Every 4th launch goes through the driver API (cuLaunchKernelEx, as Triton does).
     """
     t = KinetoTrace()
@@ -39,8 +40,8 @@ def run(store, tmp_path, **params):
 def test_metrics_by_hand(store, tmp_path):
     result = run(store, tmp_path)
     m = {x.name: x.value for x in result.metrics}
-    # span 7.5 .. 999.5 µs = 992 µs; waited for launches 99 x 7.5 µs = 742.5 µs
-    assert m["launch_overhead_pct"] == round(100 * 742_500 / 992_000, 3)
+    # span 7.5 .. 999.5 µs = 992 µs; waited for launches 99 x 8 µs = 792 µs
+    assert m["launch_overhead_pct"] == round(100 * 792_000 / 992_000, 3)
     assert m["launch_count"] == 100 and m["graph_launch_count"] == 0
     assert m["short_kernel_pct"] == 100.0  # 2 µs kernels, 5 µs launch calls
 
@@ -48,12 +49,12 @@ def test_metrics_by_hand(store, tmp_path):
 def test_finding_with_gain_estimate(store, tmp_path):
     result = run(store, tmp_path, min_impact_ms=0)
     (f,) = result.findings
-    assert f.severity == "critical"  # 74.8 % of the span
-    assert f.impact_ns == 742_500
+    assert f.severity == "critical"  # 79.8 % of the span
+    assert f.impact_ns == 792_000
     assert f.evidence["driver_launches"] == 25
     assert f.evidence["median_kernel_ns"] == 2_000 and f.evidence["median_launch_ns"] == 5_000
     assert (
-        f.evidence["estimated_gain_ns"] == 742_500 - 10_000
+        f.evidence["estimated_gain_ns"] == 792_000 - 10_000
     )  # one replay of 10 µs (no step markers)
     assert len(f.windows) == 20 and all(b - a == 8_000 for a, b in f.windows)
 
