@@ -44,7 +44,7 @@ def _upload_form() -> None:
 
 
 def _ingest(files, user: str, tags: list[str], notes: str, each: bool) -> None:
-    from stallscope.ingest import ingest_paths
+    from stallscope.ingest_child import ingest_in_child
 
     folder = Path(tempfile.mkdtemp(prefix="stallscope-upload-"))
     error = None
@@ -59,8 +59,8 @@ def _ingest(files, user: str, tags: list[str], notes: str, each: bool) -> None:
             def progress(label: str, done: int, total: int) -> None:
                 status.update(label=f"{label.replace(str(folder) + '/', '')} ({done + 1}/{total})")
 
-            results = ingest_paths(
-                get_store(),
+            results = ingest_in_child(  # a child process: a huge file cannot take the server down
+                str(get_store().root),
                 paths,
                 each=each,
                 uploaded_by=user or "browser",

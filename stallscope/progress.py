@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -14,10 +15,13 @@ class Progress:
     elapsed time keeps moving during a long parse of a single file.
     """
 
-    def __init__(self, enabled: bool | None = None):
+    def __init__(self, enabled: bool | None = None, *, jsonl: bool = False):
         if enabled is None:
-            enabled = sys.stderr.isatty() and sys.stdout.isatty()
+            enabled = jsonl or (sys.stderr.isatty() and sys.stdout.isatty())
         self.enabled = enabled
+        self.jsonl = (
+            jsonl  # one ``{"progress": [label, done, total]}`` line per update, for a parent
+        )
         self.started = time.monotonic()
         self._width = 0
         self._state = ("", 0, 1)
@@ -27,6 +31,10 @@ class Progress:
 
     def __call__(self, label: str, done: int, total: int) -> None:
         if not self.enabled:
+            return
+        if self.jsonl:
+            sys.stderr.write(json.dumps({"progress": [label, done, total]}) + "\n")
+            sys.stderr.flush()
             return
         self._state = (label, done, total)
         if self._ticker is None:

@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="uploader name (default: $STALLSCOPE_USER, else the login name)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    # For the dashboard, which runs ingests as child processes (stallscope.ingest_child).
+    p.add_argument("--progress-jsonl", action="store_true", help=argparse.SUPPRESS)
     add_store_option(p)
     p.set_defaults(handler=run)
 
@@ -45,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from stallscope.progress import Progress
 
     store = open_store(args)
-    progress = Progress(enabled=None if not args.json else False)
+    if args.progress_jsonl:
+        progress = Progress(jsonl=True)
+    else:
+        progress = Progress(enabled=None if not args.json else False)
     try:
         results = ingest_paths(
             store,

@@ -1,0 +1,131 @@
+"""Ingest in a child process: how the dashboard adds uploaded files to the store.
+
+A trace is parsed where it cannot hurt the server: a file that needs more
+memory than the machine has gets the *child* killed (the kernel's OOM killer
+picks the biggest process), a long parse holds the child's GIL, not the
+server's, and the child is the ``stallscope`` command, so big Kineto traces
+get its forked decode workers (unsafe to fork inside a threaded server).
+The store stays consistent whatever happens to the child: a job becomes
+visible only when it is complete (``Store.publish``).
+
+The child is ``python -m stallscope.cli ingest --json --progress-jsonl``.
+Its stderr carries one JSON object per progress update
+(``{"progress": [label, done, total]}``) and, on failure, the CLI's one-line
+error; its stdout carries the results as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+
+from stallscope.errors import StallscopeError
+from stallscope.ingest import IngestResult
+
+ProgressFn = Callable[[str, int, int], None]
+PROGRESS_KEY = "progress"
+
+
+def ingest_command(
+    store_root: str,
+    paths: Sequence[str],
+    *,
+    each: bool = False,
+    uploaded_by: str | None = None,
+    tags: Sequence[str] = (),
+    notes: str = "",
+) -> list[str]:
+    """The child's argv (``sys.executable -m stallscope.cli ingest ...``)."""
+    argv = [sys.executable, "-m", "stallscope.cli", "ingest", "--json", "--progress-jsonl"]
+    argv += ["--store", store_root, "--notes", notes]
+    if uploaded_by:
+        argv += ["--user", uploaded_by]
+    for tag in tags:
+        argv += ["--tag", tag]
+    if each:
+        argv.append("--each")
+    return [*argv, "--", *paths]
+
+
+def ingest_in_child(
+    store_root: str,
+    paths: Sequence[str],
+    *,
+    each: bool = False,
+    uploaded_by: str | None = None,
+    tags: Sequence[str] = (),
+    notes: str = "",
+    progress: ProgressFn | None = None,
+) -> list[IngestResult]:
+    """Ingest ``paths`` into the store at ``store_root`` in a child process.
+
+    Same contract as :func:`stallscope.ingest.ingest_paths`: returns one
+    result per job, or raises :class:`StallscopeError` with a one-line
+    message (the child's own error, or why the child died) and the store
+    unchanged. ``progress(label, done, total)`` is called on the calling
+    thread as the child reports (Streamlit's status widgets need that).
+    """
+    argv = ingest_command(
+        store_root, paths, each=each, uploaded_by=uploaded_by, tags=tags, notes=notes
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    child = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(child.stdout.read()), daemon=True)
+    reader.start()
+    messages = _read_stderr(child.stderr, progress)  # here: progress runs on the caller's thread
+    code = child.wait()
+    reader.join()
+    if code != 0:
+        raise StallscopeError(_failure(code, messages))
+    try:
+        return [IngestResult(**item) for item in json.loads("".join(out))]
+    except (ValueError, TypeError) as exc:
+        raise StallscopeError(f"ingest process gave an unreadable result ({exc})") from None
+
+
+def _read_stderr(stream, progress: ProgressFn | None) -> list[str]:
+    """Read the child's stderr to its end: progress objects go to ``progress``; returns the other lines."""
+    messages: list[str] = []
+    for line in stream:
+        text = line.rstrip("\n")
+        update = _progress_update(text)
+        if update is None:
+            if text.strip():
+                messages.append(text)
+        elif progress is not None:
+            progress(*update)
+    return messages
+
+
+def _progress_update(text: str) -> tuple[str, int, int] | None:
+    if not text.startswith("{"):
+        return None
+    try:
+        label, done, total = json.loads(text)[PROGRESS_KEY]
+        return str(label), int(done), int(total)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _failure(code: int, messages: list[str]) -> str:
+    """One line saying why the child failed."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = ": it probably ran out of memory" if -code == signal.SIGKILL else ""
+        return f"the ingest process was killed ({name}){hint}; the store is unchanged"
+    last = messages[-1] if messages else f"the ingest process exited with code {code}"
+    for prefix in ("stallscope: error: ", "stallscope: "):
+        if last.startswith(prefix):
+            return last[len(prefix) :]
+    return last
