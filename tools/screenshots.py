@@ -120,10 +120,35 @@ def main() -> int:
                     page.screenshot(path=str(out / f"{name}-{width}.png"), full_page=True)
                     print(out / f"{name}-{width}.png")
                 page.close()
+            _upload_shots(browser, port, out, widths[0])
             browser.close()
     finally:
         stop_server(server)
     return 0
+
+
+def _upload_shots(browser, port: int, out: Path, width: int) -> None:
+    """The library page after a good and after a bad upload (``upload-ok``, ``upload-error``)."""
+    import gzip
+
+    folder = Path(tempfile.mkdtemp(prefix="stallscope-shots-upload-"))
+    sample = Path(__file__).resolve().parent.parent / "sample_traces" / "kineto" / "healthy"
+    good = folder / "healthy_uncompressed.json"  # new bytes, so a new job rather than a re-find
+    good.write_bytes(gzip.decompress(next(sample.glob("*.json.gz")).read_bytes()))
+    bad = folder / "broken.json"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n not a trace")
+    for name, upload in (("upload-ok", good), ("upload-error", bad)):
+        page = browser.new_page(viewport={"width": width, "height": 1000})
+        page.goto(f"http://127.0.0.1:{port}/")
+        wait_idle(page)
+        page.get_by_text("Upload traces").click()  # an expander once the store has jobs
+        page.locator("input[type=file]").set_input_files(str(upload))
+        page.get_by_role("button", name="Ingest").click()
+        page.wait_for_selector("[data-testid='stAlert']", timeout=120_000)
+        wait_idle(page)
+        page.screenshot(path=str(out / f"{name}-{width}.png"), full_page=False)
+        print(out / f"{name}-{width}.png")
+        page.close()
 
 
 if __name__ == "__main__":
