@@ -88,7 +88,7 @@ def _ncu(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrac
 def _nsys(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
     from stallscope.ingest.nsys import parse_nsys
 
-    return parse_nsys(source, payload.take(), ctx)
+    return parse_nsys(source, payload, ctx)
 
 
 def _nsys_report(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:

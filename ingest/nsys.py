@@ -23,7 +23,7 @@ from typing import Any
 
 from stallscope.errors import InputError
 from stallscope.ingest.canonical import devices_table
-from stallscope.ingest.formats import ParseContext, ParsedTrace
+from stallscope.ingest.formats import ParseContext, ParsedTrace, Payload
 from stallscope.ingest.nsys_canonical import NsysCanonical
 from stallscope.ingest.nsys_db import NsysDb, check_header
 from stallscope.ingest.nsys_enums import enum_tables
@@ -46,10 +46,17 @@ from stallscope.ingest.nsys_tables import (
 from stallscope.ingest.reader import Source
 
 
-def parse_nsys(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
-    """The nsys format parser: ``data`` is the whole (decompressed) SQLite file."""
+def parse_nsys(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
+    """The nsys format parser: ``payload`` holds the whole (decompressed) SQLite file.
+
+    SQLite reads a file, so the bytes are dropped (freed: the payload held the
+    only reference) once the file on disk is known to hold them, or once they
+    are written to a temporary copy: not held through the parse.
+    """
+    data = payload.take()
     check_header(source.name, data[:100], len(data))
     if _same_file_on_disk(source.name, data):
+        del data
         return parse_nsys_file(source.name, source.name, ctx)
     fd, tmp = tempfile.mkstemp(prefix="stallscope-nsys-", suffix=".sqlite")
     try:
@@ -58,6 +65,7 @@ def parse_nsys(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTra
                 fh.write(data)
         except OSError as exc:
             raise InputError(source.name, f"cannot write a temporary copy ({exc})") from None
+        del data
         return parse_nsys_file(tmp, source.name, ctx)
     finally:
         with contextlib.suppress(OSError):

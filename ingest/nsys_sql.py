@@ -141,6 +141,7 @@ SELECT * EXCLUDE (has_ps, is_ps, is_step, step_no),
   CASE WHEN domain IS DISTINCT FROM 'NCCL' AND (is_ps OR (NOT has_ps AND is_step))
        THEN step_no END AS step
 FROM named;
+DROP TABLE nv0;  -- nv holds all of it: freed before the joins that follow
 
 CREATE TEMP VIEW launch_points AS
 SELECT g.gid, g.gp, l.tid, l.launch_ns, g.device, g.stream, g.start_ns, g.end_ns
