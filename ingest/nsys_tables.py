@@ -14,6 +14,7 @@ raw tables (consumed by ``nsys_canonical``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -49,17 +50,18 @@ RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 _TID_MASK = 0xFFFFFF  # the thread id bits of a serialized GlobalId
 
 
-def _fetch_split(db: NsysDb, sql: str, schema: pa.Schema) -> pa.Table:
-    """Rows of ``sql`` as ``schema``, whose ``gp`` and ``tid`` come from one serialized GlobalId.
+def _fetch_split(db: NsysDb, build: Callable[[], str], schema: pa.Schema) -> pa.Table:
+    """Rows of ``build()``'s query as ``schema``, ``gp`` and ``tid`` from one serialized GlobalId.
 
-    ``sql`` selects the GlobalId (as an integer or NULL) once, where ``schema``
+    The query (made by ``build``, see ``NsysDb.fetch_fast``) selects the
+    GlobalId (as an integer or NULL) once, where ``schema``
     has ``gp, tid``; it is split here with Arrow (``>> 24``, ``& 0xFFFFFF``: the
     same arithmetic shift and mask as SQLite's), instead of twice in SQL: one
     integer less per row to build in Python, a large part of reading big tables.
     """
     at = schema.get_field_index("gp")  # ``tid`` follows it
     fetched = pa.schema([*schema][:at] + [pa.field("g", I64)] + [*schema][at + 2 :])
-    table = db.fetch(sql, fetched)
+    table = db.fetch_fast(build, fetched)
     g = table.column(at)
     table = table.remove_column(at)
     table = table.add_column(at, "tid", pc.bit_wise_and(g, _TID_MASK))
@@ -72,49 +74,19 @@ def read_activities(db: NsysDb) -> pa.Table:
     for kind, table in GPU_TABLES.items():
         if not db.has(table):
             continue
-        c = lambda *names, t=table: db.int_col(t, *names)  # noqa: E731
-        name_id, name_txt = ("NULL", "NULL")
-        if kind == "kernel":
-            name_id, name_txt = db.name_ref(table, "demangledName", "shortName", "mangledName")
-        if kind == "graph":  # no name: ``name_id`` carries the graph id for the synthetic name
-            name_id = c("graphId")
-        cols = {
-            "kind": f"'{kind}'",
-            "start": c("start"),
-            "end": c("end"),
-            "device": c("deviceId"),
-            "context": c("contextId"),
-            "stream": c("streamId"),
-            "correlation": f"nullif({c('correlationId')}, 0)",
-            "gp": f"({c('globalPid')} >> 24)",
-            "name_id": name_id,
-            "name_txt": name_txt,
-        }
-        if kind == "kernel":
-            cols.update(
-                grid_x=c("gridX"), grid_y=c("gridY"), grid_z=c("gridZ"),
-                block_x=c("blockX"), block_y=c("blockY"), block_z=c("blockZ"),
-                registers=c("registersPerThread"),
-                smem_static=c("staticSharedMemory"), smem_dynamic=c("dynamicSharedMemory"),
-            )  # fmt: skip
-        if kind in ("memcpy", "memset"):
-            cols["bytes"] = c("bytes")
-        if kind == "memcpy":
-            cols.update(copy_id=c("copyKind"), src_id=c("srcKind"), dst_id=c("dstKind"))
-        if kind == "memset":
-            cols["dst_id"] = c("memKind")
-        if kind == "sync":
-            cols["sync_id"] = c("syncType")
-        # Read only this table's columns; the others are added as nulls (cheaper than reading NULLs).
-        fields = [f for f in ACT_SCHEMA if f.name in cols and f.name != "kind"]
-        select = ", ".join(f"{cols[f.name]} AS {f.name}" for f in fields)
-        part = db.fetch(f"SELECT {select} FROM {db.ref(table)}", pa.schema(fields))
+        part = db.fetch_fast(
+            lambda k=kind, t=table: _activity_sql(db, k, t), _activity_schema(kind)
+        )
+        if "gp" in part.column_names:  # the GlobalPid's process key, shifted here (as in SQLite)
+            part = part.set_column(
+                part.schema.get_field_index("gp"), "gp", pc.shift_right(part["gp"], 24)
+            )
         n = part.num_rows
         parts.append(
             pa.table(
                 [
                     pa.array([kind] * n, STR) if f.name == "kind"
-                    else part[f.name] if f.name in cols
+                    else part[f.name] if f.name in part.column_names
                     else pa.nulls(n, f.type)
                     for f in ACT_SCHEMA
                 ],
@@ -122,6 +94,77 @@ def read_activities(db: NsysDb) -> pa.Table:
             )
         )  # fmt: skip
     return pa.concat_tables(parts) if parts else ACT_SCHEMA.empty_table()
+
+
+_ACT_COLUMNS = {
+    "kernel": ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers",
+               "smem_static", "smem_dynamic"),
+    "memcpy": ("bytes", "copy_id", "src_id", "dst_id"),
+    "memset": ("bytes", "dst_id"),
+    "sync": ("sync_id",),
+    "graph": (),
+}  # fmt: skip
+_ACT_COMMON = (
+    "start",
+    "end",
+    "device",
+    "context",
+    "stream",
+    "correlation",
+    "gp",
+    "name_id",
+    "name_txt",
+)
+
+
+def _activity_schema(kind: str) -> pa.Schema:
+    """The columns read from one GPU activity table (the others are added as nulls)."""
+    wanted = set(_ACT_COMMON) | set(_ACT_COLUMNS[kind])
+    if kind not in ("kernel", "graph"):
+        wanted -= {"name_id", "name_txt"}
+    if kind == "graph":
+        wanted -= {"name_txt"}
+    return pa.schema([f for f in ACT_SCHEMA if f.name in wanted])
+
+
+def _activity_sql(db: NsysDb, kind: str, table: str) -> str:
+    """SELECT of one GPU activity table's columns, in ``_activity_schema(kind)`` order."""
+    c = lambda *names: db.int_col(table, *names)  # noqa: E731
+    name_id, name_txt = ("NULL", "NULL")
+    if kind == "kernel":
+        name_id, name_txt = db.name_ref(table, "demangledName", "shortName", "mangledName")
+    if kind == "graph":  # no name: ``name_id`` carries the graph id for the synthetic name
+        name_id = c("graphId")
+    cols = {
+        "kind": f"'{kind}'",
+        "start": c("start"),
+        "end": c("end"),
+        "device": c("deviceId"),
+        "context": c("contextId"),
+        "stream": c("streamId"),
+        "correlation": f"nullif({c('correlationId')}, 0)",
+        "gp": c("globalPid"),  # the whole GlobalPid: shifted by the caller
+        "name_id": name_id,
+        "name_txt": name_txt,
+    }
+    if kind == "kernel":
+        cols.update(
+            grid_x=c("gridX"), grid_y=c("gridY"), grid_z=c("gridZ"),
+            block_x=c("blockX"), block_y=c("blockY"), block_z=c("blockZ"),
+            registers=c("registersPerThread"),
+            smem_static=c("staticSharedMemory"), smem_dynamic=c("dynamicSharedMemory"),
+        )  # fmt: skip
+    if kind in ("memcpy", "memset"):
+        cols["bytes"] = c("bytes")
+    if kind == "memcpy":
+        cols.update(copy_id=c("copyKind"), src_id=c("srcKind"), dst_id=c("dstKind"))
+    if kind == "memset":
+        cols["dst_id"] = c("memKind")
+    if kind == "sync":
+        cols["sync_id"] = c("syncType")
+    # Read only this table's columns; the others are added as nulls (cheaper than reading NULLs).
+    select = ", ".join(f"{cols[f.name]} AS {f.name}" for f in _activity_schema(kind))
+    return f"SELECT {select} FROM {db.ref(table)}"
 
 
 def read_runtime(db: NsysDb) -> pa.Table:
@@ -132,13 +175,16 @@ def read_runtime(db: NsysDb) -> pa.Table:
     )  # fmt: skip
     if not db.has(RUNTIME):
         return schema.empty_table()
-    c = lambda *n: db.int_col(RUNTIME, *n)  # noqa: E731
-    name_id, name_txt = db.name_ref(RUNTIME, "nameId", "name")
-    sql = (
-        f"SELECT {c('start')}, {c('end')}, {c('eventClass')}, {c('globalTid')}, "
-        f"nullif({c('correlationId')}, 0), {name_id}, {name_txt} FROM {db.ref(RUNTIME)}"
-    )
-    return _fetch_split(db, sql, schema)
+
+    def build() -> str:
+        c = lambda *n: db.int_col(RUNTIME, *n)  # noqa: E731
+        name_id, name_txt = db.name_ref(RUNTIME, "nameId", "name")
+        return (
+            f"SELECT {c('start')}, {c('end')}, {c('eventClass')}, {c('globalTid')}, "
+            f"nullif({c('correlationId')}, 0), {name_id}, {name_txt} FROM {db.ref(RUNTIME)}"
+        )
+
+    return _fetch_split(db, build, schema)
 
 
 def read_osrt(db: NsysDb) -> pa.Table:
@@ -149,13 +195,16 @@ def read_osrt(db: NsysDb) -> pa.Table:
     )  # fmt: skip
     if not db.has("OSRT_API"):
         return schema.empty_table()
-    c = lambda *n: db.int_col("OSRT_API", *n)  # noqa: E731
-    name_id, name_txt = db.name_ref("OSRT_API", "nameId", "name")
-    sql = (
-        f"SELECT {c('start')}, {c('end')}, {c('globalTid')}, {name_id}, {name_txt} "
-        f"FROM {db.ref('OSRT_API')}"
-    )
-    return _fetch_split(db, sql, schema)
+
+    def build() -> str:
+        c = lambda *n: db.int_col("OSRT_API", *n)  # noqa: E731
+        name_id, name_txt = db.name_ref("OSRT_API", "nameId", "name")
+        return (
+            f"SELECT {c('start')}, {c('end')}, {c('globalTid')}, {name_id}, {name_txt} "
+            f"FROM {db.ref('OSRT_API')}"
+        )
+
+    return _fetch_split(db, build, schema)
 
 
 def read_nvtx(db: NsysDb) -> pa.Table:
@@ -168,16 +217,19 @@ def read_nvtx(db: NsysDb) -> pa.Table:
     table = "NVTX_EVENTS"
     if not {"start", "eventType"} <= db.columns(table):
         return schema.empty_table()
-    c = lambda *n: db.int_col(table, *n)  # noqa: E731
-    # A row id for each event: eventId (3.28+, the primary key) or SQLite's rowid.
-    ident = c("eventId") if "eventId" in db.columns(table) else "rowid"
-    sql = (
-        f"SELECT {ident}, {c('start')}, nullif({c('end')}, 0), {c('eventType')}, "
-        f"{c('globalTid')}, {c('domainId')}, {db.text_col(table, 'text')}, {c('textId')}, "
-        f"{db.text_col(table, 'jsonText')}, {c('jsonTextId')} FROM {db.ref(table)} "
-        f"WHERE {c('eventType')} IN ({', '.join(map(str, NVTX_TYPES))})"
-    )
-    return _fetch_split(db, sql, schema)
+
+    def build() -> str:
+        c = lambda *n: db.int_col(table, *n)  # noqa: E731
+        # A row id for each event: eventId (3.28+, the primary key) or SQLite's rowid.
+        ident = c("eventId") if "eventId" in db.columns(table) else "rowid"
+        return (
+            f"SELECT {ident}, {c('start')}, nullif({c('end')}, 0), {c('eventType')}, "
+            f"{c('globalTid')}, {c('domainId')}, {db.text_col(table, 'text')}, {c('textId')}, "
+            f"{db.text_col(table, 'jsonText')}, {c('jsonTextId')} FROM {db.ref(table)} "
+            f"WHERE {c('eventType')} IN ({', '.join(map(str, NVTX_TYPES))})"
+        )
+
+    return _fetch_split(db, build, schema)
 
 
 def read_strings(db: NsysDb) -> pa.Table:
@@ -198,9 +250,11 @@ def read_threads(db: NsysDb) -> tuple[pa.Table, pa.Table]:
     if {"nameId", "globalTid"} <= db.columns("ThreadNames"):
         threads = _fetch_split(
             db,
-            f"SELECT {db.int_col('ThreadNames', 'globalTid')}, "
-            f"{db.int_col('ThreadNames', 'nameId')}, {db.int_col('ThreadNames', 'priority')} "
-            f"FROM {db.ref('ThreadNames')}",
+            lambda: (
+                f"SELECT {db.int_col('ThreadNames', 'globalTid')}, "
+                f"{db.int_col('ThreadNames', 'nameId')}, {db.int_col('ThreadNames', 'priority')} "
+                f"FROM {db.ref('ThreadNames')}"
+            ),
             t_schema,
         )
     if {"globalPid", "pid"} <= db.columns("PROCESSES"):
