@@ -14,6 +14,7 @@ one-line :class:`InputError`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import re
 import sqlite3
@@ -24,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from stallscope.errors import InputError
+from stallscope.ingest import nsys_parallel
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BATCH_ROWS = 65536
@@ -62,9 +64,9 @@ class NsysDb:
 
     def __init__(self, path: str | Path, name: str):
         self.name = name
-        uri = Path(path).resolve().as_uri() + "?mode=ro&immutable=1"
+        self.uri = Path(path).resolve().as_uri() + "?mode=ro&immutable=1"
         with sqlite_errors(name):
-            self.con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            self.con = sqlite3.connect(self.uri, uri=True, check_same_thread=False)
             rows = self.con.execute(
                 "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
             ).fetchall()
@@ -138,7 +140,9 @@ class NsysDb:
         )
         return f"coalesce({ids}, NULL)", f"coalesce({texts}, NULL)"
 
-    def fetch_fast(self, build: Callable[[], str], schema: pa.Schema) -> pa.Table:
+    def fetch_fast(
+        self, build: Callable[[], str], schema: pa.Schema, *, table: str | None = None
+    ) -> pa.Table:
         """``build()``'s rows as ``schema``, read as stored when every value has the right type.
 
         ``build`` makes the query with this object's column helpers. It is
@@ -150,6 +154,10 @@ class NsysDb:
         truncated toward zero by Arrow exactly as by SQLite's ``CAST``, so the
         result is always that of :meth:`fetch` of the checked query. Text and
         name columns are checked in both (:meth:`text_col`, :meth:`name_ref`).
+
+        With ``table`` (the table the query scans, as ``SELECT ... FROM table
+        [WHERE ...]``), a big table is read by forked workers, one rowid range
+        each (``nsys_parallel``): the same rows in the same order.
         """
         self._plain = True
         try:
@@ -157,36 +165,53 @@ class NsysDb:
         finally:
             self._plain = False
         try:
-            return self.fetch(plain_sql, schema, checked=False)
+            return self._read(plain_sql, schema, checked=False, table=table)
         except _ValueMismatch:
-            return self.fetch(build(), schema)
+            return self._read(build(), schema, checked=True, table=table)
+
+    def _read(self, sql: str, schema: pa.Schema, *, checked: bool, table: str | None) -> pa.Table:
+        """``fetch``, by several processes when ``table`` is big enough (``nsys_parallel``)."""
+        span = self._rowid_span(table) if table else None
+        workers = nsys_parallel.read_workers(span[1] - span[0] + 1) if span else 1
+        if workers > 1:
+            where = " AND " if " WHERE " in sql else " WHERE "
+            ranged = f"{sql}{where}rowid BETWEEN ? AND ?"
+            ranges = nsys_parallel.rowid_ranges(*span, workers * nsys_parallel.RANGES_PER_WORKER)
+            read = functools.partial(_range_table, ranged, schema, checked)
+            try:
+                return nsys_parallel.read_parallel(self.uri, ranges, read, workers)
+            except _RangeFailed as failed:
+                if failed.reason is None:
+                    raise _ValueMismatch from None
+                raise InputError(self.name, failed.reason) from None
+            except nsys_parallel.WorkerFailed:
+                pass  # a worker died: read here instead
+        return self.fetch(sql, schema, checked=checked)
+
+    def _rowid_span(self, table: str) -> tuple[int, int] | None:
+        """(first, last) rowid of ``table``; None when empty or without rowids."""
+        try:
+            lo, hi = self.con.execute(
+                f"SELECT min(rowid), max(rowid) FROM {self.ref(table)}"
+            ).fetchone()
+        except sqlite3.Error:  # a WITHOUT ROWID table, or unreadable: the plain read says why
+            return None
+        return (lo, hi) if isinstance(lo, int) and isinstance(hi, int) else None
 
     def fetch(self, sql: str, schema: pa.Schema, *, checked: bool = True) -> pa.Table:
         """Run ``sql`` and return its rows as an Arrow table of ``schema``, batch by batch.
 
-        Each batch of row tuples goes to Arrow in one call (as a struct array),
-        and the cyclic garbage collector is paused meanwhile: the row tuples hold
-        no cycles, and collecting them as they came made reads 3x slower. A
-        value Arrow cannot convert is an InputError, or with ``checked=False``
-        (``fetch_fast``'s unchecked try) the signal to read again checked.
+        A value Arrow cannot convert is an InputError, or with
+        ``checked=False`` (``fetch_fast``'s unchecked try) the signal to read
+        again checked.
         """
-        struct = pa.struct(list(schema))
-        batches = []
-        paused = gc.isenabled()
-        gc.disable()
-        try:
-            with sqlite_errors(self.name):
-                cursor = self.con.execute(sql)
-                while rows := cursor.fetchmany(BATCH_ROWS):
-                    batches.append(pa.RecordBatch.from_struct_array(pa.array(rows, type=struct)))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-            if not checked:
-                raise _ValueMismatch from None
-            raise InputError(self.name, f"unexpected value in the export ({exc})") from None
-        finally:
-            if paused:
-                gc.enable()
-        return pa.Table.from_batches(batches, schema=schema)
+        with sqlite_errors(self.name):
+            try:
+                return _arrow_rows(self.con, sql, (), schema)
+            except _Unconvertible as exc:
+                if not checked:
+                    raise _ValueMismatch from None
+                raise InputError(self.name, str(exc)) from None
 
     def rows(self, sql: str) -> list[tuple]:
         """A small query's rows (metadata, enums): never an event table."""
@@ -196,6 +221,57 @@ class NsysDb:
 
 class _ValueMismatch(Exception):
     """A value of an unexpected type in a query read without checks (``fetch_fast``)."""
+
+
+class _Unconvertible(Exception):
+    """A value Arrow cannot convert to the schema's type (the message says which)."""
+
+
+class _RangeFailed(Exception):
+    """What a worker's range read failed with: ``reason`` None for a value mismatch."""
+
+    def __init__(self, reason: str | None):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _arrow_rows(con: sqlite3.Connection, sql: str, params: tuple, schema: pa.Schema) -> pa.Table:
+    """The rows of ``sql`` as an Arrow table of ``schema``, batch by batch.
+
+    Each batch of row tuples goes to Arrow in one call (as a struct array),
+    and the cyclic garbage collector is paused meanwhile: the row tuples hold
+    no cycles, and collecting them as they came made reads 3x slower.
+    Raises sqlite3 errors as they come and :class:`_Unconvertible`.
+    """
+    struct = pa.struct(list(schema))
+    batches = []
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        cursor = con.execute(sql, params)
+        while rows := cursor.fetchmany(BATCH_ROWS):
+            batches.append(pa.RecordBatch.from_struct_array(pa.array(rows, type=struct)))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        raise _Unconvertible(f"unexpected value in the export ({exc})") from None
+    finally:
+        if paused:
+            gc.enable()
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def _range_table(
+    sql: str, schema: pa.Schema, checked: bool, con: sqlite3.Connection, first: int, last: int
+) -> pa.Table:
+    """One rowid range of a parallel read, in a worker (errors as :class:`_RangeFailed`).
+
+    Only the exception's text crosses back to the parent, as a plain argument.
+    """
+    try:
+        return _arrow_rows(con, sql, (first, last), schema)
+    except _Unconvertible as exc:
+        raise _RangeFailed(str(exc) if checked else None) from None
+    except sqlite3.Error as exc:
+        raise _RangeFailed(f"corrupt or unreadable SQLite database ({exc})") from None
 
 
 def _quote(identifier: str) -> str:

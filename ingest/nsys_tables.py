@@ -50,7 +50,9 @@ RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 _TID_MASK = 0xFFFFFF  # the thread id bits of a serialized GlobalId
 
 
-def _fetch_split(db: NsysDb, build: Callable[[], str], schema: pa.Schema) -> pa.Table:
+def _fetch_split(
+    db: NsysDb, build: Callable[[], str], schema: pa.Schema, table: str | None = None
+) -> pa.Table:
     """Rows of ``build()``'s query as ``schema``, ``gp`` and ``tid`` from one serialized GlobalId.
 
     The query (made by ``build``, see ``NsysDb.fetch_fast``) selects the
@@ -61,11 +63,11 @@ def _fetch_split(db: NsysDb, build: Callable[[], str], schema: pa.Schema) -> pa.
     """
     at = schema.get_field_index("gp")  # ``tid`` follows it
     fetched = pa.schema([*schema][:at] + [pa.field("g", I64)] + [*schema][at + 2 :])
-    table = db.fetch_fast(build, fetched)
-    g = table.column(at)
-    table = table.remove_column(at)
-    table = table.add_column(at, "tid", pc.bit_wise_and(g, _TID_MASK))
-    return table.add_column(at, "gp", pc.shift_right(g, 24)).cast(schema)
+    rows = db.fetch_fast(build, fetched, table=table)
+    g = rows.column(at)
+    rows = rows.remove_column(at)
+    rows = rows.add_column(at, "tid", pc.bit_wise_and(g, _TID_MASK))
+    return rows.add_column(at, "gp", pc.shift_right(g, 24)).cast(schema)
 
 
 def read_activities(db: NsysDb) -> pa.Table:
@@ -75,7 +77,7 @@ def read_activities(db: NsysDb) -> pa.Table:
         if not db.has(table):
             continue
         part = db.fetch_fast(
-            lambda k=kind, t=table: _activity_sql(db, k, t), _activity_schema(kind)
+            lambda k=kind, t=table: _activity_sql(db, k, t), _activity_schema(kind), table=table
         )
         if "gp" in part.column_names:  # the GlobalPid's process key, shifted here (as in SQLite)
             part = part.set_column(
@@ -184,7 +186,7 @@ def read_runtime(db: NsysDb) -> pa.Table:
             f"nullif({c('correlationId')}, 0), {name_id}, {name_txt} FROM {db.ref(RUNTIME)}"
         )
 
-    return _fetch_split(db, build, schema)
+    return _fetch_split(db, build, schema, RUNTIME)
 
 
 def read_osrt(db: NsysDb) -> pa.Table:
@@ -204,7 +206,7 @@ def read_osrt(db: NsysDb) -> pa.Table:
             f"FROM {db.ref('OSRT_API')}"
         )
 
-    return _fetch_split(db, build, schema)
+    return _fetch_split(db, build, schema, "OSRT_API")
 
 
 def read_nvtx(db: NsysDb) -> pa.Table:
@@ -229,7 +231,7 @@ def read_nvtx(db: NsysDb) -> pa.Table:
             f"WHERE {c('eventType')} IN ({', '.join(map(str, NVTX_TYPES))})"
         )
 
-    return _fetch_split(db, build, schema)
+    return _fetch_split(db, build, schema, table)
 
 
 def read_strings(db: NsysDb) -> pa.Table:

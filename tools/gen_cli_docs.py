@@ -27,9 +27,10 @@ name), `STALLSCOPE_MAX_TRACE_BYTES` (largest decompressed trace, default
 shared access token, see docs/dashboard.md), `STALLSCOPE_NSYS` and
 `STALLSCOPE_NSYS_CACHE` (the `nsys` that exports `.nsys-rep` reports and where
 exports are cached, see docs/formats/nsys.md), `STALLSCOPE_DECODE_WORKERS`
-(processes that decode a big Kineto trace; default: one per CPU, at most 8, on
-Linux machines with 4 or more CPUs, for traces of 128 MB or more; `1` turns
-them off; see docs/benchmarks.md).
+(processes that decode a big Kineto trace or read a big Nsight Systems table;
+default: one per CPU, at most 8, on Linux machines with 4 or more CPUs, for
+Kineto traces of 128 MB or more and nsys tables of 400,000 rows or more; `1`
+turns them off; see docs/benchmarks.md).
 """
 
 
