@@ -41,7 +41,7 @@ def export(tmp_path, schema: str = "new"):
 def checked(db: NsysDb, reader):
     """The reader with fetch_fast forced to the checked read."""
     original = db.fetch_fast
-    db.fetch_fast = lambda build, schema: db.fetch(build(), schema)
+    db.fetch_fast = lambda build, schema, table=None: db.fetch(build(), schema)
     try:
         return reader(db)
     finally:
