@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from stallscope.errors import StallscopeError
 from stallscope.ingest import IngestResult
@@ -56,23 +57,20 @@ def ingest_in_child(
     store_root: str,
     paths: Sequence[str],
     *,
-    each: bool = False,
-    uploaded_by: str | None = None,
-    tags: Sequence[str] = (),
-    notes: str = "",
     progress: ProgressFn | None = None,
+    **job: Any,
 ) -> list[IngestResult]:
     """Ingest ``paths`` into the store at ``store_root`` in a child process.
 
-    Same contract as :func:`stallscope.ingest.ingest_paths`: returns one
-    result per job, or raises :class:`StallscopeError` with a one-line
-    message (the child's own error, or why the child died) and the store
-    unchanged. ``progress(label, done, total)`` is called on the calling
-    thread as the child reports (Streamlit's status widgets need that).
+    ``job`` takes :func:`ingest_command`'s keywords (``each``,
+    ``uploaded_by``, ``tags``, ``notes``, as for ``ingest_paths``). Same
+    contract as :func:`stallscope.ingest.ingest_paths`: returns one result
+    per job, or raises :class:`StallscopeError` with a one-line message (the
+    child's own error, or why the child died) and the store unchanged.
+    ``progress(label, done, total)`` is called on the calling thread as the
+    child reports (Streamlit's status widgets need that).
     """
-    argv = ingest_command(
-        store_root, paths, each=each, uploaded_by=uploaded_by, tags=tags, notes=notes
-    )
+    argv = ingest_command(store_root, paths, **job)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     child = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
