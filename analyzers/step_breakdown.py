@@ -96,12 +96,13 @@ def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
         owner = np.searchsorted(step_starts, anchor, side="right") - 1
         inside = (owner >= 0) & (anchor < step_ends[np.clip(owner, 0, None)])
         attribution = attribute_idle(job, trace, int(device))
-        gap_step = _window_of(attribution.gap_starts, dev, owner, inside, len(numbers))
+        edges = (attribution.span_start, attribution.span_end)
+        gap_step = _window_of(attribution.gap_starts, dev, owner, inside, edges)
         for index, number in enumerate(numbers.tolist()):
             mask = inside & (owner == index)
             if not mask.any():
                 continue
-            lo, hi = _window(dev, owner, inside, index, len(numbers))
+            lo, hi = _window(dev, owner, inside, index, edges)
             row = {
                 "step": int(number),
                 "device": int(device),
@@ -120,28 +121,37 @@ def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
 
 
 def _window(
-    dev: dict, owner: np.ndarray, inside: np.ndarray, index: int, count: int
+    dev: dict, owner: np.ndarray, inside: np.ndarray, index: int, edges: tuple[int, int]
 ) -> tuple[int, int]:
+    """The GPU window of step ``index``: its first operation to the next step's first.
+
+    The last window reaches the end of the device's measured span (``edges``,
+    the step scope: the idle time after the last step's work while its host
+    step ran). The idle time before the first step's first operation stays
+    outside every window: as each window holds the wait *after* its step's
+    work, that wait belongs to the step before, which was not profiled.
+    """
     starts = dev["start_ns"]
-    lo = int(starts[inside & (owner == index)].min())
+    mine = inside & (owner == index)
+    lo = int(starts[mine].min())
     later = inside & (owner > index)
     hi = (
         int(starts[later].min())
         if later.any()
-        else int(dev["end_ns"][inside & (owner == index)].max())
+        else max(int(dev["end_ns"][mine].max()), int(edges[1]))
     )
     return lo, hi
 
 
 def _window_of(
-    gap_starts: np.ndarray, dev: dict, owner: np.ndarray, inside: np.ndarray, count: int
+    gap_starts: np.ndarray, dev: dict, owner: np.ndarray, inside: np.ndarray, edges: tuple[int, int]
 ) -> np.ndarray:
     """Step index of each gap (by where it starts), -1 outside every step window."""
     result = np.full(gap_starts.size, -1, dtype=np.int64)
-    for index in range(count):
+    for index in range(int(owner.max()) + 1 if owner.size else 0):
         if not (inside & (owner == index)).any():
             continue
-        lo, hi = _window(dev, owner, inside, index, count)
+        lo, hi = _window(dev, owner, inside, index, edges)
         result[(gap_starts >= lo) & (gap_starts < hi)] = index
     return result
 

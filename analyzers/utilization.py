@@ -2,7 +2,9 @@
 
 Definitions (docs/analyzers/utilization.md), per trace and device:
 
-* span = first start to last end of the device's kernels, memcpys and memsets
+* span = the device's step scope when the trace has steps (``scope.step_scope``:
+  its in-step GPU work, widened to the idle time at the steps' edges), else
+  first start to last end of its kernels, memcpys and memsets
   (synchronization events are waits, not work, and are left out);
 * ``gpu_busy_pct`` = |union of kernels, memcpys, memsets| / span * 100;
 * ``gpu_idle_pct`` = 100 - ``gpu_busy_pct``;
@@ -23,7 +25,7 @@ import numpy as np
 from stallscope import intervals
 from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, pct
 from stallscope.jobdata import JobData
-from stallscope.scope import in_scope, step_scope
+from stallscope.scope import idle_gaps, in_scope, span_of, step_scope
 
 MAX_WINDOWS = 20
 
@@ -40,23 +42,29 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         for device in np.unique(cols["device"]):
             mask = cols["device"] == device
             dev = {k: np.asarray(v)[mask] for k, v in cols.items()}
-            keep, dev["start_ns"], dev["end_ns"] = in_scope(
-                dev["start_ns"], dev["end_ns"], step_scope(job, ref.trace_id, int(device))
-            )
+            scope = step_scope(job, ref.trace_id, int(device))
+            keep, dev["start_ns"], dev["end_ns"] = in_scope(dev["start_ns"], dev["end_ns"], scope)
             for column in ("device", "kind", "is_comm"):
                 dev[column] = dev[column][keep]
             if keep.any():
-                _device_metrics(job, result, ref.trace_id, rank, int(device), dev)
+                _device_metrics(job, result, ref.trace_id, rank, int(device), dev, scope)
         _step_metric(job, result, ref.trace_id, rank)
     return result
 
 
 def _device_metrics(
-    job: JobData, result: AnalyzerResult, trace: str, rank: int, device: int, dev: dict
+    job: JobData,
+    result: AnalyzerResult,
+    trace: str,
+    rank: int,
+    device: int,
+    dev: dict,
+    scope: tuple[int, int] | None,
 ) -> None:
     starts, ends, kind = dev["start_ns"], dev["end_ns"], dev["kind"]
     is_comm = np.asarray(dev["is_comm"], dtype=bool)
-    span = int(ends.max() - starts.min())
+    lo, hi = span_of(starts, ends, scope)
+    span = hi - lo
     is_kernel = kind == "kernel"
     busy = intervals.total(starts, ends)
     parts = {
@@ -73,14 +81,17 @@ def _device_metrics(
         Metric(trace, rank, device, "kernel_count", int(is_kernel.sum()), "count")
     )
     result.metrics.append(Metric(trace, rank, device, "gpu_span_ns", span, "ns"))
-    result.findings.append(_headline(job, trace, rank, device, starts, ends, span, busy, idle_pct))
+    gaps = idle_gaps(starts, ends, scope)
+    result.findings.append(
+        _headline(job, trace, rank, device, gaps, span, busy, idle_pct, scope is not None)
+    )
 
 
-def _headline(job, trace, rank, device, starts, ends, span, busy, idle_pct) -> Finding:
+def _headline(job, trace, rank, device, gaps, span, busy, idle_pct, stepped) -> Finding:
     """An info finding per device: busy/idle shares and the idle time by cause (from gpu_idle)."""
     from stallscope.idle import attribute_idle
 
-    gap_starts, gap_ends = intervals.gaps(starts, ends)
+    gap_starts, gap_ends = gaps
     order = np.argsort(gap_starts - gap_ends, kind="stable")[:MAX_WINDOWS]  # longest first
     windows = [[int(gap_starts[i]), int(gap_ends[i])] for i in order]
     idle_ns = span - busy
@@ -97,7 +108,8 @@ def _headline(job, trace, rank, device, starts, ends, span, busy, idle_pct) -> F
         severity="info",
         title=f"GPU {device} busy {100 - idle_pct:.1f}%, idle {idle_pct:.1f}% of {span / 1e6:.2f} ms",
         detail=(
-            f"From its first to its last activity GPU {device} ran kernels or copies for {busy / 1e6:.2f} ms "
+            ("Over its profiled steps" if stepped else "From its first to its last activity")
+            + f" GPU {device} ran kernels or copies for {busy / 1e6:.2f} ms "
             f"and sat idle for {idle_ns / 1e6:.2f} ms in {gap_starts.size} gaps"
             + (f"; idle by cause: {causes}." if causes else ".")
         ),

@@ -41,7 +41,7 @@ import numpy as np
 
 from stallscope import intervals
 from stallscope.jobdata import JobData
-from stallscope.scope import in_scope, step_scope
+from stallscope.scope import idle_gaps, in_scope, span_of, step_scope
 
 CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
 HOST_CAUSES = CAUSES[:5]  # labelled from host intervals, in priority order
@@ -105,11 +105,12 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
         "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind IN ('kernel', 'memcpy', 'memset')",
         [trace_id, device],
     )
-    _, starts, ends = in_scope(busy["start_ns"], busy["end_ns"], step_scope(job, trace_id, device))
+    scope = step_scope(job, trace_id, device)
+    _, starts, ends = in_scope(busy["start_ns"], busy["end_ns"], scope)
     if starts.size == 0:
         empty = np.zeros(0, dtype=np.int64)
         return IdleAttribution(0, 0, empty, empty, np.zeros((0, len(CAUSES)), dtype=np.int64), [])
-    gap_s, gap_e = intervals.gaps(starts, ends)
+    gap_s, gap_e = idle_gaps(starts, ends, scope)
     threads = launch_threads(job, trace_id, device)
     cause_unions, graph_union = _host_unions(job, trace_id, threads)
     per_gap, graph_per_gap = _label_gaps(gap_s, gap_e, cause_unions, graph_union)
@@ -117,9 +118,8 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
     per_gap[queued] = 0
     per_gap[queued, CAUSES.index("queued")] = (gap_e - gap_s)[queued]
     graph_per_gap[queued] = 0
-    return IdleAttribution(
-        int(starts.min()), int(ends.max()), gap_s, gap_e, per_gap, threads, graph_per_gap
-    )
+    span_start, span_end = span_of(starts, ends, scope)
+    return IdleAttribution(span_start, span_end, gap_s, gap_e, per_gap, threads, graph_per_gap)
 
 
 def _queued_gaps(

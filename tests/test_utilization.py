@@ -19,6 +19,10 @@ def hand_trace() -> KinetoTrace:
     sync     [80,100)            -> not busy, not in the span
     kernel   [90,100)            -> compute [90,100)            = 10
     busy = [0,45) + [60,80) + [90,100) = 45 + 20 + 10 = 75 of span 100
+    Steps of 10, 30 and 60 µs from 0, 10 and 40 µs (no launch records: each
+    operation counts where it starts), ending with GPU 0's work at 100 µs: its span
+    is [0, 100). GPU 1's kernel [0, 5) is done long before the steps end: its span
+    runs to the last step's end, 100 µs (busy 5 of 100).
     """
     t = KinetoTrace()
     t.kernel("gemm_a", 0, 20_000)
@@ -30,7 +34,7 @@ def hand_trace() -> KinetoTrace:
     t.kernel("relu", 90_000, 10_000)
     t.kernel("other_gpu", 0, 5_000, device=1)
     for i, (start, dur) in enumerate(
-        [(0, 10_000_000), (10_000_000, 30_000_000), (40_000_000, 20_000_000)]
+        [(0, 10_000), (10_000, 30_000), (40_000, 60_000)]
     ):
         t.step(i, start, dur)
     return t
@@ -58,9 +62,10 @@ def test_shares_of_span(metrics):
 
 def test_per_device_and_steps(metrics):
     values, _ = metrics
-    assert values[(1, "gpu_busy_pct")] == 100.0
+    assert values[(1, "gpu_busy_pct")] == 5.0
+    assert values[(1, "gpu_span_ns")] == 100_000
     assert values[(1, "kernel_count")] == 1
-    assert values[(None, "step_time_ms_median")] == 20.0  # steps of 10, 30, 20 ms
+    assert values[(None, "step_time_ms_median")] == 0.03  # steps of 10, 30, 60 µs
     assert values[(None, "step_count")] == 3
 
 
@@ -74,7 +79,59 @@ def test_headline_finding(metrics):
     assert head.windows[0][1] - head.windows[0][0] == 15_000  # [45,60) is the longest gap
     assert sorted(b - a for a, b in head.windows) == [10_000, 15_000]
     assert sum(head.evidence["idle_by_cause_ns"].values()) == 25_000
-    assert by_device[1].impact_ns == 0
+    assert by_device[1].impact_ns == 95_000  # idle after its kernel, while the steps ran
+
+
+def widened_trace() -> KinetoTrace:
+    """One step [100, 400) µs; times in µs.
+
+    Set-up kernel S [0, 50) launched before the step (out of scope). In the step,
+    the host loads data until 250, then launches A [260, 300) and B [320, 350); the
+    host step runs on to 400 (logging, a sync). Scope: the in-step work [260, 350)
+    widened back to the step's start 100 (S ended at 50, before it) and on to its
+    end 400: span 300, busy 70, idle 230 in gaps [100, 260), [300, 320), [350, 400).
+    """
+    t = KinetoTrace()
+    t.runtime("cudaLaunchKernel", 0, 5_000, corr=1)
+    t.kernel("setup", 0, 50_000, corr=1)
+    t.step(0, 100_000, 300_000)
+    t.runtime("cudaLaunchKernel", 255_000, 5_000, corr=2)
+    t.kernel("a", 260_000, 40_000, corr=2)
+    t.runtime("cudaLaunchKernel", 300_000, 5_000, corr=3)
+    t.kernel("b", 320_000, 30_000, corr=3)
+    return t
+
+
+def test_step_scope_holds_the_idle_time_at_the_steps_edges(store, tmp_path):
+    (res,) = ingest_paths(store, [str(widened_trace().write(tmp_path / "w.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    result = utilization.run(job, utilization.SPEC.params())
+    job.close()
+    values = {m.name: m.value for m in result.metrics if m.device == 0}
+    assert values["gpu_span_ns"] == 300_000
+    assert values["gpu_busy_pct"] == round(100 * 70 / 300, 3)
+    (head,) = result.findings
+    assert sorted(map(tuple, head.windows)) == [
+        (100_000, 260_000),
+        (300_000, 320_000),
+        (350_000, 400_000),
+    ]
+
+
+def test_step_scope_stops_at_earlier_and_later_gpu_work(store, tmp_path):
+    """The same step, with set-up work running until 180 µs and a kernel launched after
+    the step starting at 380 µs: the widened span is [180, 380)."""
+    t = widened_trace()
+    t.runtime("cudaLaunchKernel", 60_000, 5_000, corr=4)
+    t.kernel("late_setup", 150_000, 30_000, corr=4)  # launched before the step, ends at 180
+    t.runtime("cudaLaunchKernel", 401_000, 5_000, corr=5)
+    t.kernel("after", 380_000, 50_000, corr=5)  # launched after the step
+    (res,) = ingest_paths(store, [str(t.write(tmp_path / "w2.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    result = utilization.run(job, utilization.SPEC.params())
+    job.close()
+    values = {m.name: m.value for m in result.metrics if m.device == 0}
+    assert values["gpu_span_ns"] == 380_000 - 180_000
 
 
 def test_scope_counts_operations_without_a_launch_record_where_they_start(store, tmp_path):
