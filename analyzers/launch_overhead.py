@@ -139,7 +139,11 @@ def _device(
             rank=rank,
             device=device,
             severity=severity,
-            title=f"GPU {device} starved by kernel launches: idle {share:.1f}% of the time waiting for the CPU",
+            title=(
+                f"GPU {device} starved by kernel launches: idle {share:.1f}% of the time waiting for the CPU"
+                if severity in ("critical", "high")
+                else f"GPU {device} waited {share:.1f}% of the time for the CPU to launch kernels"
+            ),
             detail=(
                 f"{launches} launches{per_step} ({driver_launches} through the driver API, {graph_launches} graph "
                 f"launches) for {kernels} kernels; {short_pct:.0f}% of kernels ran shorter than the API call that "
@@ -181,7 +185,10 @@ def _windows(attribution, per_gap) -> list[list[int]]:
 def _graph_finding(
     trace, rank, device, attribution, per_gap, share, graph_launches, kernels, mean_graph, params
 ):
-    """Waiting inside graph launches: at most ``low``, since CUPTI inflates them while profiling."""
+    """Waiting inside graph launches: ``info`` only, since CUPTI inflates them while profiling.
+
+    (Not a severity that ``--fail-on low`` gates on: a profiler artifact must not fail CI.)
+    """
     waited = int(per_gap.sum())
     if graded_severity(share, waited, params) is None:
         return None
@@ -190,7 +197,7 @@ def _graph_finding(
         trace=trace,
         rank=rank,
         device=device,
-        severity="low",
+        severity="info",
         title=f"GPU {device} waited {share:.1f}% of the time for CUDA Graph launches (likely profiler overhead)",
         detail=(
             f"{graph_launches} graph launches took {_us(mean_graph)} µs each on average; the GPU waited "

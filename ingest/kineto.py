@@ -27,6 +27,11 @@ def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedT
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
     canonical = to_canonical(decoded.events, header, ctx.trace_id(""), rank)
+    if not (canonical.gpu.num_rows or canonical.host.num_rows or canonical.ranges.num_rows):
+        raise InputError(
+            source.name,
+            "empty trace: no events with a time (nothing was recorded, nothing to analyze)",
+        )
     warnings = list(decoded.warnings)
     if canonical.dropped_events:
         warnings.append(f"dropped {canonical.dropped_events} events with unreadable timestamps")

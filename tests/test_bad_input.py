@@ -192,6 +192,19 @@ def _invalid_json(tmp: Path):
     return path, [f"invalid JSON at byte {where:,}: expected '\"'", "near '"]
 
 
+def _empty_array(tmp: Path):
+    path = tmp / "nothing.json"
+    path.write_text("[]")
+    return path, ["empty trace: no events with a time"]
+
+
+def _metadata_only(tmp: Path):
+    path = tmp / "metadata.pt.trace.json"
+    meta = {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}}
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": [meta]}))
+    return path, ["empty trace: no events with a time"]
+
+
 BAD_FILES = {
     "truncated_gzip": _truncated_gzip,
     "truncated_json": _truncated_json,
@@ -205,6 +218,8 @@ BAD_FILES = {
     "binary_file": _binary,
     "gzip_checksum": _bad_crc,
     "invalid_json": _invalid_json,
+    "empty_array": _empty_array,
+    "metadata_only": _metadata_only,
 }
 
 
