@@ -216,7 +216,7 @@ def _table_finding(trace: str, rank: int, table: list[dict], median: float, p90:
         rank=rank,
         device=None,
         severity="info",
-        title=f"Step breakdown: {len(steps)} steps, median {median / 1e6:.2f} ms",
+        title=f"Step breakdown: {len(steps)} step{'s' if len(steps) != 1 else ''}, median {median / 1e6:.2f} ms",
         detail=f"Per step and GPU: compute, communication, copies and idle time by cause (median step {median / 1e6:.2f} ms, p90 {p90 / 1e6:.2f} ms).",
         recommendation="Use the per-step table to see which category grows in slow steps.",
         impact_ns=0,

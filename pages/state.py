@@ -47,6 +47,10 @@ def selected_job(label: str = "Job") -> tuple[dict[str, Any], list[TraceRef]] | 
             wanted = store.resolve(trace)[0].job_id
         except NotFoundError:
             st.warning(f"No trace {trace!r} in this store.")
+    if wanted and wanted not in ids:
+        st.warning(
+            f"No job {wanted!r} in this store (removed, or a link to another store): pick one."
+        )
     index = ids.index(wanted) if wanted in ids else 0
     names = {j["job_id"]: f"{j.get('name')} · {j['job_id']}" for j in all_jobs}
     job_id = st.sidebar.selectbox(label, ids, index=index, format_func=names.get, key="job_picker")

@@ -76,6 +76,12 @@ def test_overview_deep_link_by_trace_id(app_store):
     assert at.sidebar.selectbox[0].value == ref.job_id
 
 
+def test_unknown_job_in_a_link_says_so(app_store):
+    at = page("overview", job="doesnotexist")
+    assert not at.exception
+    assert any("No job 'doesnotexist' in this store" in w.value for w in at.warning)
+
+
 def test_timeline_draws_the_window(app_store):
     (ref,) = app_store.traces(job_id(app_store, "idle.pt.trace.json"))
     at = page("timeline", trace=ref.trace_id, window="0-60000")

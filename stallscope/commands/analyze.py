@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
     )
     p.add_argument(
         "--fail-on",
+        type=str.lower,
         choices=SEVERITIES,
         metavar="SEVERITY",
         help=f"exit with code 1 when a finding has this severity or worse ({', '.join(SEVERITIES)})",
@@ -178,6 +179,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     worst = worst_severity(report)
     if args.fail_on and worst and severity_at_least(worst, args.fail_on):
+        gating = [f for f in report["findings"] if severity_at_least(f["severity"], args.fail_on)]
+        top = next(f for f in gating if f["severity"] == worst)
+        print(
+            f"stallscope: {len(gating)} finding(s) at or above {args.fail_on}; worst: "
+            f"[{worst.upper()}] {top['title']} ({top['analyzer']}): exit code 1",
+            file=sys.stderr,
+        )
         return EXIT_FINDINGS
     return EXIT_OK
 
