@@ -62,7 +62,9 @@ def test_fail_on_exit_code(cli, idle_trace):
     assert out.returncode == 1
     # stderr says why, in one line, beside the report on stdout
     (line,) = out.stderr.strip().splitlines()
-    assert line.startswith("stallscope: 1 finding(s) at or above high; worst: [CRITICAL] GPU 0 idle")
+    assert line.startswith(
+        "stallscope: 1 finding(s) at or above high; worst: [CRITICAL] GPU 0 idle"
+    )
     assert line.endswith("(gpu_idle): exit code 1")
     assert cli("analyze", str(idle_trace), "--fail-on", "critical").returncode == 1
     # threshold flags generated from the analyzer's declaration lower the severity to medium

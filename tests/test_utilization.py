@@ -33,9 +33,7 @@ def hand_trace() -> KinetoTrace:
     t.sync("Event Sync", 80_000, 20_000)
     t.kernel("relu", 90_000, 10_000)
     t.kernel("other_gpu", 0, 5_000, device=1)
-    for i, (start, dur) in enumerate(
-        [(0, 10_000), (10_000, 30_000), (40_000, 60_000)]
-    ):
+    for i, (start, dur) in enumerate([(0, 10_000), (10_000, 30_000), (40_000, 60_000)]):
         t.step(i, start, dur)
     return t
 
