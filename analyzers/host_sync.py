@@ -57,7 +57,7 @@ THRESHOLDS = (
         "per_step_low",
         3.0,
         "calls",
-        "blocking calls per ProfilerStep that, with per_step_share_pct, make a low-severity finding",
+        "blocking calls per step that, with per_step_share_pct, make a low-severity finding",
         minimum=1,
     ),
     Threshold(

@@ -58,7 +58,7 @@ THRESHOLDS = (
         "d2h_per_step",
         2.0,
         "copies",
-        "device-to-host copies per ProfilerStep that make an (info) finding",
+        "device-to-host copies per step that make an (info) finding",
         minimum=1,
     ),
 )
@@ -213,7 +213,7 @@ def _pageable(
     achieved = nbytes / gpu_ns if gpu_ns else 0.0
     order = np.argsort(-lost_each, kind="stable")[:MAX_WINDOWS]
     order = order[lost_each[order] > 0]
-    scope = "inside ProfilerSteps" if n_steps else "in the trace"
+    scope = "inside the steps" if n_steps else "in the trace"
     per_step = f" ({_mib(nbytes // n_steps)} per step)" if n_steps else ""
     return Finding(
         analyzer="memcpy",
@@ -285,7 +285,7 @@ def _d2h_in_step(trace, rank, device, dev, in_step, sites, n_steps, params) -> F
         title=f"GPU {device}: {per_step:.1f} device-to-host copies per step inside the training step",
         detail=(
             f"{int(d2h.sum())} device-to-host copies ({nbytes:,} bytes) were issued inside {n_steps} "
-            f"ProfilerSteps; {int(pageable.sum())} into pageable memory and {int(sync_api.sum())} through a "
+            f"steps; {int(pageable.sum())} into pageable memory and {int(sync_api.sum())} through a "
             f"synchronous copy call (both block the host by themselves). "
             f"Top call sites: {top}. Each copy whose result the host reads forces a sync; the GPU time "
             f"that costs is reported by host_sync."

@@ -38,6 +38,7 @@ from stallscope.analyzers.base import (
 )
 from stallscope.collectives import covered_length, gpu_activity, match_collectives, step_windows
 from stallscope.jobdata import JobData
+from stallscope.scope import step_scope
 
 THRESHOLDS = (
     *graded_thresholds('exposed transfer / span', 'exposed transfer below which nothing is reported'),
@@ -191,18 +192,24 @@ def _context(job, trace, device, ops, comm_mask, comp_mask, params) -> dict:
     """What the communication looks like, and the fixes that fit it."""
     comm_streams = sorted(set(ops["stream"][comm_mask].tolist()))
     shared = sorted(set(comm_streams) & set(ops["stream"][comp_mask].tolist()))
+    # The collectives of the step scope (set-up broadcasts of a whole-run capture are out).
+    scope = step_scope(job, trace, device)
+    where = "trace_id = ? AND device = ?" + (
+        f" AND start_ns >= {scope[0]} AND start_ns < {scope[1]}" if scope else ""
+    )
     rows = job.sql(
-        "SELECT op, count(*), median(coalesce(in_bytes, out_bytes)) FROM collectives "
-        "WHERE trace_id = ? AND device = ? GROUP BY 1 ORDER BY 2 DESC",
+        f"SELECT op, count(*), median(coalesce(in_bytes, out_bytes)) FROM collectives "
+        f"WHERE {where} GROUP BY 1 ORDER BY 2 DESC",
         [trace, device],
     ).fetchall()
     counts = {str(op): int(n) for op, n, _ in rows}
     sizes = job.sql(
-        "SELECT median(coalesce(in_bytes, out_bytes)) FROM collectives WHERE trace_id = ? AND device = ?",
+        f"SELECT median(coalesce(in_bytes, out_bytes)) FROM collectives WHERE {where}",
         [trace, device],
     ).fetchone()[0]
-    steps = np.unique(ops["step"][ops["step"] >= 0]).size
-    per_step = round(int(comm_mask.sum()) / steps, 1) if steps else None
+    in_step = ops["step"] >= 0
+    steps = np.unique(ops["step"][in_step]).size
+    per_step = round(int((comm_mask & in_step).sum()) / steps, 1) if steps else None
     main = rows[0][0] if rows else "unknown"
     tips = []
     if shared:
