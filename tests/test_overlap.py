@@ -77,6 +77,8 @@ def test_work_outside_the_steps_is_left_out(store, tmp_path):
     m = metrics(result)
     assert m[(0, "comm_overlap_pct")] == 40.0 and m[(0, "exposed_comm_ns")] == 15 * MS
     assert result.findings[0].evidence["scope"] == "steps"
+    # nor in the collectives summary: 2 all-reduces in 2 steps, not 3
+    assert "Collectives: 2 allreduce (1.0 per step" in result.findings[0].detail
 
 
 def test_comm_on_the_compute_stream_is_called_out(store, tmp_path):
