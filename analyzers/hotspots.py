@@ -478,10 +478,17 @@ def _lead_advice(lead: dict | None, cat_ns: dict, gpu_ns: int, advised: bool) ->
         return None
     name, share = _short(str(lead["name"])), 100.0 * lead["total_ns"] / gpu_ns
     if lead["kind"] != "kernel":
+        pageable = "Pageable" in str(lead["name"])
         return (
-            f"Copies lead the GPU time ({str(lead['name']).strip()} alone {share:.0f}%); as the "
-            "memcpy findings say: pinned memory (pin_memory=True) with non_blocking=True, fewer and "
-            "larger copies overlapped with compute, and data kept on the GPU between steps."
+            f"Copies lead the GPU time ({str(lead['name']).strip()} alone {share:.0f}%): see the "
+            "memcpy findings. "
+            + (
+                "Copy from pinned memory (pin_memory=True) with non_blocking=True; "
+                if pageable
+                else ""
+            )
+            + "overlap the copies with compute (the next batch on a side stream), move fewer bytes, "
+            "and keep data on the GPU between steps."
         )
     if lead["category"] == "communication":
         comm = 100.0 * cat_ns["communication"] / gpu_ns

@@ -17,6 +17,12 @@ Per trace and device (docs/analyzers/memcpy.md):
   ``*Async``; host-to-device copies of at most 64 KiB excepted, as nsys does):
   count, bytes and call sites (``info``, same reason).
 
+* **copy-bound GPUs**: pinned host-to-device, device-to-host and peer copies
+  (pageable ones are the first finding's; device-to-device copies are GPU
+  memory work, like kernels) with no kernel running beside them, when that *exposed* copy
+  time reaches ``copy_exposed_pct_low/medium/high`` % of the span: the GPU
+  waits on transfers, not compute. ``impact_ns`` is the exposed copy time.
+
 Metrics: ``pageable_memcpy_bytes`` and ``pageable_memcpy_count`` per device
 (copies whose host memory is pageable, either direction).
 """
@@ -32,6 +38,7 @@ from stallscope.analyzers.base import (
     Finding,
     Metric,
     Threshold,
+    graded_severity,
     graded_thresholds,
 )
 from stallscope.analyzers.host_sync import (
@@ -53,6 +60,17 @@ THRESHOLDS = (
         "GB/s",
         "pinned host-to-device bandwidth for the lost-time estimate; 0 = measured from the trace, "
         "else by GPU generation",
+    ),
+    *(
+        Threshold(
+            f"copy_exposed_pct_{level}",
+            default,
+            "%",
+            f"pinned/device copy time with no kernel beside it, % of the span, for a {level}-severity "
+            "copy-bound finding",
+            maximum=100,
+        )
+        for level, default in (("low", 10.0), ("medium", 25.0), ("high", 50.0))
     ),
     Threshold(
         "d2h_per_step",
@@ -154,6 +172,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
         ctx = (trace, rank, int(device), dev, in_step[mask], sites[mask], n_steps)
         for finding in (
             _pageable(job, *ctx, params, window),
+            _copy_bound(job, trace, rank, int(device), dev, params, window),
             _d2h_in_step(*ctx, params),
             _sync_copies(*ctx),
         ):
@@ -354,6 +373,81 @@ def _sync_copies(trace, rank, device, dev, in_step, sites, n_steps) -> Finding |
             "call_sites": _by_site(sites[sync], dev["bytes"][sync], dur[sync]),
         },
         windows=[[int(dev["host_start"][i]), int(dev["host_end"][i])] for i in longest],
+    )
+
+
+def _copy_bound(job, trace, rank, device, dev, params, window) -> Finding | None:
+    """Pinned/device copies that run with no kernel beside them, as a share of the span."""
+    pageable = (dev["src_kind"] == "pageable") | (dev["dst_kind"] == "pageable")
+    # host <-> device and peer transfers; device-to-device copies are GPU memory work, like kernels
+    mine = ~pageable & np.isin(dev["copy_kind"], ["HtoD", "DtoH", "PtoP"])
+    if window is not None:
+        mine &= (dev["start_ns"] >= window[0]) & (dev["start_ns"] < window[1])
+    span = _span(job, trace, device, window)
+    if not mine.any() or span <= 0:
+        return None
+    kernels = job.numpy(
+        "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind = 'kernel'",
+        [trace, device],
+    )
+    starts, ends = dev["start_ns"][mine], dev["end_ns"][mine]
+    copy_ns = intervals.total(starts, ends)
+    kernel_ns = intervals.total(kernels["start_ns"], kernels["end_ns"])
+    both = intervals.total(
+        np.concatenate([starts, kernels["start_ns"]]), np.concatenate([ends, kernels["end_ns"]])
+    )
+    exposed = both - kernel_ns
+    share = 100.0 * exposed / span
+    severity = graded_severity(share, exposed, params, prefix="copy_exposed_pct")
+    if severity is None:
+        return None
+    kinds = dev["copy_kind"][mine].astype(str)
+    nbytes, dur = dev["bytes"][mine], ends - starts
+    by_kind = {}
+    for kind in np.unique(kinds).tolist():
+        k = kinds == kind
+        seconds = float(dur[k].sum()) / 1e9
+        by_kind[kind or "unknown"] = {
+            "count": int(k.sum()),
+            "bytes": int(nbytes[k].sum()),
+            "gbps": round(float(nbytes[k].sum()) / seconds / 1e9, 2) if seconds else None,
+        }
+    moved = ", ".join(
+        f"{kind} {_mib(v['bytes'])} in {v['count']} copies"
+        + (f" at {v['gbps']:.1f} GB/s" if v["gbps"] else "")
+        for kind, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["bytes"])
+    )
+    longest = np.argsort(-dur, kind="stable")[:MAX_WINDOWS]
+    return Finding(
+        analyzer="memcpy",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity=severity,
+        title=f"GPU {device} copy-bound: copies with no compute beside them fill {share:.1f}% of the time",
+        detail=(
+            f"Pinned host/device and peer copies ran {copy_ns / 1e6:.2f} ms, {exposed / 1e6:.2f} ms of it with no kernel "
+            f"running ({share:.1f}% of the {span / 1e6:.2f} ms span): {moved}."
+        ),
+        recommendation=(
+            "The GPU waits on transfers, not compute. Overlap them: copy the next batch from pinned memory on a "
+            "side stream with non_blocking=True while the current one computes (a prefetcher around "
+            "DataLoader(pin_memory=True)), and synchronize on an event only where the data is used. Move fewer "
+            "bytes: keep tensors on the GPU across steps, send uint8/bf16 and convert on the GPU, read back only "
+            "what the host needs. If the bandwidth is well below the link's (PCIe 4 x16 about 25 GB/s, PCIe 5 "
+            "about 50 GB/s per direction), check the link width and generation (nvidia-smi -q) and the NUMA "
+            "placement of the process."
+        ),
+        impact_ns=int(exposed),
+        evidence={
+            "key": "copy_bound",
+            "copy_ns": int(copy_ns),
+            "exposed_ns": int(exposed),
+            "share_of_span_pct": round(share, 3),
+            "span_ns": int(span),
+            "by_direction": by_kind,
+        },
+        windows=[[int(starts[i]), int(ends[i])] for i in longest],
     )
 
 

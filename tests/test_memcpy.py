@@ -11,6 +11,7 @@ from tests.conftest import CORPUS, REPO
 from tests.kineto_builder import H100, KinetoTrace
 
 MiB = 1 << 20
+MS = 1_000_000
 
 
 def _run(store, tmp_path, trace: KinetoTrace, **overrides):
@@ -178,3 +179,45 @@ def test_corpus_resnet_pageable_copies(store):
     assert f.evidence["count"] == 61 and f.evidence["bytes"] == 2_312_140_804
     assert f.evidence["pinned_gbps"] == 10.0  # compute capability 7.x, nothing pinned to measure
     assert f.severity == "info"  # 0.4 s lost, but 2.7 % of a 14.5 s span
+
+
+def copy_bound_trace() -> KinetoTrace:
+    """GPU 0, times in ms, no steps (span 0..50):
+
+    kernel [0, 10); pinned HtoD 100 MiB [2, 6) under it (hidden), pinned HtoD 600 MiB
+    [10, 34) and pinned DtoH 50 MiB [34, 40) with no kernel (exposed 30); a DtoD [40, 46)
+    (GPU memory work, not a transfer) and a pageable HtoD [46, 50) (the pageable
+    finding's). Exposed transfer 30 of 50 ms = 60 % -> high.
+    """
+    t = KinetoTrace(device_props=[H100])
+    t.kernel("gemm", 0, 10 * MS)
+    _copy(t, "HtoD", "Pinned", "Device", 100 * MiB, 0, 2 * MS, 4 * MS)
+    _copy(t, "HtoD", "Pinned", "Device", 600 * MiB, 1 * MS, 10 * MS, 24 * MS)
+    _copy(t, "DtoH", "Device", "Pinned", 50 * MiB, 2 * MS, 34 * MS, 6 * MS)
+    _copy(t, "DtoD", "Device", "Device", 50 * MiB, 3 * MS, 40 * MS, 6 * MS)
+    _copy(t, "HtoD", "Pageable", "Device", 16 * MiB, 4 * MS, 46 * MS, 4 * MS)
+    return t
+
+
+def test_copy_bound_gpu_by_hand(store, tmp_path):
+    _, found = _run(store, tmp_path, copy_bound_trace())
+    f = found["copy_bound"]
+    assert f.severity == "high"
+    assert f.impact_ns == f.evidence["exposed_ns"] == 30 * MS
+    assert f.evidence["copy_ns"] == 34 * MS  # 4 hidden + 30 exposed; DtoD and pageable left out
+    assert f.evidence["share_of_span_pct"] == 60.0
+    assert f.evidence["by_direction"]["HtoD"] == {
+        "count": 2,
+        "bytes": 700 * MiB,
+        "gbps": round(700 * MiB / 0.028 / 1e9, 2),
+    }
+    assert set(f.evidence["by_direction"]) == {"HtoD", "DtoH"}
+    assert f.windows[0] == [10 * MS, 34 * MS]
+
+
+def test_copies_under_compute_are_not_copy_bound(store, tmp_path):
+    t = KinetoTrace(device_props=[H100])
+    t.kernel("gemm", 0, 50 * MS)
+    _copy(t, "HtoD", "Pinned", "Device", 600 * MiB, 1 * MS, 10 * MS, 24 * MS)
+    _, found = _run(store, tmp_path, t)
+    assert "copy_bound" not in found
