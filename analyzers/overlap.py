@@ -52,6 +52,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
     activity = gpu_activity(job)
     match = None
+    missing = _missing_ranks(job)
     for ref in job.traces:
         for (trace, device), ops in activity.items():
             if trace != ref.trace_id or not (ops["is_comm"].any() or (~ops["is_kernel"]).any()):
@@ -59,11 +60,29 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
             if match is None and ops["is_comm"].any():
                 match = match_collectives(job)
             waits = match.waits_of(trace, device) if match else (np.zeros(0, np.int64),) * 2
-            _device(job, result, trace, int(ref.meta.get("rank", 0)), device, ops, waits, params)
+            rank = int(ref.meta.get("rank", 0))
+            _device(job, result, trace, rank, device, ops, waits, params, missing)
     return result
 
 
-def _device(job, result, trace, rank, device, ops, waits, params) -> None:
+def _uses_ddp(job: JobData, trace: str) -> bool:
+    """Whether the trace shows DistributedDataParallel (its forward range, or its reducer)."""
+    return job.sql(
+        "SELECT EXISTS (SELECT 1 FROM names WHERE trace_id = ? AND (starts_with(name, "
+        "'DistributedDataParallel') OR contains(name, 'c10d::Reducer')))",
+        [trace],
+    ).fetchone()[0]
+
+
+def _missing_ranks(job: JobData) -> tuple[int, int] | None:
+    """(ranks present, world size) when the traces say the job had more ranks than it holds."""
+    ranks = {int(ref.meta.get("rank", 0)) for ref in job.traces}
+    worlds = [w for ref in job.traces if isinstance(w := ref.meta.get("world_size"), int)]
+    world = max(worlds, default=0)
+    return (len(ranks), world) if world > len(ranks) else None
+
+
+def _device(job, result, trace, rank, device, ops, waits, params, missing=None) -> None:
     kernel = ops["is_kernel"]
     comm_mask, comp_mask = kernel & ops["is_comm"], kernel & ~ops["is_comm"]
     comm, comp, copy = (_union(ops, m) for m in (comm_mask, comp_mask, ~kernel))
@@ -127,6 +146,13 @@ def _device(job, result, trace, rank, device, ops, waits, params) -> None:
                 f"time had a compute kernel beside it. {totals['exposed'] / 1e6:.2f} ms was exposed, of which "
                 f"{totals['wait'] / 1e6:.2f} ms waiting for other ranks (see nccl_wait) and {transfer / 1e6:.2f} ms "
                 f"moving data with nothing else to do{per_step}. {context['summary']}"
+                + (
+                    f" Only {missing[0]} of the job's {missing[1]} ranks are in this analysis: waiting "
+                    "for the missing ones cannot be told from moving data, so part of the exposed time "
+                    "may be waiting (ingest every rank's trace together to split them)."
+                    if missing
+                    else ""
+                )
             ),
             recommendation=" ".join(context["tips"]),
             impact_ns=transfer,
@@ -140,6 +166,8 @@ def _device(job, result, trace, rank, device, ops, waits, params) -> None:
                 "exposed_memcpy_ns": totals["copy_exposed"],
                 "share_of_span_pct": round(share, 3),
                 "scope": "steps" if seg.steps.size else "trace",
+                "ranks_present": missing[0] if missing else None,
+                "world_size": missing[1] if missing else None,
                 "comm_streams": context["comm_streams"],
                 "shared_streams": context["shared_streams"],
                 "ops": context["ops"],
@@ -217,7 +245,15 @@ def _context(job, trace, device, ops, comm_mask, comp_mask, params) -> dict:
             f"Communication runs on the compute stream ({', '.join(map(str, shared))}): issue collectives on their own "
             "stream (async_op=True, or a dedicated torch.cuda.Stream) so they can run beside compute."
         )
-    if main == "allreduce":
+    if main == "allreduce" and _uses_ddp(job, trace):
+        tips.append(
+            "DistributedDataParallel is in use, so gradient buckets already all-reduce while backward runs: "
+            "what stays exposed is mostly the last buckets after backward ends. Tune bucket_cap_mb (smaller "
+            "buckets start sooner and shrink the exposed last bucket, larger ones cut per-call latency), set "
+            "gradient_as_bucket_view=True, and static_graph=True when the graph does not change; with "
+            "gradient accumulation, skip the all-reduce of the inner steps with no_sync()."
+        )
+    elif main == "allreduce":
         tips.append(
             "For gradient all-reduce use DistributedDataParallel, which all-reduces gradient buckets while backward "
             "still runs (instead of one all_reduce loop after loss.backward()); tune bucket_cap_mb (smaller buckets "

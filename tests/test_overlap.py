@@ -81,6 +81,17 @@ def test_work_outside_the_steps_is_left_out(store, tmp_path):
     assert "Collectives: 2 allreduce (1.0 per step" in result.findings[0].detail
 
 
+def test_a_job_missing_ranks_says_waiting_may_read_as_transfer(store, tmp_path):
+    t = hand_trace()
+    t.world_size = 8  # rank 0 of 8, alone in the job
+    (f,) = analyze(store, tmp_path, [t]).findings
+    assert (f.evidence["ranks_present"], f.evidence["world_size"]) == (1, 8)
+    assert "Only 1 of the job's 8 ranks are in this analysis" in f.detail
+    (tmp_path / "whole").mkdir()
+    (g,) = analyze(store, tmp_path / "whole", [hand_trace()]).findings  # world size 1
+    assert g.evidence["ranks_present"] is None and "Only" not in g.detail
+
+
 def test_comm_on_the_compute_stream_is_called_out(store, tmp_path):
     (f,) = analyze(store, tmp_path, [hand_trace(comm_stream=7)]).findings
     assert f.evidence["shared_streams"] == [7] and "own" in f.recommendation
@@ -153,6 +164,10 @@ def test_ddp_overlap_is_high_and_no_overlap_is_zero(store):
     # The control: nothing above low (rank 0's slow step left 3.1 ms exposed, 3.4% of its span).
     assert {f.severity for f in healthy.findings} <= {"info", "low"}
     assert {f.severity for f in serial.findings} == {"medium"}
+    # the advice fits the code: the overlap capture uses DDP, the serial one an all_reduce loop
+    low = [f for f in healthy.findings if f.severity == "low"]
+    assert low and all("DistributedDataParallel is in use" in f.recommendation for f in low)
+    assert all("use DistributedDataParallel" in f.recommendation for f in serial.findings)
 
 
 def test_ddp_straggler_exposure_is_waiting_not_transfer(store):
