@@ -348,8 +348,7 @@ def _why_and_fix(kind: str, row: dict, dev: DeviceLimits | None, achieved) -> tu
     text = {
         "shared_memory": (f"Shared memory: each block takes {occ.smem_per_block} B (with {dev.reserved_smem_per_block} B reserved "
                           f"by the driver) of {dev.smem_per_sm} B per SM, so {b} block(s) fit.",
-                          f"Use smaller shared-memory tiles: at most {smem_for_blocks(dev, b2)} B per block allows {b2} blocks "
-                          "per SM (fewer pipeline stages, smaller BLOCK sizes; in Triton lower num_stages or the tile sizes)."),
+                          _smem_fix(dev, occ.warps_per_block, b, threads)),
         "registers": (f"Registers: {row['registers_per_thread']} per thread ({occ.regs_per_warp} per warp) allow {b} block(s) "
                       f"of {occ.warps_per_block} warps.",
                       f"Cap registers at {regs_for_blocks(dev, threads, b2)} per thread for {b2} blocks per SM: "
@@ -363,6 +362,39 @@ def _why_and_fix(kind: str, row: dict, dev: DeviceLimits | None, achieved) -> tu
     }  # fmt: skip
     parts = [text[limiter] for limiter in occ.limiters]  # ties: every limiter must give way
     return " ".join(p[0] for p in parts), " ".join(p[1] for p in parts) + wave_text
+
+
+def _smem_fix(dev: DeviceLimits, warps_per_block: int, blocks: int, threads: int) -> str:
+    """The shared-memory budget per block for one more block per SM, and for half occupancy.
+
+    With small blocks, shared memory alone cannot get far: the block-count limit
+    caps occupancy at ``max_blocks_per_sm x warps_per_block``; then bigger blocks
+    are the fix too.
+    """
+
+    def occupancy_at(n: int) -> float:
+        return 100.0 * min(n * warps_per_block, dev.max_warps_per_sm) / dev.max_warps_per_sm
+
+    half = math.ceil(dev.max_warps_per_sm / 2 / max(warps_per_block, 1))
+    target = max(blocks + 1, min(dev.max_blocks_per_sm, half))
+    budgets = [(n, smem_for_blocks(dev, n)) for n in sorted({target, blocks + 1}, reverse=True)]
+    options = "; ".join(
+        f"at most {budget} B per block allows {n} blocks per SM ({occupancy_at(n):.0f}% occupancy)"
+        for n, budget in budgets
+        if budget > 0
+    )
+    text = (
+        f"Use smaller shared-memory tiles: {options} (fewer pipeline stages, smaller BLOCK sizes; in "
+        "Triton lower num_stages or the tile sizes)."
+    )
+    ceiling = occupancy_at(dev.max_blocks_per_sm)
+    if ceiling <= 50:
+        text += (
+            f" With {threads} threads per block even {dev.max_blocks_per_sm} blocks per SM reach only "
+            f"{ceiling:.0f}%: use bigger blocks (256 threads or more) so that each block's shared memory "
+            "serves more warps."
+        )
+    return text
 
 
 def _hurts(ncu: dict | None, name: str) -> str:

@@ -174,6 +174,9 @@ def test_sample_timeline_only(store):
     assert finding.evidence["limiter"] == [planted["limiter"]]
     assert finding.evidence["theoretical_occupancy_pct"] == planted["theoretical_occupancy_pct"]
     assert "115712 B per block allows 2 blocks" in finding.recommendation
+    # one warp per block: the budget for half occupancy, and bigger blocks
+    assert "6272 B per block allows 32 blocks per SM (50% occupancy)" in finding.recommendation
+    assert "With 32 threads per block even 32 blocks per SM reach only 50%" in finding.recommendation
     assert "not measured" in finding.detail and "ncu --set full" in finding.detail
     assert len(finding.windows) == 3
     assert not [
