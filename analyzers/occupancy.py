@@ -448,9 +448,19 @@ def _pct(value) -> str:
 def _table_finding(trace, rank, device, table, dev, total, weighted, source) -> Finding:
     rows = [{k: v for k, v in t.items() if k != "_occ"} for t in table[:TABLE_ROWS]]
     device_text = f"GPU {device}" if device is not None else "Nsight Compute kernels"
+    # Theoretical occupancy is per SM: a grid smaller than one wave leaves SMs empty whatever it says.
+    small = sum(
+        t["gpu_ns"] for t in table if t.get("waves_per_sm") is not None and t["waves_per_sm"] < 1
+    )
+    small_pct = 100 * small / total if total else 0.0
+    small_text = (
+        f"; {small_pct:.0f}% of kernel time in grids under one wave (SMs left empty)"
+        if small_pct >= 25
+        else ""
+    )
     return Finding(
         analyzer="occupancy", trace=trace, rank=rank, device=device, severity="info",
-        title=(f"{device_text}: GPU-time-weighted theoretical occupancy {weighted:.1f}%" if weighted is not None
+        title=(f"{device_text}: GPU-time-weighted theoretical occupancy {weighted:.1f}%{small_text}" if weighted is not None
                else f"{device_text}: occupancy unknown (no device limits or launch configuration)"),
         detail=(f"{len(table)} kernel signatures, {total / 1e6:.2f} ms of kernel time; device limits: "
                 f"{dev.name + ' (' + dev.source + ')' if dev else 'unknown'}. The per-kernel table is in the evidence"
@@ -458,6 +468,7 @@ def _table_finding(trace, rank, device, table, dev, total, weighted, source) -> 
                    else "." if source == "timeline" else "; GPU time is ncu's duration of the profiled launches.")),
         recommendation="See the occupancy findings for the kernels that lose time, and their fixes.",
         evidence={"key": "table", "source": "timeline" if source == "kineto" else source, "kernels": rows,
+                  "under_one_wave_pct": round(small_pct, 2),
                   "device_limits": dev.__dict__ if dev else None},
     )  # fmt: skip
 

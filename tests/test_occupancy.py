@@ -176,7 +176,9 @@ def test_sample_timeline_only(store):
     assert "115712 B per block allows 2 blocks" in finding.recommendation
     # one warp per block: the budget for half occupancy, and bigger blocks
     assert "6272 B per block allows 32 blocks per SM (50% occupancy)" in finding.recommendation
-    assert "With 32 threads per block even 32 blocks per SM reach only 50%" in finding.recommendation
+    assert (
+        "With 32 threads per block even 32 blocks per SM reach only 50%" in finding.recommendation
+    )
     assert "not measured" in finding.detail and "ncu --set full" in finding.detail
     assert len(finding.windows) == 3
     assert not [
@@ -296,3 +298,22 @@ def test_library_kernels_without_ncu_are_one_info_finding_claiming_no_time(store
         mine.evidence["kernel"] == "my_kernel"
         and mine.evidence["theoretical_occupancy_pct"] == 25.0
     )
+
+
+def test_grids_under_one_wave_are_named_in_the_headline(store, tmp_path):
+    """1-block grids on a 108-SM A100: 100 % theoretical occupancy per SM, but 107 SMs empty.
+    The 1000-block kernel (2 blocks of 512 threads per SM: 216 slots) is over four waves."""
+    from tests.kineto_builder import KinetoTrace
+
+    t = KinetoTrace(device_props=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8,
+                                   "computeMinor": 0, "numSms": 108}])  # fmt: skip
+    for i in range(30):
+        t.kernel("tiny", i * 10_000, 3_000, grid=(1, 1, 1), block=(256, 1, 1), regs=16)
+    t.kernel("big", 400_000, 10_000, grid=(1000, 1, 1), block=(512, 1, 1), regs=32)
+    (table,) = [
+        f
+        for f in _run(store, [t.write(tmp_path / "w.json")]).findings
+        if f.evidence.get("key") == "table"
+    ]
+    assert table.evidence["under_one_wave_pct"] == 90.0  # 90 of 100 µs of kernel time
+    assert table.title.endswith("; 90% of kernel time in grids under one wave (SMs left empty)")
