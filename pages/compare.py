@@ -1,27 +1,23 @@
-"""Compare page: two jobs side by side — step time, time by cause, kernel deltas."""
+"""Compare page: two jobs, the same comparison as ``stallscope compare`` (verdict, step time,
+time by cause per step, kernel deltas); all the work is ``stallscope.compare.compare_jobs``."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
-from stallscope.charts import device_time_table
-from stallscope.pages.state import get_store, jobs, report_for
+from stallscope.compare import pct_text
+from stallscope.pages.state import get_store, jobs
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
-def _kernel_times(job_id: str) -> pd.DataFrame:
-    from stallscope.jobdata import JobData
+@st.cache_data(max_entries=64, show_spinner="Comparing…")
+def _compare(base: str, new: str, store_path: str) -> dict[str, Any]:
+    from stallscope.compare import compare_jobs
 
     store = get_store()
-    job = JobData(store, store.traces(job_id))
-    try:
-        return job.con.execute(
-            """SELECT n.name AS kernel, count(*) AS count, sum(g.end_ns - g.start_ns) / 1e6 AS gpu_ms
-               FROM gpu g JOIN names n USING (trace_id, name_id) WHERE g.kind = 'kernel' GROUP BY 1"""
-        ).fetchdf()
-    finally:
-        job.close()
+    return compare_jobs(store, store.traces(base), store.traces(new), top=25)
 
 
 def render() -> None:
@@ -34,62 +30,68 @@ def render() -> None:
     ids = list(names)
     cols = st.columns(2)
     base = cols[0].selectbox(
-        "Base",
-        ids,
-        index=ids.index(st.query_params.get("base", ids[1]))
-        if st.query_params.get("base") in ids
-        else 1,
-        format_func=names.get,
+        "Base", ids, index=_index(ids, st.query_params.get("base"), 1), format_func=names.get
     )
     new = cols[1].selectbox(
-        "New",
-        ids,
-        index=ids.index(st.query_params.get("new", ids[0]))
-        if st.query_params.get("new") in ids
-        else 0,
-        format_func=names.get,
+        "New", ids, index=_index(ids, st.query_params.get("new"), 0), format_func=names.get
     )
     st.query_params.update({"base": base, "new": new})
-    store = get_store()
-    reports = {
-        side: report_for(job_id, store.traces(job_id))
-        for side, job_id in (("base", base), ("new", new))
-    }
-    _summary(reports)
-    _kernel_deltas(base, new)
-
-
-def _summary(reports: dict) -> None:
-    rows = []
-    for side, report in reports.items():
-        table = device_time_table(report)
-        metrics = {m["name"]: m["value"] for m in report["metrics"] if m["device"] is None}
-        row = {
-            "": side,
-            "step ms (median)": metrics.get("step_time_ms_median"),
-            "step ms (p90)": metrics.get("step_time_ms_p90"),
-        }
-        if not table.empty:
-            row["GPU busy %"] = round(
-                float((table["gpu_busy_pct"] * table["span_ms"]).sum() / table["span_ms"].sum()), 2
-            )
-            for column in [c for c in table.columns if c.startswith("idle_") and c.endswith("_ms")]:
-                row[column.removeprefix("idle_").removesuffix("_ms") + " idle ms"] = round(
-                    float(table[column].sum()), 3
-                )
-        rows.append(row)
-    frame = pd.DataFrame(rows).set_index("")
-    st.subheader("Step time and GPU time by cause")
-    st.dataframe(frame.T, width="stretch")
-
-
-def _kernel_deltas(base: str, new: str) -> None:
-    merged = (
-        _kernel_times(base)
-        .merge(_kernel_times(new), on="kernel", how="outer", suffixes=(" base", " new"))
-        .fillna(0)
+    result = _compare(base, new, str(get_store().root))
+    _verdict(result)
+    _step_time(result)
+    _causes(result)
+    _kernels(result)
+    st.caption(
+        "The same comparison as `stallscope compare BASE NEW` (docs/compare.md): per-step figures, "
+        "so jobs with different step counts compare."
     )
-    merged["Δ gpu ms"] = merged["gpu_ms new"] - merged["gpu_ms base"]
-    merged = merged.reindex(merged["Δ gpu ms"].abs().sort_values(ascending=False).index).head(50)
-    st.subheader("Kernels that changed most")
-    st.dataframe(merged, width="stretch", hide_index=True)
+
+
+def _index(ids: list[str], wanted: str | None, default: int) -> int:
+    return ids.index(wanted) if wanted in ids else min(default, len(ids) - 1)
+
+
+def _verdict(result: dict[str, Any]) -> None:
+    text = f"**{result['verdict'].upper()}** — {result['reason']}."
+    show = {"regression": st.error, "improvement": st.success}.get(result["verdict"], st.info)
+    show(text)
+    for warning in result["warnings"]:
+        st.warning(warning)
+    new_only = result["findings"]["new_only"]
+    if new_only:
+        st.caption("Findings only in new: " + ", ".join(f"{a} ({sev})" for a, sev in new_only))
+
+
+def _step_time(result: dict[str, Any]) -> None:
+    s = result["step_time"]
+    frame = pd.DataFrame(
+        [
+            {"": "base", "job": result["base"]["job"], "step ms (median)": s["base_median_ms"],
+             "std ms": s["base_std_ms"], "steps": s["base_steps"], "from": result["base"]["step_source"]},
+            {"": "new", "job": result["new"]["job"], "step ms (median)": s["new_median_ms"],
+             "std ms": s["new_std_ms"], "steps": s["new_steps"], "from": result["new"]["step_source"]},
+        ]
+    ).set_index("")  # fmt: skip
+    st.subheader("Step time")
+    st.dataframe(frame.round(3), width="stretch")
+
+
+def _causes(result: dict[str, Any]) -> None:
+    rows = [
+        {"GPU time per step": f"{r['kind']}: {r['cause']}", "base ms": r["base_ms"],
+         "new ms": r["new_ms"], "delta ms": r["delta_ms"], "delta %": pct_text(r["delta_pct"])}
+        for r in result["causes"] if r["base_ms"] or r["new_ms"]
+    ]  # fmt: skip
+    st.subheader("Time by cause (summed over GPUs, per step)")
+    st.dataframe(pd.DataFrame(rows).round(3), width="stretch", hide_index=True)
+
+
+def _kernels(result: dict[str, Any]) -> None:
+    rows = [
+        {"kernel": r["kernel"], "base ms": r["base_ms"], "new ms": r["new_ms"],
+         "delta ms": r["delta_ms"], "delta %": pct_text(r["delta_pct"]),
+         "launches (total)": f"{r['base_launches']} -> {r['new_launches']}"}
+        for r in result["kernels"]
+    ]  # fmt: skip
+    st.subheader("Kernels with the largest change (GPU ms per step)")
+    st.dataframe(pd.DataFrame(rows).round(3), width="stretch", hide_index=True)

@@ -286,13 +286,13 @@ def render_compare(result: dict[str, Any], fmt: str) -> str:
         ["", "job", "step ms (median)", "std ms", "steps", "from"], step_rows, md, "Step time"
     )
     lines.append(
-        f"delta {_signed(s['delta_ms'])} ms ({_pct(s['delta_pct'])}); noise (k={result['thresholds']['noise_k']:g}) "
+        f"delta {_signed(s['delta_ms'])} ms ({pct_text(s['delta_pct'])}); noise (k={result['thresholds']['noise_k']:g}) "
         f"{_num(s['noise_ms'])} ms; max regression {result['thresholds']['max_regression_pct']:g}%"
     )
     lines.append("")
     cause_rows = [
         [f"{r['kind']}: {r['cause']}", _num(r["base_ms"]), _num(r["new_ms"]),
-         _signed(r["delta_ms"]), _pct(r["delta_pct"])]
+         _signed(r["delta_ms"]), pct_text(r["delta_pct"])]
         for r in result["causes"] if r["base_ms"] or r["new_ms"]
     ]  # fmt: skip
     lines += _grid(
@@ -303,7 +303,7 @@ def render_compare(result: dict[str, Any], fmt: str) -> str:
     )
     kernel_rows = [
         [_code(_short(r["kernel"], 60), md), _num(r["base_ms"]), _num(r["new_ms"]), _signed(r["delta_ms"]),
-         _pct(r["delta_pct"]), f"{r['base_launches']} -> {r['new_launches']}"]
+         pct_text(r["delta_pct"]), f"{r['base_launches']} -> {r['new_launches']}"]
         for r in result["kernels"]
     ]  # fmt: skip
     lines += _grid(
@@ -348,7 +348,7 @@ def _signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+.3f}"
 
 
-def _pct(value: float | None) -> str:
+def pct_text(value: float | None) -> str:
     """A relative change for tables: 'new' from zero, '>+999%' when the base was tiny (JSON keeps it)."""
     if value is None:
         return "new"

@@ -139,7 +139,7 @@ def test_decide_unit():
 
 
 def test_table_percentages_read_well():
-    from stallscope.compare import _pct
+    from stallscope.compare import pct_text as _pct
 
     assert [_pct(v) for v in (None, 5.0, -12.34, 999.0, 193417.3)] == [
         "new", "+5.0%", "-12.3%", "+999.0%", ">+999%"

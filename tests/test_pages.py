@@ -93,7 +93,13 @@ def test_timeline_draws_the_window(app_store):
 def test_compare_two_jobs(app_store):
     at = page("compare")
     assert not at.exception
-    assert len(at.dataframe) == 2
+    assert len(at.dataframe) == 3  # step time, time by cause, kernels
+    # the CLI's verdict, stated first
+    verdicts = [m.value for m in (*at.info, *at.error, *at.success)]
+    assert any(
+        v.startswith(("**NO SIGNIFICANT CHANGE**", "**REGRESSION**", "**IMPROVEMENT**"))
+        for v in verdicts
+    )
 
 
 def test_sql_runs_and_refuses_files(app_store):
