@@ -65,7 +65,7 @@ def _findings(report: dict) -> None:
             st.markdown(f"**Fix.** {_plain(f['recommendation'])}")
             if f["windows"]:
                 start, end = f["windows"][0]
-                pad = max((end - start) // 2, 1000)
+                pad = max((end - start) // 2, 50_000)  # at least 50 µs of context each side
                 st.markdown(
                     f"[Show the worst window on the timeline](timeline?trace={f['trace']}&window={start - pad}-{end + pad}&finding={f['id']})"
                 )

@@ -22,15 +22,16 @@ def _frame(trace_id: str, job_id: str, start: int, end: int):
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def _bounds(trace_id: str, job_id: str) -> tuple[int, int]:
+def _bounds(trace_id: str, job_id: str) -> tuple[int, int, int, int]:
+    """(trace start, trace end, default window start, default window end), ns."""
     from stallscope.jobdata import JobData
-    from stallscope.timeline import trace_bounds
+    from stallscope.timeline import default_window, trace_bounds
 
     store = get_store()
     job = JobData(store, [r for r in store.traces(job_id) if r.trace_id == trace_id])
     try:
-        b = trace_bounds(job, trace_id)
-        return b.start_ns, b.end_ns
+        b, d = trace_bounds(job, trace_id), default_window(job, trace_id)
+        return b.start_ns, b.end_ns, d.start_ns, d.end_ns
     finally:
         job.close()
 
@@ -47,8 +48,8 @@ def render() -> None:
     rank_label = st.sidebar.selectbox("Rank", list(ranks), index=list(ranks).index(default))
     trace = ranks[rank_label]
     st.query_params["trace"] = trace.trace_id
-    lo, hi = _bounds(trace.trace_id, job["job_id"])
-    start, end = _window_from_url(lo, hi)
+    lo, hi, d_lo, d_hi = _bounds(trace.trace_id, job["job_id"])
+    start, end = _window_from_url(lo, hi, (d_lo, d_hi))
     ms = st.slider(
         "Window (ms from the first event)",
         min_value=0.0,
@@ -67,16 +68,17 @@ def render() -> None:
     frame = _frame(trace.trace_id, job["job_id"], start, end)
     st.caption(
         f"{len(frame)} shapes for {(end - start) / 1e6:.3f} ms; lanes with many events are shown as busy-share bins "
-        "(zoom in to see single events). Red: windows of the findings."
+        "(zoom in to see single events); nested host ranges get a sub-lane per depth. Red: windows of the findings."
     )
     st.plotly_chart(timeline_figure(frame, (start, end), highlight), width="stretch")
 
 
-def _window_from_url(lo: int, hi: int) -> tuple[int, int]:
+def _window_from_url(lo: int, hi: int, default: tuple[int, int]) -> tuple[int, int]:
+    """The ``window`` query parameter clamped to the trace, else ``default`` (the steps)."""
     text = st.query_params.get("window", "")
     try:
-        a, b = (int(x) for x in text.split("-", 1)) if text else (lo, hi)
+        a, b = (int(x) for x in text.split("-", 1)) if text else default
     except ValueError:
-        a, b = lo, hi
+        a, b = default
     a, b = max(lo, min(a, hi)), max(lo, min(b, hi))
     return (a, b) if b > a else (lo, hi)

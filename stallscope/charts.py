@@ -94,10 +94,13 @@ def timeline_figure(
         lanes = sorted(frame["lane"].unique(), key=lambda lane: (not lane.startswith("GPU"), lane))
         for kind, part in frame.groupby("kind"):
             opacity = part["busy"].clip(0.15, 1.0) if kind == "bin" else None
+            # bars clipped to the window: an event that began before it starts at 0, not at -x ms
+            starts = part["start_ns"].clip(lower=t0)
+            ends = part["end_ns"].clip(upper=window[1])
             fig.add_bar(
                 y=part["lane"],
-                base=(part["start_ns"] - t0) / 1e6,
-                x=(part["end_ns"] - part["start_ns"]).clip(lower=1) / 1e6,
+                base=(starts - t0) / 1e6,
+                x=(ends - starts).clip(lower=1) / 1e6,
                 orientation="h",
                 name="many events (busy share)" if kind == "bin" else str(kind),
                 marker={"color": _kind_color(str(kind)), "opacity": opacity},
@@ -121,6 +124,7 @@ def timeline_figure(
         height=160 + 28 * max(1, frame["lane"].nunique() if not frame.empty else 1),
         margin={"l": 10, "r": 10, "t": 20, "b": 10},
         xaxis_title="ms from window start",
+        xaxis_range=[0, (window[1] - t0) / 1e6],
         showlegend=True,
         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
     )

@@ -37,6 +37,39 @@ class Window:
     end_ns: int
 
 
+MAX_DEPTH = 3  # nesting levels drawn apart; deeper ranges share the last sub-lane
+
+
+def nest_lanes(events: pd.DataFrame) -> pd.DataFrame:
+    """Host events that nest (a DataLoader range inside ``ProfilerStep#N``, an operator inside
+    another) get a sub-lane per depth, ``<lane> · <depth>``, so inner ones are not hidden
+    under the outer bar. ``events`` is sorted by lane and start; depth 0 keeps the lane name."""
+    if events.empty:
+        return events
+    depths = []
+    for _, part in events.groupby("lane", sort=False):
+        open_ends: list[int] = []
+        for start, end in zip(part["start_ns"].tolist(), part["end_ns"].tolist(), strict=True):
+            open_ends = [e for e in open_ends if e > start]
+            depths.append(min(len(open_ends), MAX_DEPTH))
+            open_ends.append(end)
+    depth = pd.Series(depths, index=events.index)
+    out = events.copy()
+    out["lane"] = out["lane"].where(depth == 0, out["lane"] + " · " + depth.astype(str))
+    return out
+
+
+def default_window(job: JobData, trace_id: str) -> Window:
+    """What the timeline opens on: the steps when the trace has any, else the whole trace."""
+    row = job.sql(
+        "SELECT min(start_ns), max(end_ns) FROM ranges WHERE trace_id = ? AND kind = 'step'",
+        [trace_id],
+    ).fetchone()
+    if row[0] is None:
+        return trace_bounds(job, trace_id)
+    return Window(int(row[0]), int(row[1]))
+
+
 def trace_bounds(job: JobData, trace_id: str) -> Window:
     """First start and last end over the trace's GPU and host activities."""
     row = job.sql(
@@ -60,7 +93,8 @@ def timeline_window(
         raw = [(int(r.d), int(r.s)) for r in rows.itertuples() if r.n <= max_items_per_lane]
         dense = [(int(r.d), int(r.s)) for r in rows.itertuples() if r.n > max_items_per_lane]
         if raw:
-            frames.append(_raw_events(job, side, trace_id, window, raw))
+            events = _raw_events(job, side, trace_id, window, raw)
+            frames.append(events if side == "gpu" else nest_lanes(events))
         if dense:
             frames.append(_binned(job, side, trace_id, window, dense, bin_ns))
     if not frames:

@@ -45,3 +45,51 @@ def test_zoomed_window_shows_raw_events(job):
     frame = timeline_window(job, trace, Window(0, 20_000), bins=100, max_items_per_lane=1000)
     dense = frame[frame.lane == "GPU 0 · stream 7"]
     assert len(dense) == 10 and set(dense.name) == {"tiny"}
+
+
+def test_nested_host_ranges_get_a_sub_lane_per_depth():
+    import pandas as pd
+
+    from stallscope.timeline import MAX_DEPTH, nest_lanes
+
+    lane = "host 1 · thread 1 · ranges"
+    spans = [(0, 100), (10, 40), (20, 30), (22, 24), (23, 24), (50, 60), (200, 210)]
+    events = pd.DataFrame(
+        {"lane": lane, "start_ns": [a for a, _ in spans], "end_ns": [b for _, b in spans]}
+    )
+    lanes = nest_lanes(events)["lane"].tolist()
+    depth = [0, 1, 2, 3, MAX_DEPTH, 1, 0]  # [23,24) is 4 deep: drawn on the last sub-lane
+    assert lanes == [lane if d == 0 else f"{lane} · {d}" for d in depth]
+
+
+def test_the_timeline_opens_on_the_steps(store, tmp_path):
+    from stallscope.timeline import default_window
+
+    t = KinetoTrace()
+    t.kernel("setup", 0, 1_000_000)
+    t.step(0, 5_000_000, 2_000_000)
+    t.step(1, 7_000_000, 3_000_000)
+    t.kernel("work", 6_000_000, 1_000_000)
+    (res,) = ingest_paths(store, [str(t.write(tmp_path / "s.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    trace = job.traces[0].trace_id
+    try:
+        assert default_window(job, trace) == Window(5_000_000, 10_000_000)
+        assert trace_bounds(job, trace).start_ns == 0
+    finally:
+        job.close()
+
+
+def test_bars_are_clipped_to_the_window():
+    import pandas as pd
+
+    from stallscope.charts import timeline_figure
+
+    frame = pd.DataFrame(
+        {"side": "gpu", "lane": "GPU 0 · stream 7", "start_ns": [0], "end_ns": [5_000_000],
+         "name": "k", "kind": "kernel", "busy": 1.0, "count": 1}
+    )  # fmt: skip
+    fig = timeline_figure(frame, (2_000_000, 4_000_000))
+    (bar,) = fig.data
+    assert list(bar.base) == [0.0] and list(bar.x) == [2.0]
+    assert list(fig.layout.xaxis.range) == [0, 2.0]
