@@ -237,11 +237,19 @@ def _doing_text(rank: int, doing: dict) -> str:
         f"{c} {ns / 1e6:.1f} ms" + (note if c == "unknown" else "") for c, ns in causes
     )
     ops = ", ".join(o["name"] for o in doing["top_host_ops"][:3])
+    # When the idle time is mostly unrecorded, the recorded operations are what the host did
+    # around it, not the delay itself: say so rather than blame them.
+    unrecorded = bool(causes) and causes[0][0] == "unknown"
+    ops_text = (
+        f"; its recorded host work in that time (around the unrecorded delay): {ops}"
+        if unrecorded
+        else f"; its host was in: {ops}"
+    )
     return (
         f"Before arriving, rank {rank}'s GPU was busy {doing['gpu_busy_pct']:.0f}% of "
         f"{doing['window_ns'] / 1e6:.1f} ms (compute {doing['compute_pct']:.0f}%)"
         + (f"; its idle time by cause: {idle}" if idle else "")
-        + (f"; its host was in: {ops}" if ops else "")
+        + (ops_text if ops else "")
         + "."
     )
 
