@@ -62,6 +62,10 @@ def sniff(name: str, data: bytes) -> str:
     if not text:
         return _empty(name, data)
     if _looks_binary(text):
+        if re.search(r"\.(sqlite|sqlite3|db)(\.gz)?$", name, re.IGNORECASE):
+            raise InputError(
+                name, "not an SQLite database (no SQLite header), so not an Nsight Systems export"
+            )
         raise InputError(name, "binary data, not a JSON trace")
     first = text[:1]
     line = text.split(b"\n", 1)[0]

@@ -12,7 +12,16 @@ import streamlit as st
 from stallscope.errors import StallscopeError
 from stallscope.pages.state import get_store, jobs, max_upload_mb
 
-ACCEPTED = ["json", "gz", "zip", "sqlite", "csv"]
+ACCEPTED = [
+    "json",
+    "gz",
+    "zip",
+    "sqlite",
+    "csv",
+    "nsys-rep",
+    "qdrep",
+    "ncu-rep",
+]  # reports need nsys/ncu on the server
 
 
 def render() -> None:

@@ -9,9 +9,26 @@ from stallscope.pages.state import report_for, selected_job
 from stallscope.views import findings_of
 
 COLUMNS = [
-    "kernel", "share_pct", "launches", "theoretical_occupancy_pct", "achieved_occupancy_pct", "limiter",
-    "block", "grid", "registers_per_thread", "shared_mem_bytes", "waves_per_sm", "tail_idle_pct", "bound", "ncu",
+    "kernel", "share_pct", "launches", "theoretical_occupancy_pct", "ncu achieved %", "ncu bound",
+    "ncu top stall", "limiter", "block", "grid", "registers_per_thread", "shared_mem_bytes", "waves_per_sm",
+    "tail_idle_pct",
 ]  # fmt: skip
+
+
+def _ncu_columns(frame: pd.DataFrame) -> bool:
+    """Flatten the ``ncu`` evidence (a dict when the kernel was profiled) into columns."""
+    if "ncu" not in frame:
+        return False
+    profiled = frame["ncu"].map(lambda v: isinstance(v, dict))
+    if not profiled.any():
+        return False
+    get = lambda key: frame["ncu"].map(lambda v: v.get(key) if isinstance(v, dict) else None)  # noqa: E731
+    frame["ncu achieved %"] = get("achieved_occupancy_pct")
+    frame["ncu bound"] = get("bound")
+    frame["ncu top stall"] = get("top_stalls").map(
+        lambda v: f"{v[0]['reason']} {v[0]['share_pct']}%" if isinstance(v, list) and v else v
+    )
+    return True
 
 
 def render() -> None:
@@ -31,6 +48,7 @@ def render() -> None:
     for f in tables:
         st.subheader(f["title"])
         frame = pd.DataFrame(f["evidence"].get("kernels", []))
+        measured = _ncu_columns(frame)
         shown = [c for c in COLUMNS if c in frame.columns]
         for column, sep in (("limiter", ", "), ("block", " × "), ("grid", " × ")):
             if column in frame:
@@ -43,8 +61,14 @@ def render() -> None:
             hide_index=True,
             column_config={"kernel": st.column_config.TextColumn("kernel", width="medium")},
         )
-    st.caption(
-        "Theoretical occupancy comes from the launch configuration and the device limits; Kineto's "
-        "'est. achieved occupancy' is a grid-capped estimate, not a measurement. Achieved occupancy, stall "
-        "reasons and the bound need an Nsight Compute profile of the same program (ingest its CSV with the trace)."
-    )
+        st.caption(
+            "Theoretical occupancy comes from the launch configuration and the device limits; Kineto's "
+            "'est. achieved occupancy' is a grid-capped estimate, not a measurement. "
+            + (
+                "The ncu columns are Nsight Compute's measurements of the profiled launches, matched to "
+                "these kernels."
+                if measured
+                else "Achieved occupancy, stall reasons and the bound need an Nsight Compute profile of "
+                "the same program (ingest its CSV pages with the trace)."
+            )
+        )

@@ -54,7 +54,8 @@ def _findings(report: dict) -> None:
     order = {"critical": 0, "high": 1, "medium": 2, "low": 3, "info": 4}
     ranked = sorted(report["findings"], key=lambda f: (order[f["severity"]], -f["impact_ns"]))
     real = [f for f in ranked if f["severity"] != "info"]
-    st.subheader(f"Findings ({len(real)})")
+    info = len(ranked) - len(real)
+    st.subheader(f"Findings ({len(real)})" + (f" · {info} info" if info else ""))
     if not real:
         st.success("Nothing above info: no GPU time lost to the problems stallscope checks.")
     for f in ranked:

@@ -205,6 +205,13 @@ def _metadata_only(tmp: Path):
     return path, ["empty trace: no events with a time"]
 
 
+def _binary_named_sqlite(tmp: Path):
+    rng = random.Random(9)
+    path = tmp / "report.sqlite"
+    path.write_bytes(bytes(rng.randrange(256) for _ in range(4096)))
+    return path, ["not an SQLite database (no SQLite header), so not an Nsight Systems export"]
+
+
 BAD_FILES = {
     "truncated_gzip": _truncated_gzip,
     "truncated_json": _truncated_json,
@@ -216,6 +223,7 @@ BAD_FILES = {
     "json_not_a_trace": _not_a_trace,
     "memory_timeline": _memory_timeline,
     "binary_file": _binary,
+    "binary_named_sqlite": _binary_named_sqlite,
     "gzip_checksum": _bad_crc,
     "invalid_json": _invalid_json,
     "empty_array": _empty_array,

@@ -104,9 +104,11 @@ def test_compare_two_jobs(app_store):
 
 def test_sql_runs_and_refuses_files(app_store):
     at = page("sql")
+    tables = at.dataframe[0].value  # the tables and their columns, for writing queries
+    assert "start_ns" in tables.set_index("table").loc["gpu", "columns"]
     at.text_area[0].set_value("SELECT count(*) AS n FROM gpu").run()
     at.button[0].click().run()
-    assert not at.exception and int(at.dataframe[0].value["n"][0]) > 0
+    assert not at.exception and int(at.dataframe[-1].value["n"][0]) > 0
     at.text_area[0].set_value("SELECT * FROM read_csv('/etc/passwd')").run()
     at.button[0].click().run()
     assert at.error and "passwd" in at.error[0].value
@@ -158,3 +160,18 @@ def test_occupancy_page(ddp_store):
     at = page("occupancy")
     assert not at.exception
     assert at.dataframe
+
+
+def test_occupancy_page_shows_nsight_compute_measurements(store, monkeypatch):
+    from tests.conftest import SAMPLES
+
+    paths = [SAMPLES / "kineto" / "occupancy" / "occupancy.pt.trace.json.gz"]
+    paths += sorted((SAMPLES / "ncu").glob("occupancy.*.csv"))
+    ingest_paths(store, [str(p) for p in paths])
+    monkeypatch.setenv("STALLSCOPE_STORE", str(store.root))
+    at = page("occupancy")
+    assert not at.exception
+    frame = at.dataframe[0].value.set_index("kernel")
+    assert frame.loc["low_occupancy_smem_kernel", "ncu bound"] == "latency"
+    assert frame.loc["low_occupancy_smem_kernel", "ncu achieved %"] > 0
+    assert any("Nsight Compute's measurements" in c.value for c in at.caption)

@@ -46,7 +46,10 @@ def test_serve_preloads_samples_and_answers(tmp_path):
         nsys_files = list((SAMPLES / "nsys").glob("*.sqlite*"))
         assert len(jobs) == len(sample_dirs) + len(nsys_files)
         assert all("sample" in j["tags"] for j in jobs)
-        assert {tuple(j["sources"]) for j in jobs} == {("kineto",), ("nsys",)}
+        assert {tuple(j["sources"]) for j in jobs} == {("kineto",), ("nsys",), ("kineto", "ncu")}
+        # the occupancy sample comes with its Nsight Compute pages, in one job
+        (occupancy,) = [j for j in jobs if j["name"] == "occupancy"]
+        assert occupancy["sources"] == ["kineto", "ncu"]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

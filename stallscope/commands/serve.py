@@ -49,7 +49,9 @@ def sample_traces_dir() -> Path | None:
 
 
 def preload_samples(store) -> int:
-    """Ingest the samples (each folder of sample_traces/kineto, each nsys export) into an empty store."""
+    """Ingest the samples into an empty store: each folder of sample_traces/kineto (with the
+    Nsight Compute CSV pages of the same program, ``ncu/<folder>.*.csv``, in the same job), each
+    nsys export."""
     from stallscope.ingest import ingest_paths
 
     if store.traces():
@@ -67,6 +69,7 @@ def preload_samples(store) -> int:
         traces = sorted(
             str(p) for p in folder.glob("*.json*") if not p.name.endswith(".truth.json")
         )
+        traces += sorted(str(p) for p in (root / "ncu").glob(f"{folder.name}.*.csv"))
         if traces:
             ingest_paths(store, traces, uploaded_by="samples", tags=["sample", "kineto"])
             count += 1
