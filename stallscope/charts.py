@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 CAUSE_COLORS = {
     "compute": "#2e7d32",
     "comm": "#1565c0",
+    "comm_wait": "#90caf9",
     "memcpy": "#6a1b9a",
     "dataloader": "#ef6c00",
     "host_sync": "#c62828",
@@ -43,6 +44,10 @@ def device_time_table(report: dict[str, Any]) -> pd.DataFrame:
     frame["span_ms"] = span_ms
     for name in ("compute", "comm"):
         frame[f"{name}_ms"] = frame.get(f"{name}_pct", 0) / 100 * span_ms
+    # Time inside collectives spent waiting for a late rank (nccl_wait), drawn apart from transfer.
+    wait_ms = frame.get("nccl_wait_ns", pd.Series(0.0, index=frame.index)).fillna(0) / 1e6
+    frame["comm_wait_ms"] = wait_ms.clip(upper=frame["comm_ms"])
+    frame["comm_transfer_ms"] = frame["comm_ms"] - frame["comm_wait_ms"]
     for cause in IDLE_CAUSES:
         frame[f"idle_{cause}_ms"] = frame.get(f"idle_{cause}_ns", 0) / 1e6
     return frame.sort_values(["rank", "device"]).reset_index(drop=True)
@@ -56,13 +61,12 @@ def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
         return fig
     # ASCII labels: plotly encodes JSON with orjson when it is installed, which escapes non-ASCII differently
     labels = [f"rank {r}, GPU {d}" for r, d in zip(frame["rank"], frame["device"], strict=True)]
-    for name, column in (("compute", "compute_ms"), ("communication", "comm_ms")):
+    bars = [("compute", "compute_ms", "compute"), ("communication", "comm_transfer_ms", "comm")]
+    if frame["comm_wait_ms"].sum() > 0:
+        bars.append(("communication: waiting for other ranks", "comm_wait_ms", "comm_wait"))
+    for name, column, color in bars:
         fig.add_bar(
-            y=labels,
-            x=frame[column],
-            name=name,
-            orientation="h",
-            marker_color=CAUSE_COLORS[column[:-3] if column != "comm_ms" else "comm"],
+            y=labels, x=frame[column], name=name, orientation="h", marker_color=CAUSE_COLORS[color]
         )
     for cause in IDLE_CAUSES:
         column = f"idle_{cause}_ms"

@@ -93,3 +93,24 @@ def test_bars_are_clipped_to_the_window():
     (bar,) = fig.data
     assert list(bar.base) == [0.0] and list(bar.x) == [2.0]
     assert list(fig.layout.xaxis.range) == [0, 2.0]
+
+
+def test_time_by_cause_draws_waiting_in_collectives_apart_from_transfer():
+    from stallscope.charts import device_time_table, time_by_cause_figure
+
+    def metric(trace, rank, name, value):
+        return {"trace": trace, "rank": rank, "device": rank, "name": name, "value": value}
+
+    report = {
+        "metrics": [
+            metric("a", 0, "gpu_span_ns", 100e6), metric("a", 0, "comm_pct", 90.0),
+            metric("a", 0, "compute_pct", 10.0), metric("a", 0, "nccl_wait_ns", 70e6),
+            metric("b", 1, "gpu_span_ns", 100e6), metric("b", 1, "comm_pct", 5.0),
+            metric("b", 1, "compute_pct", 20.0), metric("b", 1, "nccl_wait_ns", 0),
+        ]
+    }  # fmt: skip
+    table = device_time_table(report)
+    assert table["comm_wait_ms"].tolist() == [70.0, 0.0]
+    assert table["comm_transfer_ms"].tolist() == [20.0, 5.0]
+    names = [bar.name for bar in time_by_cause_figure(report).data]
+    assert names[:3] == ["compute", "communication", "communication: waiting for other ranks"]
