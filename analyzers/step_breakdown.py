@@ -47,6 +47,7 @@ MAX_STEPS_IN_EVIDENCE = 200
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
+    jitters: list[Finding] = []
     for ref in job.traces:
         rank = int(ref.meta.get("rank", 0))
         steps = job.numpy(
@@ -72,9 +73,28 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         jitter = _jitter_finding(ref.trace_id, rank, steps, durations, median, p90, params)
         if jitter:
             jitter.evidence["steps"] = table[:MAX_STEPS_IN_EVIDENCE]
-            result.findings.append(jitter)
+            jitters.append(jitter)
         result.findings.append(_table_finding(ref.trace_id, rank, table, median, p90))
+    if jitters:
+        result.findings.append(_one_jitter_per_job(jitters))
     return result
+
+
+def _one_jitter_per_job(jitters: list[Finding]) -> Finding:
+    """The worst rank's jitter finding, naming the others: in a synchronous job every rank
+    runs at the pace of the slowest, so the same jitter shows on each."""
+    worst = max(jitters, key=lambda f: (f.evidence["p90_over_median"], -f.rank))
+    if len(jitters) > 1:
+        others = sorted((f for f in jitters if f is not worst), key=lambda f: f.rank)
+        worst.detail += (
+            " The same shows on rank(s) "
+            + ", ".join(f"{f.rank} ({f.evidence['p90_over_median']:.2f}x)" for f in others)
+            + ": in a synchronous job every rank steps at the pace of the slowest."
+        )
+        worst.evidence["other_ranks"] = [
+            {"rank": f.rank, "p90_over_median": f.evidence["p90_over_median"]} for f in others
+        ]
+    return worst
 
 
 def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:

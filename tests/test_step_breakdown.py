@@ -77,3 +77,20 @@ def test_jitter_finding(result):
     assert jitter.severity == "high"  # p90/median = 2.2
     assert jitter.impact_ns == 200 * US
     assert jitter.windows == [[400 * US, 700 * US]]
+
+
+def test_jitter_is_one_finding_per_job_naming_the_other_ranks(store, tmp_path):
+    paths = []
+    for rank in (0, 1):
+        t = five_steps()
+        t.rank, t.world_size = rank, 2
+        paths.append(str(t.write(tmp_path / f"rank{rank}.json")))
+    (res,) = ingest_paths(store, paths)
+    job = JobData(store, store.traces(res.job_id))
+    result = step_breakdown.run(job, step_breakdown.SPEC.params())
+    job.close()
+    (jitter,) = [f for f in result.findings if f.severity != "info"]
+    assert jitter.rank == 0  # a tie: the lower rank speaks for the job
+    assert jitter.evidence["other_ranks"] == [{"rank": 1, "p90_over_median": 2.2}]
+    assert "The same shows on rank(s) 1 (2.20x)" in jitter.detail
+    assert len([f for f in result.findings if f.severity == "info"]) == 2  # a table per rank
