@@ -6,6 +6,7 @@ import streamlit as st
 
 from stallscope.charts import device_time_table, time_by_cause_figure
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
+from stallscope.views import grouped_findings
 
 BADGE = {
     "critical": ":red-background[CRITICAL]",
@@ -51,17 +52,25 @@ def _headline(job: dict, report: dict) -> None:
 
 
 def _findings(report: dict) -> None:
-    order = {"critical": 0, "high": 1, "medium": 2, "low": 3, "info": 4}
-    ranked = sorted(report["findings"], key=lambda f: (order[f["severity"]], -f["impact_ns"]))
-    real = [f for f in ranked if f["severity"] != "info"]
-    info = len(ranked) - len(real)
-    st.subheader(f"Findings ({len(real)})" + (f" · {info} info" if info else ""))
+    groups = grouped_findings(report["findings"])
+    real = [g for g in groups if g[0]["severity"] != "info"]
+    info = sum(len(g) for g in groups) - sum(len(g) for g in real)
+    count = sum(len(g) for g in real)
+    st.subheader(f"Findings ({count})" + (f" · {info} info" if info else ""))
     if not real:
         st.success("Nothing above info: no GPU time lost to the problems stallscope checks.")
-    for f in ranked:
-        where = f"rank {f['rank']}" + ("" if f["device"] is None else f" · GPU {f['device']}")
-        label = f"{BADGE[f['severity']]} {f['title']} · {f['impact_ns'] / 1e6:.1f} ms · {where}"
-        with st.expander(label, expanded=f is (real[0] if real else None)):
+    for group in groups:
+        f = group[0]  # the worst of the group speaks for it
+        label = f"{BADGE[f['severity']]} {f['title']} · {f['impact_ns'] / 1e6:.1f} ms · {_where(f)}"
+        if len(group) > 1:
+            label += f" · and {len(group) - 1} more"
+        with st.expander(label, expanded=group is (real[0] if real else None)):
+            if len(group) > 1:
+                st.caption(
+                    "The same finding on: "
+                    + "; ".join(f"{_where(g)} ({g['impact_ns'] / 1e6:.1f} ms)" for g in group)
+                    + ". Shown below: the worst."
+                )
             st.markdown(_plain(f["detail"]))
             st.markdown(f"**Fix.** {_plain(f['recommendation'])}")
             if f["windows"]:
@@ -72,6 +81,10 @@ def _findings(report: dict) -> None:
                 )
             with st.popover("Evidence"):
                 st.json(f["evidence"], expanded=2)
+
+
+def _where(f: dict) -> str:
+    return f"rank {f['rank']}" + ("" if f["device"] is None else f" · GPU {f['device']}")
 
 
 def _plain(text: str) -> str:

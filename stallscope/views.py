@@ -24,6 +24,27 @@ def findings_of(
     ]
 
 
+SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3, "info": 4}
+
+
+def grouped_findings(findings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Findings ranked worst first, the same finding on several ranks or GPUs grouped.
+
+    "The same" is the same analyzer, severity and kind (``evidence.key``, else
+    ``evidence.cause``); each group is ranked by its worst member (severity,
+    then ``impact_ns``), which comes first. A finding alone is a group of one,
+    and so is every ``info`` finding (per-device facts: headlines, tables).
+    An 8-rank job whose ranks all wait on the host shows one entry, not eight.
+    """
+    ranked = sorted(findings, key=lambda f: (SEVERITY_ORDER[f["severity"]], -f["impact_ns"]))
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for index, f in enumerate(ranked):
+        kind = f["evidence"].get("key", f["evidence"].get("cause"))
+        key = (index,) if f["severity"] == "info" else (f["analyzer"], f["severity"], str(kind))
+        groups.setdefault(key, []).append(f)
+    return list(groups.values())
+
+
 def wait_matrix(job: JobData) -> pd.DataFrame:
     """Per matched collective and rank: wait (ns) before the last rank arrived.
 
