@@ -114,25 +114,3 @@ def test_time_by_cause_draws_waiting_in_collectives_apart_from_transfer():
     assert table["comm_transfer_ms"].tolist() == [20.0, 5.0]
     names = [bar.name for bar in time_by_cause_figure(report).data]
     assert names[:3] == ["compute", "communication", "communication: waiting for other ranks"]
-
-
-def test_the_same_finding_on_several_ranks_is_one_group():
-    from stallscope.views import grouped_findings
-
-    def finding(rank, severity, impact, cause="cpu", analyzer="gpu_idle"):
-        return {"rank": rank, "device": rank, "severity": severity, "impact_ns": impact,
-                "analyzer": analyzer, "evidence": {"key": cause, "cause": cause}}  # fmt: skip
-
-    fs = [
-        finding(0, "high", 5), finding(1, "high", 9), finding(2, "medium", 4),
-        finding(1, "critical", 1, "dataloader"), finding(0, "info", 0, None, "utilization"),
-        finding(1, "info", 0, None, "utilization"),
-    ]  # fmt: skip
-    groups = grouped_findings(fs)
-    assert [[(g["rank"], g["severity"]) for g in group] for group in groups] == [
-        [(1, "critical")],  # worst first
-        [(1, "high"), (0, "high")],  # same analyzer, severity and kind: one group, worst first
-        [(2, "medium")],  # another severity: its own group
-        [(0, "info")],  # info findings are never grouped
-        [(1, "info")],
-    ]
