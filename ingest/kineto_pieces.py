@@ -8,8 +8,9 @@ sent) and sending back one Arrow IPC batch per piece, in order.
 
 Where it runs in parallel (:func:`decode_workers`): on Linux, in the
 ``stallscope`` command, for bodies of at least :data:`PARALLEL_MIN_BYTES`,
-on machines with at least :data:`MIN_CPUS` usable CPUs, with one worker per
-CPU (at most one per piece, at most :data:`MAX_WORKERS`).
+on machines with at least ``startup.MIN_CPUS`` usable CPUs, with one worker
+per CPU (at most one per piece, at most ``startup.MAX_WORKERS``:
+``startup.worker_processes``).
 ``STALLSCOPE_DECODE_WORKERS=N`` sets the count anywhere (``1`` turns it
 off). Not in the dashboard server by default: forking a process that runs
 many threads is not safe.
@@ -24,9 +25,7 @@ serial loop would, so the caller takes its careful path. A worker that dies
 from __future__ import annotations
 
 import multiprocessing
-import os
 import re
-import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -34,12 +33,10 @@ from concurrent.futures.process import BrokenProcessPool
 import msgspec
 import pyarrow as pa
 
-from stallscope.ingest.startup import in_cli
+from stallscope.ingest.startup import worker_processes
 
 CHUNK_BYTES = 4 << 20  # ~16k events: a piece's objects stay in cache (measured: 2-4 MB best)
 PARALLEL_MIN_BYTES = 128 << 20  # below this, workers cost more (time, memory) than they save
-MAX_WORKERS = 8  # each worker adds ~35 MB of private memory
-MIN_CPUS = 4  # measured: on 2 CPUs, workers were slower than decoding here
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,(?=[ \t\r\n]*\{)")
 
 DecodePiece = Callable[[bytes], pa.RecordBatch]
@@ -75,20 +72,7 @@ def piece_bytes(body: memoryview, bound: tuple[int, int]) -> bytes:
 
 def decode_workers(body_bytes: int, pieces: int) -> int:
     """How many worker processes decode a body of ``body_bytes`` cut into ``pieces``; 1 = none."""
-    setting = os.environ.get("STALLSCOPE_DECODE_WORKERS", "").strip()
-    if setting:
-        try:
-            wanted = int(setting)
-        except ValueError:
-            wanted = 1
-    elif sys.platform == "linux" and in_cli() and body_bytes >= PARALLEL_MIN_BYTES:
-        cpus = len(os.sched_getaffinity(0))
-        wanted = cpus if cpus >= MIN_CPUS else 1
-    else:
-        wanted = 1
-    if sys.platform == "win32":
-        return 1
-    return max(1, min(wanted, pieces, MAX_WORKERS))
+    return max(1, min(worker_processes(body_bytes >= PARALLEL_MIN_BYTES), pieces))
 
 
 def decode_pieces(

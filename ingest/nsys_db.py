@@ -171,7 +171,11 @@ class NsysDb:
 
     def _read(self, sql: str, schema: pa.Schema, *, checked: bool, table: str | None) -> pa.Table:
         """``fetch``, by several processes when ``table`` is big enough (``nsys_parallel``)."""
-        span = self._rowid_span(table) if table else None
+        # the rowid span only where workers could run (the CLI on a big machine, or the setting)
+        possible = (
+            table is not None and nsys_parallel.read_workers(nsys_parallel.PARALLEL_MIN_ROWS) > 1
+        )
+        span = self._rowid_span(table) if possible else None
         workers = nsys_parallel.read_workers(span[1] - span[0] + 1) if span else 1
         if workers > 1:
             where = " AND " if " WHERE " in sql else " WHERE "

@@ -10,8 +10,9 @@ order, and each range is read the same way).
 
 Where (:func:`read_workers`): on Linux, in the ``stallscope`` command, for
 tables of at least :data:`PARALLEL_MIN_ROWS` rows, on machines with at
-least :data:`MIN_CPUS` usable CPUs, one worker per CPU up to
-:data:`MAX_WORKERS`; ``STALLSCOPE_DECODE_WORKERS=N`` (the same setting as
+least ``startup.MIN_CPUS`` usable CPUs, one worker per CPU up to
+``startup.MAX_WORKERS`` (``startup.worker_processes``, as for Kineto's decode
+workers); ``STALLSCOPE_DECODE_WORKERS=N`` (the same setting as
 the Kineto decode workers) sets the count anywhere, ``1`` turns it off. A
 worker that dies makes the caller read in one process instead.
 """
@@ -19,20 +20,16 @@ worker that dies makes the caller read in one process instead.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sqlite3
-import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 import pyarrow as pa
 
-from stallscope.ingest.startup import in_cli
+from stallscope.ingest.startup import worker_processes
 
 PARALLEL_MIN_ROWS = 400_000  # below this, forking and sending back cost more than they save
-MAX_WORKERS = 8
-MIN_CPUS = 4
 RANGES_PER_WORKER = 4  # smaller ranges even out the workers' shares
 
 # (rows of one range -> Arrow table) for the workers: set just before the pool starts.
@@ -46,19 +43,7 @@ class WorkerFailed(Exception):
 
 def read_workers(rows: int) -> int:
     """How many processes read a table of about ``rows`` rows; 1 = this process alone."""
-    setting = os.environ.get("STALLSCOPE_DECODE_WORKERS", "").strip()
-    if sys.platform == "win32":
-        return 1
-    if setting:
-        try:
-            wanted = int(setting)
-        except ValueError:
-            wanted = 1
-        return max(1, min(wanted, MAX_WORKERS))
-    if sys.platform != "linux" or not in_cli() or rows < PARALLEL_MIN_ROWS:
-        return 1
-    cpus = len(os.sched_getaffinity(0))
-    return min(cpus, MAX_WORKERS) if cpus >= MIN_CPUS else 1
+    return worker_processes(rows >= PARALLEL_MIN_ROWS)
 
 
 def rowid_ranges(lo: int, hi: int, count: int) -> list[tuple[int, int]]:

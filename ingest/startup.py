@@ -3,7 +3,9 @@
 ``in_cli()`` tells a ``stallscope`` command process from the dashboard,
 tests and notebooks; ``skip_pandas_probe()`` saves the command the pandas
 import that pyarrow would otherwise make on its first list conversion;
-``duckdb_threads()`` sizes the parsers' DuckDB connections to the machine.
+``duckdb_threads()`` sizes the parsers' DuckDB connections to the machine;
+``worker_processes()`` says how many forked workers a parallel decode or read
+gets (Kineto pieces, nsys tables).
 """
 
 from __future__ import annotations
@@ -53,6 +55,34 @@ class NoPandas(importlib.abc.MetaPathFinder):
         if name == "pandas" or name.startswith("pandas."):
             raise ModuleNotFoundError(f"{name} is not needed to ingest", name=name)
         return None
+
+
+MAX_WORKERS = 8  # each worker adds ~35 MB of private memory; past 8 the serial stages dominate
+MIN_CPUS = 4  # measured: on 2 CPUs, Kineto decode workers were slower than one process
+
+
+def worker_processes(worth_it: bool) -> int:
+    """Forked worker processes for a parallel decode or read; 1 means none.
+
+    ``STALLSCOPE_DECODE_WORKERS=N`` sets the count anywhere (``1`` turns workers
+    off; not a number: off). Otherwise, when ``worth_it`` (the input is big
+    enough to pay for them): one per usable CPU, at most MAX_WORKERS, on Linux,
+    in the ``stallscope`` command (never in the dashboard server: forking a
+    process that runs many threads is not safe), with at least MIN_CPUS CPUs.
+    Never on Windows.
+    """
+    if sys.platform == "win32":
+        return 1
+    setting = os.environ.get("STALLSCOPE_DECODE_WORKERS", "").strip()
+    if setting:
+        try:
+            return max(1, min(int(setting), MAX_WORKERS))
+        except ValueError:
+            return 1
+    if not worth_it or sys.platform != "linux" or not in_cli():
+        return 1
+    cpus = len(os.sched_getaffinity(0))
+    return min(cpus, MAX_WORKERS) if cpus >= MIN_CPUS else 1
 
 
 def duckdb_threads() -> int:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from stallscope.ingest import kineto_decode, kineto_pieces
+from stallscope.ingest import kineto_decode, kineto_pieces, startup
 from tests.kineto_builder import KinetoTrace
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="workers are forked")
@@ -95,7 +95,7 @@ def test_worker_count(monkeypatch):
     monkeypatch.delenv("STALLSCOPE_DECODE_WORKERS", raising=False)
     big = kineto_pieces.PARALLEL_MIN_BYTES
     assert kineto_pieces.decode_workers(big, 50) == 1  # not the CLI: no forking by default
-    monkeypatch.setattr(kineto_pieces, "in_cli", lambda: True)  # as imported there
+    monkeypatch.setattr(startup, "in_cli", lambda: True)  # as imported there
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     expected = 4 if sys.platform == "linux" else 1
     assert kineto_pieces.decode_workers(big, 50) == expected

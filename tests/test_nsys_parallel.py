@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from stallscope.errors import InputError
-from stallscope.ingest import nsys_db, nsys_parallel, nsys_tables
+from stallscope.ingest import nsys_db, nsys_parallel, nsys_tables, startup
 from stallscope.ingest.nsys_db import NsysDb
 from tests.nsys_builder import NsysBuilder
 
@@ -106,9 +106,9 @@ def test_worker_count(monkeypatch):
     monkeypatch.delenv("STALLSCOPE_DECODE_WORKERS", raising=False)
     big = nsys_parallel.PARALLEL_MIN_ROWS
     assert nsys_parallel.read_workers(big) == 1  # not the stallscope command: never by default
-    monkeypatch.setattr(nsys_parallel, "in_cli", lambda: True)
+    monkeypatch.setattr(startup, "in_cli", lambda: True)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert nsys_parallel.read_workers(big) == nsys_parallel.MAX_WORKERS
+    assert nsys_parallel.read_workers(big) == startup.MAX_WORKERS
     assert nsys_parallel.read_workers(big - 1) == 1
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert nsys_parallel.read_workers(big) == 1
