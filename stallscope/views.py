@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from stallscope.analyzers.base import SEVERITY_RANK
 from stallscope.jobdata import JobData
 
 
@@ -24,9 +25,6 @@ def findings_of(
     ]
 
 
-SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3, "info": 4}
-
-
 def grouped_findings(findings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Findings ranked worst first, the same finding on several ranks or GPUs grouped.
 
@@ -36,7 +34,7 @@ def grouped_findings(findings: list[dict[str, Any]]) -> list[list[dict[str, Any]
     and so is every ``info`` finding (per-device facts: headlines, tables).
     An 8-rank job whose ranks all wait on the host shows one entry, not eight.
     """
-    ranked = sorted(findings, key=lambda f: (SEVERITY_ORDER[f["severity"]], -f["impact_ns"]))
+    ranked = sorted(findings, key=lambda f: (-SEVERITY_RANK[f["severity"]], -f["impact_ns"]))
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for index, f in enumerate(ranked):
         kind = f["evidence"].get("key", f["evidence"].get("cause"))
