@@ -32,6 +32,7 @@ _NSYS_TABLES = (b"StringIds", b"CUPTI_ACTIVITY_KIND", b"TARGET_INFO", b"META_DAT
                 b"EXPORT_META_DATA", b"NVTX_EVENTS")  # fmt: skip
 _NSYS_REPORT = b"NVIDIA Tegra Profiler Report"  # header of every .nsys-rep and .qdrep
 _NSYS_EXT = re.compile(r"\.(nsys-rep|qdrep)$", re.IGNORECASE)
+_SQLITE_EXT = re.compile(r"\.(sqlite|sqlite3|db)(\.gz)?$", re.IGNORECASE)
 _NCU_CSV = b'"ID","Process ID","Process Name","Host Name","Kernel Name"'
 _WHITESPACE = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*")
 
@@ -62,7 +63,7 @@ def sniff(name: str, data: bytes) -> str:
     if not text:
         return _empty(name, data)
     if _looks_binary(text):
-        if re.search(r"\.(sqlite|sqlite3|db)(\.gz)?$", name, re.IGNORECASE):
+        if _SQLITE_EXT.search(name):
             raise InputError(
                 name, "not an SQLite database (no SQLite header), so not an Nsight Systems export"
             )
