@@ -57,8 +57,11 @@ class Metric:
 class Finding:
     """A problem (or notable fact) with its evidence and the fix.
 
-    ``impact_ns`` is the GPU time lost (0 when not a time loss); ``windows``
-    are [start_ns, end_ns] intervals on the trace's clock that show it.
+    ``impact_ns`` is the GPU time lost (0 when not a time loss); ``saving_ns``
+    the estimated reduction of the job's total step time if the finding were
+    fixed (None where the analyzer does not estimate it; the method is
+    documented per analyzer); ``windows`` are [start_ns, end_ns] intervals on
+    the trace's clock that show it.
     """
 
     analyzer: str
@@ -72,6 +75,7 @@ class Finding:
     impact_ns: int = 0
     evidence: dict[str, Any] = field(default_factory=dict)
     windows: list[list[int]] = field(default_factory=list)
+    saving_ns: int | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -95,6 +99,7 @@ class Finding:
             "detail": self.detail,
             "recommendation": self.recommendation,
             "impact_ns": int(self.impact_ns),
+            "saving_ns": None if self.saving_ns is None else int(self.saving_ns),
             "evidence": self.evidence,
             "windows": [[int(a), int(b)] for a, b in self.windows],
         }

@@ -21,7 +21,7 @@ from stallscope.store import Store, TraceRef
 
 FINDING_COLUMNS = (
     "severity", "analyzer", "title", "impact_ms", "trace", "rank", "device", "detail",
-    "recommendation", "impact_ns", "id", "evidence", "windows",
+    "recommendation", "impact_ns", "saving_ns", "id", "evidence", "windows",
 )  # fmt: skip
 METRIC_COLUMNS = ("trace", "rank", "device", "name", "value", "unit")
 TRACE_COLUMNS = (

@@ -97,7 +97,7 @@ def render_text(report: dict[str, Any]) -> str:
             "" if f["device"] is None else f" gpu {f['device']}"
         )
         lines.append(
-            f"[{f['severity'].upper()}] {f['title']}  ({f['analyzer']}; {where}; {f['impact_ns'] / 1e6:.2f} ms lost)"
+            f"[{f['severity'].upper()}] {f['title']}  ({f['analyzer']}; {where}; {f['impact_ns'] / 1e6:.2f} ms lost{_saving(f)})"
         )
         lines.append(f"    {f['detail']}")
         lines.append(f"    Fix: {f['recommendation']}")
@@ -123,7 +123,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     for f in report["findings"]:
         lines.append(
             f"- **{f['severity'].upper()}** {_md_line(f['title'])} — `{f['analyzer']}`, trace `{f['trace']}`, "
-            f"rank {f['rank']}, {f['impact_ns'] / 1e6:.2f} ms lost"
+            f"rank {f['rank']}, {f['impact_ns'] / 1e6:.2f} ms lost{_saving(f)}"
         )
         lines.append(f"  - {_md_line(f['detail'])}")
         lines.append(f"  - Fix: {_md_line(f['recommendation'])}")
@@ -214,7 +214,7 @@ def render_html(report: dict[str, Any]) -> str:
     if not report["findings"]:
         parts.append("<p>No findings.</p>")
     else:
-        header = ("severity", "analyzer", "finding", "where", "ms lost", "fix")
+        header = ("severity", "analyzer", "finding", "where", "ms lost", "ms saved if fixed", "fix")
         parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr>")
         for f in report["findings"]:
             where = f"trace {f['trace']} rank {f['rank']}" + (
@@ -225,11 +225,23 @@ def render_html(report: dict[str, Any]) -> str:
                 f"<td>{escape(f['analyzer'])}</td>"
                 f"<td><b>{escape(f['title'])}</b><br>{escape(f['detail'])}</td>"
                 f"<td>{escape(where)}</td><td>{f['impact_ns'] / 1e6:.2f}</td>"
+                f"<td>{_saving_ms(f)}</td>"
                 f"<td>{escape(f['recommendation'])}</td></tr>"
             )
         parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _saving(finding: dict[str, Any]) -> str:
+    """``", saves ~X ms if fixed"`` where the finding estimates its saving, else ``""``."""
+    saving = finding.get("saving_ns")
+    return "" if saving is None else f", saves ~{saving / 1e6:.2f} ms if fixed"
+
+
+def _saving_ms(finding: dict[str, Any]) -> str:
+    saving = finding.get("saving_ns")
+    return "—" if saving is None else f"{saving / 1e6:.2f}"
 
 
 def _count(n: int, noun: str) -> str:

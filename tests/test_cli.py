@@ -14,7 +14,7 @@ TRACE_KEYS = {"id", "name", "source", "source_version", "job", "rank", "world_si
               "event_count", "kernel_count", "warnings"}  # fmt: skip
 METRIC_KEYS = {"trace", "rank", "device", "name", "value", "unit"}
 FINDING_KEYS = {"id", "trace", "rank", "device", "analyzer", "severity", "title", "detail", "recommendation",
-                "impact_ns", "evidence", "windows"}  # fmt: skip
+                "impact_ns", "saving_ns", "evidence", "windows"}  # fmt: skip
 
 
 @pytest.fixture
