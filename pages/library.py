@@ -32,41 +32,58 @@ def render() -> None:
 
 def _upload_form() -> None:
     with st.expander("Upload traces", expanded=not jobs()):
-        with st.form("upload", clear_on_submit=True):
+        # A fresh form after a success; after an error the same one, fields kept.
+        form = f"upload_{st.session_state.get('upload_form', 0)}"
+        with st.form(form, clear_on_submit=False):
             files = st.file_uploader(
                 f"Drop the trace files of one job (all its ranks), or one .zip — up to {max_upload_mb()} MB per file",
                 accept_multiple_files=True,
                 type=ACCEPTED,
             )
-            cols = st.columns(3)
-            user = cols[0].text_input("Your name", value=st.session_state.get("uploader", ""))
-            tags = cols[1].text_input("Tags (comma separated)")
-            each = cols[2].checkbox("Unrelated files (one job each)")
+            cols = st.columns([2, 2, 2, 1])
+            name = cols[0].text_input(
+                "Job name", placeholder="default: the files' common name or the zip's"
+            )
+            user = cols[1].text_input("Your name", value=st.session_state.get("uploader", ""))
+            tags = cols[2].text_input("Tags (comma separated)")
+            each = cols[3].checkbox("Unrelated files (one job each)")
             notes = st.text_area("Notes", height=70)
             submitted = st.form_submit_button("Ingest", type="primary")
         if submitted:
             st.session_state["uploader"] = user
-            if files:
-                _ingest(files, user, [t.strip() for t in tags.split(",") if t.strip()], notes, each)
-            else:
+            if not files:
                 st.warning("Choose at least one file first.")
+            elif each and name.strip() and len(files) > 1:
+                st.warning("A job name names one job: leave it empty for unrelated files.")
+            else:
+                tag_list = [t.strip() for t in tags.split(",") if t.strip()]
+                if _ingest(files, user, tag_list, notes, each, name.strip()):
+                    st.session_state["upload_form"] = st.session_state.get("upload_form", 0) + 1
 
 
-def _ingest(files, user: str, tags: list[str], notes: str, each: bool) -> None:
+def _save_uploads(files, folder: Path) -> list[str]:
+    """Write each upload into a folder of its own: same-named files never overwrite each other."""
+    paths = []
+    for index, upload in enumerate(files):
+        target = folder / str(index) / Path(upload.name).name
+        target.parent.mkdir()
+        target.write_bytes(upload.getbuffer())
+        paths.append(str(target))
+    return paths
+
+
+def _ingest(files, user: str, tags: list[str], notes: str, each: bool, name: str) -> bool:
+    """Ingest the uploads in a child process; True when every job is stored."""
     from stallscope.ingest_child import ingest_in_child
 
     folder = Path(tempfile.mkdtemp(prefix="stallscope-upload-"))
     error = None
     with st.status(f"Ingesting {len(files)} file(s)…", expanded=True) as status:
         try:
-            paths = []
-            for upload in files:
-                target = folder / Path(upload.name).name
-                target.write_bytes(upload.getbuffer())
-                paths.append(str(target))
+            paths = _save_uploads(files, folder)
 
             def progress(label: str, done: int, total: int) -> None:
-                status.update(label=f"{label.replace(str(folder) + '/', '')} ({done + 1}/{total})")
+                status.update(label=f"{label} ({done + 1}/{total})")
 
             results = ingest_in_child(  # a child process: a huge file cannot take the server down
                 str(get_store().root),
@@ -75,6 +92,8 @@ def _ingest(files, user: str, tags: list[str], notes: str, each: bool) -> None:
                 uploaded_by=user or "browser",
                 tags=tags,
                 notes=notes,
+                name=name or None,
+                upload_root=str(folder),
                 progress=progress,
             )
         except StallscopeError as exc:
@@ -86,13 +105,14 @@ def _ingest(files, user: str, tags: list[str], notes: str, each: bool) -> None:
             status.update(label="Done", state="complete")
     if error is not None:
         st.error(error)
-        return
+        return False
     for r in results:
         verb = "Already in the store" if r.existed else "Ingested"
         st.success(f"{verb}: {r.job_name} — job `{r.job_id}`, {len(r.trace_ids)} rank(s)")
         _link("overview", "Open its overview", {"job": r.job_id})
         for warning in r.warnings:
             st.caption(f"⚠ {warning}")
+    return True
 
 
 def _job_list() -> None:
@@ -150,10 +170,11 @@ def _manage(shown: list[dict]) -> None:
         names = {j["job_id"]: f"{j.get('name')} · {j['job_id']}" for j in shown}
         job_id = st.selectbox("Job", list(names), format_func=names.get, key="manage_job")
         job = next(j for j in shown if j["job_id"] == job_id)
+        new_name = st.text_input("Name", value=job.get("name") or "", key=f"name_{job_id}")
         tags = st.text_input("Tags", value=", ".join(job.get("tags", [])), key=f"tags_{job_id}")
         notes = st.text_area("Notes", value=job.get("notes", ""), key=f"notes_{job_id}", height=70)
-        if st.button("Save tags and notes"):
-            get_store().annotate(job_id, tags=tags.split(","), notes=notes)
+        if st.button("Save name, tags and notes"):
+            get_store().annotate(job_id, tags=tags.split(","), notes=notes, name=new_name)
             st.rerun()
         confirm = st.checkbox(
             f"Yes, delete job {job_id} and all its ranks", key=f"confirm_{job_id}"

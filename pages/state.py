@@ -32,14 +32,39 @@ def jobs() -> list[dict[str, Any]]:
     return get_store().jobs()
 
 
+CURRENT_JOB = "current_job"  # plain session key: survives page changes, unlike widget state
+PICKER = "job_picker"
+JOB_SCOPED_PARAMS = ("trace", "window", "finding")  # URL parameters that name a job's parts
+
+
 def selected_job(label: str = "Job") -> tuple[dict[str, Any], list[TraceRef]] | None:
-    """Sidebar job picker, initialised from ``?job=`` / ``?trace=``; None when the store is empty."""
+    """The job this page shows, and its traces; None when the store is empty.
+
+    The job is a URL fact: ``?job=`` (or ``?trace=``, which selects its job)
+    wins; without either (the sidebar's page links carry no parameters) the
+    job the session was on stays, and is written back into the URL so that
+    reloads, shared links and back/forward keep it. Only with neither does
+    the page open the newest job. The sidebar picker changes it.
+    """
     store = get_store()
     all_jobs = jobs()
     if not all_jobs:
         st.info("The store is empty: upload a trace on the Library page.")
         return None
     ids = [j["job_id"] for j in all_jobs]
+    job_id = _wanted_job(store, ids) or ids[0]
+    st.session_state[CURRENT_JOB] = job_id
+    if st.query_params.get("job") != job_id:
+        st.query_params["job"] = job_id
+    st.session_state[PICKER] = job_id  # the picker shows the page's job (set before it exists)
+    names = {j["job_id"]: f"{j.get('name')} · {j['job_id']}" for j in all_jobs}
+    st.sidebar.selectbox(label, ids, format_func=names.get, key=PICKER, on_change=_picked)
+    job = next(j for j in all_jobs if j["job_id"] == job_id)
+    return job, store.traces(job_id)
+
+
+def _wanted_job(store: Store, ids: list[str]) -> str | None:
+    """The job named by the URL, else the session's; warns about unknown ids."""
     wanted = st.query_params.get("job")
     trace = st.query_params.get("trace")
     if trace and not wanted:
@@ -51,13 +76,21 @@ def selected_job(label: str = "Job") -> tuple[dict[str, Any], list[TraceRef]] | 
         st.warning(
             f"No job {wanted!r} in this store (removed, or a link to another store): pick one."
         )
-    index = ids.index(wanted) if wanted in ids else 0
-    names = {j["job_id"]: f"{j.get('name')} · {j['job_id']}" for j in all_jobs}
-    job_id = st.sidebar.selectbox(label, ids, index=index, format_func=names.get, key="job_picker")
-    if st.query_params.get("job") != job_id:
-        st.query_params["job"] = job_id
-    job = next(j for j in all_jobs if j["job_id"] == job_id)
-    return job, store.traces(job_id)
+        wanted = None
+    if wanted:
+        return wanted
+    remembered = st.session_state.get(CURRENT_JOB)
+    return remembered if remembered in ids else None
+
+
+def _picked() -> None:
+    """The picker changed: the new job goes into the session and the URL; its old parts go."""
+    job_id = st.session_state[PICKER]
+    st.session_state[CURRENT_JOB] = job_id
+    for name in JOB_SCOPED_PARAMS:
+        if name in st.query_params:
+            del st.query_params[name]
+    st.query_params["job"] = job_id
 
 
 def threshold_overrides() -> dict[str, dict[str, float]]:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stallscope import __version__
-from stallscope.errors import StallscopeError
+from stallscope.errors import StallscopeError, UsageError
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3, 70
 
@@ -30,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.handler(args)
+    except UsageError as exc:
+        print(f"stallscope: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except StallscopeError as exc:
         print(f"stallscope: error: {exc}", file=sys.stderr)
         return EXIT_INPUT

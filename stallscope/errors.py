@@ -20,3 +20,7 @@ class InputError(StallscopeError):
 
 class NotFoundError(StallscopeError):
     """A trace or job id that is not in the store."""
+
+
+class UsageError(StallscopeError):
+    """Arguments that cannot work together (CLI exit code 2, like argparse's own errors)."""

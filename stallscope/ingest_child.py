@@ -40,10 +40,16 @@ def ingest_command(
     uploaded_by: str | None = None,
     tags: Sequence[str] = (),
     notes: str = "",
+    name: str | None = None,
+    upload_root: str | None = None,
 ) -> list[str]:
     """The child's argv (``sys.executable -m stallscope.cli ingest ...``)."""
     argv = [sys.executable, "-m", "stallscope.cli", "ingest", "--json", "--progress-jsonl"]
     argv += ["--store", store_root, "--notes", notes]
+    if name:
+        argv += ["--name", name]
+    if upload_root:
+        argv += ["--upload-root", upload_root]
     if uploaded_by:
         argv += ["--user", uploaded_by]
     for tag in tags:
@@ -63,7 +69,8 @@ def ingest_in_child(
     """Ingest ``paths`` into the store at ``store_root`` in a child process.
 
     ``job`` takes :func:`ingest_command`'s keywords (``each``,
-    ``uploaded_by``, ``tags``, ``notes``, as for ``ingest_paths``). Same
+    ``uploaded_by``, ``tags``, ``notes``, ``name``, ``upload_root``, as for
+    ``ingest_paths``). Same
     contract as :func:`stallscope.ingest.ingest_paths`: returns one result
     per job, or raises :class:`StallscopeError` with a one-line message (the
     child's own error, or why the child died) and the store unchanged.

@@ -176,9 +176,13 @@ class Store:
         return job
 
     def annotate(
-        self, job_id: str, tags: list[str] | None = None, notes: str | None = None
+        self,
+        job_id: str,
+        tags: list[str] | None = None,
+        notes: str | None = None,
+        name: str | None = None,
     ) -> None:
-        """Replace a job's tags and/or notes (last writer wins)."""
+        """Replace a job's tags, notes and/or name (last writer wins; a blank name is ignored)."""
         folder = self.jobs_dir / job_id
         if not (folder / "job.json").is_file():
             raise NotFoundError(f"no job {job_id!r} in store {self.root}")
@@ -187,6 +191,8 @@ class Store:
             current["tags"] = sorted({t.strip() for t in tags if t.strip()})
         if notes is not None:
             current["notes"] = notes
+        if name is not None and name.strip():
+            current["name"] = name.strip()
         _atomic_write_text(folder / "annotations.json", json.dumps(current, indent=1))
 
     def delete_job(self, job_id: str) -> None:

@@ -29,6 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tag", action="append", default=[], metavar="TAG", help="tag the job (repeatable)"
     )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="the job's name (default: the directory or zip name, else the rank files' common prefix)",
+    )
     p.add_argument("--notes", default="", help="free-text notes for the job")
     p.add_argument(
         "--user",
@@ -38,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     # For the dashboard, which runs ingests as child processes (stallscope.ingest_child).
     p.add_argument("--progress-jsonl", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--upload-root", default=None, help=argparse.SUPPRESS)  # see plan_jobs
     add_store_option(p)
     p.set_defaults(handler=run)
 
@@ -60,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
             tags=args.tag,
             notes=args.notes,
             progress=progress,
+            name=args.name,
+            upload_root=args.upload_root,
         )
     finally:
         progress.done()
