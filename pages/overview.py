@@ -31,23 +31,48 @@ def render() -> None:
 def _headline(job: dict, report: dict) -> None:
     table = device_time_table(report)
     st.caption(
-        f"{job.get('name')} · {len(report['traces'])} rank(s) · uploaded by {job.get('uploaded_by')} · {', '.join(job.get('tags', []))}"
+        _plain(
+            f"{job.get('name')} · {len(report['traces'])} rank(s) · uploaded by {job.get('uploaded_by')} · {', '.join(job.get('tags', []))}"
+        )
     )
     if table.empty:
         st.warning("No GPU activity in this job.")
         return
     span = table["span_ms"].max()
     busy = (table["gpu_busy_pct"] * table["span_ms"]).sum() / table["span_ms"].sum()
+    copies = (table["copy_ms"]).sum() / table["span_ms"].sum() * 100
     idle = (table["gpu_idle_pct"] * table["span_ms"]).sum() / 100
-    cols = st.columns(4)
-    cols[0].metric("GPU busy", f"{busy:.0f}%", help="Time-weighted over all ranks and GPUs")
-    cols[1].metric("GPU span", _ms(span), help="Longest first-to-last GPU activity of any GPU")
+    steps = _step_times(report)
+    cols = st.columns(5)
+    if steps:
+        median, p90, jitter = steps
+        cols[0].metric(
+            "Step time (median)",
+            _ms(median),
+            help="Median ProfilerStep/NVTX step duration over all ranks' captured steps",
+        )
+        cols[1].metric(
+            "Step time p90 · max/median",
+            f"{_ms(p90)} · {jitter:.2f}x",
+            help="90th percentile step, and the longest step over the median (jitter)",
+        )
+    else:
+        cols[0].metric("Step time", "—", help="No step markers in this trace")
+        cols[1].metric("GPU span", _ms(span), help="Longest first-to-last GPU activity of any GPU")
     cols[2].metric(
+        "GPU busy",
+        f"{busy:.0f}%",
+        delta=f"copies alone {copies:.0f}%" if copies >= 1 else None,
+        delta_color="off",
+        help="Time-weighted over all ranks and GPUs: kernels, copies and memsets. "
+        "'copies alone' is the share with a copy and no kernel running.",
+    )
+    cols[3].metric(
         "GPU idle",
         _ms(idle),
         help="Idle time summed over every rank and GPU (its causes are in the chart)",
     )
-    cols[3].metric("GPUs", f"{len(table)}", help="Rank × GPU pairs with activity")
+    cols[4].metric("GPUs", f"{len(table)}", help="Rank × GPU pairs with activity")
     st.plotly_chart(time_by_cause_figure(report), width="stretch")
 
 
@@ -61,7 +86,9 @@ def _findings(report: dict) -> None:
         st.success("Nothing above info: no GPU time lost to the problems stallscope checks.")
     for group in groups:
         f = group[0]  # the worst of the group speaks for it
-        label = f"{BADGE[f['severity']]} {f['title']} · {f['impact_ns'] / 1e6:.1f} ms · {_where(f)}"
+        label = f"{BADGE[f['severity']]} {_plain(f['title'])} · {f['impact_ns'] / 1e6:.1f} ms · {_where(f)}"
+        if f.get("saving_ns"):
+            label += f" · saves ~{f['saving_ns'] / 1e6:.1f} ms if fixed"
         if len(group) > 1:
             label += f" · and {len(group) - 1} more"
         with st.expander(label, expanded=group is (real[0] if real else None)):
@@ -81,6 +108,24 @@ def _findings(report: dict) -> None:
                 )
             with st.popover("Evidence"):
                 st.json(f["evidence"], expanded=2)
+
+
+def _step_times(report: dict) -> tuple[float, float, float] | None:
+    """(median ms, p90 ms, max/median) of the worst rank's steps, from the report's metrics."""
+    by_trace: dict[str, dict[str, float]] = {}
+    for m in report["metrics"]:
+        if m["device"] is None and m["name"].startswith("step_time") and m["value"] is not None:
+            by_trace.setdefault(m["trace"], {})[m["name"]] = m["value"]
+    rows = [r for r in by_trace.values() if "step_time_ms_median" in r]
+    if not rows:
+        return None
+    worst = max(rows, key=lambda r: r["step_time_ms_median"])
+    median = worst["step_time_ms_median"]
+    return (
+        median,
+        worst.get("step_time_ms_p90", median),
+        worst.get("step_time_max_over_median", 1.0),
+    )
 
 
 def _where(f: dict) -> str:

@@ -16,6 +16,7 @@ CAUSE_COLORS = {
     "comm": "#1565c0",
     "comm_wait": "#90caf9",
     "memcpy": "#6a1b9a",
+    "memcpy_busy": "#ab47bc",
     "dataloader": "#ef6c00",
     "host_sync": "#c62828",
     "launch": "#f9a825",
@@ -48,13 +49,19 @@ def device_time_table(report: dict[str, Any]) -> pd.DataFrame:
     wait_ms = frame.get("nccl_wait_ns", pd.Series(0.0, index=frame.index)).fillna(0) / 1e6
     frame["comm_wait_ms"] = wait_ms.clip(upper=frame["comm_ms"])
     frame["comm_transfer_ms"] = frame["comm_ms"] - frame["comm_wait_ms"]
+    # Copies with no kernel beside them (overlap's exposed_memcpy_ns; else all copy time):
+    # a copy-bound GPU is busy copying, and the bar must show it.
+    copies_ms = frame.get("memcpy_pct", pd.Series(0.0, index=frame.index)).fillna(0) / 100 * span_ms
+    exposed = frame.get("exposed_memcpy_ns", pd.Series(float("nan"), index=frame.index)) / 1e6
+    frame["copy_ms"] = exposed.fillna(copies_ms).clip(lower=0)
     for cause in IDLE_CAUSES:
         frame[f"idle_{cause}_ms"] = frame.get(f"idle_{cause}_ns", 0) / 1e6
     return frame.sort_values(["rank", "device"]).reset_index(drop=True)
 
 
 def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
-    """Stacked bars per rank/GPU: busy (compute, communication) and idle by cause, in ms."""
+    """Stacked bars per rank/GPU: busy (compute, communication, copies with no kernel beside
+    them) and idle by cause, in ms."""
     frame = device_time_table(report)
     fig = go.Figure()
     if frame.empty:
@@ -64,6 +71,8 @@ def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
     bars = [("compute", "compute_ms", "compute"), ("communication", "comm_transfer_ms", "comm")]
     if frame["comm_wait_ms"].sum() > 0:
         bars.append(("communication: waiting for other ranks", "comm_wait_ms", "comm_wait"))
+    if frame["copy_ms"].sum() > 0:
+        bars.append(("copies (no kernel beside them)", "copy_ms", "memcpy_busy"))
     for name, column, color in bars:
         fig.add_bar(
             y=labels, x=frame[column], name=name, orientation="h", marker_color=CAUSE_COLORS[color]
@@ -139,6 +148,7 @@ def _kind_color(kind: str) -> str:
     return {
         "kernel": "#2e7d32",
         "memcpy": "#6a1b9a",
+        "memcpy_busy": "#ab47bc",
         "memset": "#d81b60",
         "bin": "#455a64",
         "cpu_op": "#8d6e63",
