@@ -7,6 +7,7 @@ import streamlit as st
 
 from stallscope.charts import wait_heatmap
 from stallscope.pages.state import get_store, report_for, selected_job
+from stallscope.pages.text import literal
 from stallscope.views import findings_of
 
 
@@ -59,7 +60,7 @@ def render() -> None:
         )
     for f in findings_of(report, "nccl_wait"):
         if f["severity"] != "info":
-            st.error(f"{f['title']} — {f['detail']}")
+            st.error(f"{literal(f['title'])} — {literal(f['detail'])}")
     waits = _waits(job["job_id"])
     if not waits.empty:
         st.subheader("Time each rank waited in each collective")

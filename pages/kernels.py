@@ -7,6 +7,7 @@ import plotly.express as px
 import streamlit as st
 
 from stallscope.pages.state import report_for, selected_job
+from stallscope.pages.text import literal
 from stallscope.views import findings_of
 
 
@@ -28,7 +29,7 @@ def render() -> None:
         else next(iter(labels.values()))
     )
     evidence = chosen["evidence"]
-    st.caption(chosen["title"])
+    st.caption(literal(chosen["title"]))
     categories = pd.DataFrame(evidence.get("categories") or [])
     if not categories.empty:
         categories["ms"] = categories["gpu_ns"] / 1e6

@@ -11,6 +11,7 @@ import streamlit as st
 
 from stallscope.errors import StallscopeError
 from stallscope.pages.state import get_store, jobs, max_upload_mb
+from stallscope.pages.text import literal
 
 ACCEPTED = [
     "json",
@@ -83,7 +84,7 @@ def _ingest(files, user: str, tags: list[str], notes: str, each: bool, name: str
             paths = _save_uploads(files, folder)
 
             def progress(label: str, done: int, total: int) -> None:
-                status.update(label=f"{label} ({done + 1}/{total})")
+                status.update(label=f"{literal(label)} ({done + 1}/{total})")
 
             results = ingest_in_child(  # a child process: a huge file cannot take the server down
                 str(get_store().root),
@@ -104,14 +105,14 @@ def _ingest(files, user: str, tags: list[str], notes: str, each: bool, name: str
         if error is None:
             status.update(label="Done", state="complete")
     if error is not None:
-        st.error(error)
+        st.error(literal(error))
         return False
     for r in results:
         verb = "Already in the store" if r.existed else "Ingested"
-        st.success(f"{verb}: {r.job_name} — job `{r.job_id}`, {len(r.trace_ids)} rank(s)")
+        st.success(f"{verb}: {literal(r.job_name)} — job `{r.job_id}`, {len(r.trace_ids)} rank(s)")
         _link("overview", "Open its overview", {"job": r.job_id})
         for warning in r.warnings:
-            st.caption(f"⚠ {warning}")
+            st.caption(f"⚠ {literal(warning)}")
     return True
 
 

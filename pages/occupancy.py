@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from stallscope.pages.state import report_for, selected_job
+from stallscope.pages.text import literal
 from stallscope.views import findings_of
 
 COLUMNS = [
@@ -40,13 +41,15 @@ def render() -> None:
     report = report_for(job["job_id"], traces)
     for f in findings_of(report, "occupancy"):
         if f["severity"] != "info":
-            st.warning(f"{f['severity'].upper()} · {f['title']}\n\n{f['recommendation']}")
+            st.warning(
+                f"{f['severity'].upper()} · {literal(f['title'])}\n\n{literal(f['recommendation'])}"
+            )
     tables = findings_of(report, "occupancy", key="table")
     if not tables:
         st.info("No kernels with a launch configuration in this job.")
         return
     for f in tables:
-        st.subheader(f["title"])
+        st.subheader(literal(f["title"]))
         frame = pd.DataFrame(f["evidence"].get("kernels", []))
         measured = _ncu_columns(frame)
         shown = [c for c in COLUMNS if c in frame.columns]

@@ -6,6 +6,7 @@ import streamlit as st
 
 from stallscope.charts import device_time_table, time_by_cause_figure
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
+from stallscope.pages.text import literal
 from stallscope.views import grouped_findings
 
 BADGE = {
@@ -31,7 +32,7 @@ def render() -> None:
 def _headline(job: dict, report: dict) -> None:
     table = device_time_table(report)
     st.caption(
-        _plain(
+        literal(
             f"{job.get('name')} · {len(report['traces'])} rank(s) · uploaded by {job.get('uploaded_by')} · {', '.join(job.get('tags', []))}"
         )
     )
@@ -86,7 +87,7 @@ def _findings(report: dict) -> None:
         st.success("Nothing above info: no GPU time lost to the problems stallscope checks.")
     for group in groups:
         f = group[0]  # the worst of the group speaks for it
-        label = f"{BADGE[f['severity']]} {_plain(f['title'])} · {f['impact_ns'] / 1e6:.1f} ms · {_where(f)}"
+        label = f"{BADGE[f['severity']]} {literal(f['title'])} · {f['impact_ns'] / 1e6:.1f} ms · {_where(f)}"
         if f.get("saving_ns"):
             label += f" · saves ~{f['saving_ns'] / 1e6:.1f} ms if fixed"
         if len(group) > 1:
@@ -98,8 +99,8 @@ def _findings(report: dict) -> None:
                     + "; ".join(f"{_where(g)} ({g['impact_ns'] / 1e6:.1f} ms)" for g in group)
                     + ". Shown below: the worst."
                 )
-            st.markdown(_plain(f["detail"]))
-            st.markdown(f"**Fix.** {_plain(f['recommendation'])}")
+            st.markdown(literal(f["detail"]))
+            st.markdown(f"**Fix.** {literal(f['recommendation'])}")
             if f["windows"]:
                 start, end = f["windows"][0]
                 pad = max((end - start) // 2, 50_000)  # at least 50 µs of context each side
@@ -130,13 +131,6 @@ def _step_times(report: dict) -> tuple[float, float, float] | None:
 
 def _where(f: dict) -> str:
     return f"rank {f['rank']}" + ("" if f["device"] is None else f" · GPU {f['device']}")
-
-
-def _plain(text: str) -> str:
-    """Text shown as-is inside markdown (names like __next__ or a*b stay literal)."""
-    for char in "\\`*_[]<>#|$":
-        text = text.replace(char, "\\" + char)
-    return text
 
 
 def _ms(value: float) -> str:

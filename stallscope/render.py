@@ -155,9 +155,14 @@ def _md(text: str) -> str:
     return _md_line(text).replace("|", "\\|")
 
 
+_MD_SPECIALS = "\\`*_[]<>!"
+
+
 def _md_line(text: str) -> str:
-    """Text for a Markdown line outside tables: one line, pipes kept (``\\|`` would show in code)."""
-    return str(text).replace("\n", " ")
+    """Trace text for a Markdown line outside tables, shown literally: one line; the characters
+    that make emphasis, code, links, images or HTML backslash-escaped (a kernel named
+    ``<img src=x>`` or ``![a](http://h/p)`` prints as text); pipes kept."""
+    return "".join("\\" + c if c in _MD_SPECIALS else c for c in str(text).replace("\n", " "))
 
 
 _HTML_STYLE = """

@@ -1,0 +1,62 @@
+"""Names from traces and visitors are shown literally: never Markdown images, links or HTML."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stallscope.ingest import ingest_paths
+from stallscope.pages.text import literal
+from stallscope.render import render_markdown
+from stallscope.report import build_report
+from tests.kineto_builder import KinetoTrace
+from tests.test_pages import fresh_caches, page  # noqa: F401 (fixture)
+
+HOSTILE = "<img src=x onerror=alert(1)>![p](http://127.0.0.1:9/p.png)[link](http://127.0.0.1:9/)"
+# HOSTILE's image, link or tag where Markdown would act on it (not backslash-escaped).
+ACTIVE = re.compile(r"(?<!\\)!(?<!\\)\[p|(?<!\\)\[link|(?<!\\)<img")
+
+
+def hostile_trace() -> KinetoTrace:
+    """A long kernel with a hostile name, idle gaps around short ones: findings name it."""
+    t = KinetoTrace()
+    t.kernel(HOSTILE, 0, 8_000_000, grid=(1, 1, 1), block=(32, 1, 1), smem=200_000)
+    for i in range(40):
+        t.kernel("relu", 9_000_000 + i * 100_000, 2_000)
+    t.step(0, 0, 13_000_000)
+    return t
+
+
+@pytest.fixture
+def hostile_store(store, tmp_path, monkeypatch):
+    path = hostile_trace().write(tmp_path / "t.pt.trace.json")
+    ingest_paths(store, [str(path)], tags=[HOSTILE], uploaded_by=HOSTILE, notes=HOSTILE)
+    monkeypatch.setenv("STALLSCOPE_STORE", str(store.root))
+    return store
+
+
+def test_literal_escapes_markdown_and_html():
+    assert not ACTIVE.search(literal(HOSTILE))
+    assert literal("a_b*c") == "a\\_b\\*c"
+
+
+def test_markdown_report_prints_names_as_text(hostile_store):
+    report = build_report(hostile_store, [hostile_store.traces()])
+    text = render_markdown(report)
+    assert "img src" in text or "p.png" in text or report["findings"]  # the name reached the report
+    assert not ACTIVE.search(text)
+
+
+@pytest.mark.parametrize("name", ["overview", "kernels", "occupancy", "library"])
+def test_pages_show_hostile_names_literally(hostile_store, name):
+    job_id = hostile_store.jobs()[0]["job_id"]
+    at = page(name, job=job_id)
+    assert not at.exception
+    shown = [m.value for m in at.markdown] + [c.value for c in at.caption]
+    shown += (
+        [e.label for e in at.expander] + [w.value for w in at.warning] + [e.value for e in at.error]
+    )
+    assert shown
+    for text in shown:
+        assert not ACTIVE.search(str(text)), text
