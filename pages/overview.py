@@ -44,36 +44,34 @@ def _headline(job: dict, report: dict) -> None:
     copies = (table["copy_ms"]).sum() / table["span_ms"].sum() * 100
     idle = (table["gpu_idle_pct"] * table["span_ms"]).sum() / 100
     steps = _step_times(report)
-    cols = st.columns(5)
+    cols = st.columns(6)
     if steps:
         median, p90, jitter = steps
         cols[0].metric(
-            "Step time (median)",
+            "Step time",
             _ms(median),
-            help="Median ProfilerStep/NVTX step duration over all ranks' captured steps",
+            help="Median ProfilerStep/NVTX step duration of the slowest rank's captured steps",
         )
-        cols[1].metric(
-            "Step time p90 · max/median",
-            f"{_ms(p90)} · {jitter:.2f}x",
-            help="90th percentile step, and the longest step over the median (jitter)",
-        )
+        cols[1].metric("Step p90", _ms(p90), help="90th percentile of those steps")
+        cols[2].metric("Jitter", f"{jitter:.2f}x", help="The longest step over the median step")
     else:
         cols[0].metric("Step time", "—", help="No step markers in this trace")
         cols[1].metric("GPU span", _ms(span), help="Longest first-to-last GPU activity of any GPU")
-    cols[2].metric(
+    cols[3].metric(
         "GPU busy",
         f"{busy:.0f}%",
         delta=f"copies alone {copies:.0f}%" if copies >= 1 else None,
         delta_color="off",
+        delta_arrow="off",
         help="Time-weighted over all ranks and GPUs: kernels, copies and memsets. "
         "'copies alone' is the share with a copy and no kernel running.",
     )
-    cols[3].metric(
+    cols[4].metric(
         "GPU idle",
         _ms(idle),
         help="Idle time summed over every rank and GPU (its causes are in the chart)",
     )
-    cols[4].metric("GPUs", f"{len(table)}", help="Rank × GPU pairs with activity")
+    cols[5].metric("GPUs", f"{len(table)}", help="Rank × GPU pairs with activity")
     st.plotly_chart(time_by_cause_figure(report), width="stretch")
 
 
