@@ -41,7 +41,7 @@ def _upload_form() -> None:
                 accept_multiple_files=True,
                 type=ACCEPTED,
             )
-            cols = st.columns([2, 2, 2, 1])
+            cols = st.columns([2, 2, 2, 2])
             name = cols[0].text_input(
                 "Job name", placeholder="default: the files' common name or the zip's"
             )
