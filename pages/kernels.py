@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
+from stallscope.humanize import short_kernel_names
 from stallscope.pages.state import report_for, selected_job
 from stallscope.pages.text import literal
 from stallscope.views import findings_of
@@ -38,15 +39,24 @@ def render() -> None:
         st.plotly_chart(fig, width="stretch")
     kernels = pd.DataFrame(evidence.get("top_kernels", []))
     if not kernels.empty:
+        full = kernels.pop("name")
+        kernels.insert(0, "kernel", short_kernel_names(list(full)))
         kernels["total ms"] = kernels.pop("total_ns") / 1e6
         kernels["mean µs"] = kernels.pop("mean_ns") / 1e3
         kernels["median µs"] = kernels.pop("median_ns") / 1e3
+        kernels["full name"] = full
         st.subheader("Top kernels by GPU time")
         st.dataframe(
             kernels.round(3),
             width="stretch",
             hide_index=True,
-            column_config={"name": st.column_config.TextColumn("kernel", width="medium")},
+            column_config={
+                "kernel": st.column_config.TextColumn(
+                    "kernel", width="large", help="Short form; the full name is in the last column"
+                ),
+                "share_pct": st.column_config.NumberColumn("share", format="%.1f%%"),
+                "full name": st.column_config.TextColumn("full name", width="large"),
+            },
         )
     ops = pd.DataFrame(evidence.get("top_ops", []))
     if not ops.empty:

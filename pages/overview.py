@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from stallscope.charts import device_time_table, time_by_cause_figure
+from stallscope.humanize import evidence_tables
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import literal
 from stallscope.views import grouped_findings
@@ -106,7 +107,19 @@ def _findings(report: dict) -> None:
                     f"[Show the worst window on the timeline](timeline?trace={f['trace']}&window={start - pad}-{end + pad}&finding={f['id']})"
                 )
             with st.popover("Evidence"):
-                st.json(f["evidence"], expanded=2)
+                _evidence(f["evidence"])
+
+
+def _evidence(evidence: dict) -> None:
+    """The finding's evidence in human units (ms, MiB, GB/s, %), lists as tables."""
+    facts, tables = evidence_tables(evidence)
+    if not facts.empty:
+        st.dataframe(facts, hide_index=True, width="stretch")
+    for title, table in tables:
+        st.caption(literal(title))
+        st.dataframe(table, hide_index=True, width="stretch")
+    with st.expander("As stored (exact units: ns, bytes)"):
+        st.json(evidence, expanded=1)
 
 
 def _step_times(report: dict) -> tuple[float, float, float] | None:

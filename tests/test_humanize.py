@@ -1,0 +1,57 @@
+"""Evidence in human units and kernel names people can read and tell apart."""
+
+from __future__ import annotations
+
+from stallscope.humanize import evidence_tables, label, short_kernel_name, short_kernel_names
+
+CLAMP = (
+    "void at::native::vectorized_elementwise_kernel<8, at::native::(anonymous namespace)::"
+    "launch_clamp_scalar(at::TensorIteratorBase&, c10::Scalar, c10::Scalar, at::native::detail::"
+    "ClampLimits)::{lambda()#1}::operator()() const::{lambda(c10::BFloat16)#1}, "
+    "std::array<char*, 2u> >(int, at::native::FillFunctor<float>, std::array<char*, 2u>)"
+)
+FILL_F32 = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+    "std::array<char*, 1u> >(int, at::native::FillFunctor<float>, std::array<char*, 1u>)"
+)
+FILL_BF16 = FILL_F32.replace("FillFunctor<float>", "FillFunctor<c10::BFloat16>")
+GEMM = "void cutlass::Kernel<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8::Params)"
+
+
+def test_short_name_drops_return_type_arguments_and_templates():
+    assert short_kernel_name(FILL_F32) == "at::native::vectorized_elementwise_kernel<…>"
+    assert short_kernel_name("ncclDevKernel_AllReduce_Sum_f32_RING_LL(Args<4096ul>)") == (
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    )
+    assert short_kernel_name("nvjet_sm90_tst_256x128") == "nvjet_sm90_tst_256x128"
+
+
+def test_distinct_kernels_keep_distinct_short_names():
+    names = [CLAMP, FILL_F32, FILL_BF16, GEMM, "nvjet_sm90_tst_256x128"]
+    short = short_kernel_names(names)
+    assert len(set(short)) == len(names)
+    assert short[1] == "vectorized_elementwise_kernel<4, FillFunctor<float>, array<char*, 1u> >"
+    assert short[2] == "vectorized_elementwise_kernel<4, FillFunctor<BFloat16>, array<char*, 1u> >"
+    assert short[0].startswith("vectorized_elementwise_kernel<8, launch_clamp_scalar")
+    assert short[3] == "Kernel<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>"
+    assert all(len(s) < 90 for s in short)
+
+
+def test_evidence_in_human_units():
+    assert label("longest_gap_ns") == "Longest gap (ms)"
+    assert label("share_of_span_pct") == "Share of span (%)"
+    facts, tables = evidence_tables(
+        {
+            "key": "pageable_h2d",
+            "longest_gap_ns": 30_950_663,
+            "bytes": 335_544_320,
+            "achieved_gbps": 8.8,
+            "call_sites": [{"call_site": "aten::to", "count": 5, "gpu_ns": 38_121_403}],
+            "idle_by_cause_ns": {"dataloader": 82_770},
+        }
+    )
+    values = dict(zip(facts["what"], facts["value"], strict=True))
+    assert values == {"Longest gap (ms)": "30.951", "Bytes (MiB)": "320.00", "Achieved (GB/s)": "8.80"}
+    (sites_title, sites), (idle_title, idle) = tables
+    assert sites_title == "Call sites" and list(sites["GPU (ms)"]) == ["38.121"]
+    assert idle_title == "Idle by cause (ms)" and list(idle["Value (ms)"]) == ["0.083"]
