@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from stallscope.charts import wait_heatmap
+from stallscope.humanize import records_table
 from stallscope.pages.state import get_store, report_for, selected_job
 from stallscope.pages.text import literal
 from stallscope.views import findings_of
@@ -72,4 +73,4 @@ def render() -> None:
         ops = pd.DataFrame(f["evidence"].get("ops", []))
         if not ops.empty:
             st.subheader("Collectives by type")
-            st.dataframe(ops, width="stretch", hide_index=True)
+            st.dataframe(records_table(ops.to_dict("records")), width="stretch", hide_index=True)

@@ -51,7 +51,11 @@ def test_evidence_in_human_units():
         }
     )
     values = dict(zip(facts["what"], facts["value"], strict=True))
-    assert values == {"Longest gap (ms)": "30.951", "Bytes (MiB)": "320.00", "Achieved (GB/s)": "8.80"}
+    assert values == {
+        "Longest gap (ms)": "30.951",
+        "Bytes (MiB)": "320.00",
+        "Achieved (GB/s)": "8.80",
+    }
     (sites_title, sites), (idle_title, idle) = tables
     assert sites_title == "Call sites" and list(sites["GPU (ms)"]) == ["38.121"]
     assert idle_title == "Idle by cause (ms)" and list(idle["Value (ms)"]) == ["0.083"]
