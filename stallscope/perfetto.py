@@ -1,7 +1,9 @@
 """Export one stored trace as Chrome trace JSON (opens in Perfetto and chrome://tracing).
 
 :func:`write_chrome_trace` streams the trace's GPU and host activities, one
-``ph: "X"`` slice each, plus the analyzers' findings as slices on a separate
+``ph: "X"`` slice each, the GPU-projected annotations (``gpu_user_annotation``),
+one launch -> GPU activity flow arrow per correlated pair (Kineto's ``ac2g``
+``s``/``f`` events), plus the analyzers' findings as slices on a separate
 ``stallscope findings`` process (one thread per finding, one slice per
 evidence window; args ``severity``, ``analyzer``, ``detail``,
 ``recommendation``, ``impact_ms``). Event lines are built inside DuckDB and
@@ -76,6 +78,9 @@ def _gpu_sql(cols: set[str]) -> str:
             ("block", f"[{col('block_x')}, {col('block_y')}, {col('block_z')}]"),
             ("registers per thread", col("registers_per_thread")),
             ("shared memory", col("shared_mem_bytes")),
+            ("blocks per SM", col("blocks_per_sm")),
+            ("warps per SM", col("warps_per_sm")),
+            ("est. achieved occupancy %", col("est_occupancy_pct")),
         ],
         "memcpy": common + [("bytes", col("bytes"))],
         "memset": common + [("bytes", col("bytes"))],
@@ -107,6 +112,41 @@ def _host_sql(cols: set[str]) -> str:
             || '}}' AS line
         FROM host h LEFT JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
         WHERE h.trace_id = $trace ORDER BY h.pid, h.tid, h.start_ns"""
+
+
+def _flow_sql() -> str:
+    """Launch -> kernel flow arrows (Kineto's ``ac2g`` pairs): one ``s`` at the runtime/driver
+    call that launched each GPU activity, one ``f`` (binding to the enclosing slice) at it."""
+    return f"""
+        WITH pairs AS (
+            SELECT g.correlation AS id, h.pid, h.tid, h.start_ns AS h_start,
+                   g.device, g.stream, g.start_ns AS g_start
+            FROM gpu g JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation
+            WHERE g.trace_id = $trace AND h.kind IN ('runtime', 'driver') AND g.correlation IS NOT NULL
+        )
+        SELECT line FROM (
+            SELECT h_start AS t, 0 AS part, id,
+                   '{{"ph":"s","id":' || id || ',"pid":' || coalesce(pid, 0) || ',"tid":' || coalesce(tid, 0)
+                   || ',"ts":' || {us_sql("h_start")} || ',"cat":"ac2g","name":"ac2g"}}' AS line
+            FROM pairs
+            UNION ALL
+            SELECT g_start, 1, id,
+                   '{{"ph":"f","id":' || id || ',"pid":' || coalesce(device, 0) || ',"tid":' || coalesce(stream, -1)
+                   || ',"ts":' || {us_sql("g_start")} || ',"cat":"ac2g","name":"ac2g","bp":"e"}}'
+            FROM pairs
+        ) ORDER BY id, part"""
+
+
+def _gpu_annotation_sql() -> str:
+    """``record_function``/NVTX ranges projected on GPU streams (Kineto ``gpu_user_annotation``)."""
+    return f"""
+        SELECT '{{"ph":"X","cat":"gpu_user_annotation","name":' || to_json(coalesce(n.name, ''))
+            || ',"pid":' || coalesce(r.device, 0) || ',"tid":' || coalesce(r.stream, -1)
+            || ',"ts":' || {us_sql("r.start_ns")} || ',"dur":' || {us_sql("r.end_ns - r.start_ns")}
+            || ',"args":' || json_object('device', r.device, 'stream', r.stream,
+                                         'External id', r.external_id)::VARCHAR || '}}' AS line
+        FROM ranges r LEFT JOIN names n ON n.trace_id = r.trace_id AND n.name_id = r.name_id
+        WHERE r.trace_id = $trace AND r.kind = 'gpu_annotation' ORDER BY r.device, r.stream, r.start_ns"""
 
 
 def _meta(name: str, pid: int, tid: int | None, value: str, sort: int | None = None) -> list[str]:
@@ -179,7 +219,7 @@ def write_chrome_trace(
             "world_size": meta.get("world_size") or 1,
         }
     out.write(json.dumps(header)[:-1] + ', "traceEvents": [\n')
-    counts = {"gpu": 0, "host": 0, "metadata": 0, "findings": 0}
+    counts = {"gpu": 0, "host": 0, "metadata": 0, "findings": 0, "flows": 0, "gpu_annotations": 0}
     first = True
 
     def emit(lines: list[str]) -> None:
@@ -215,12 +255,14 @@ def write_chrome_trace(
     counts["metadata"] = len(meta_lines)
     for part, sql in (
         ("gpu", _gpu_sql(_columns(job, "gpu"))),
+        ("gpu_annotations", _gpu_annotation_sql()),
         ("host", _host_sql(_columns(job, "host"))),
+        ("flows", _flow_sql()),
     ):
         cursor = job.con.execute(sql, {"trace": trace_id})
         while batch := cursor.fetchmany(BATCH_ROWS):
             emit([row[0] for row in batch])
-            counts[part] += len(batch)
+            counts[part] += len(batch) // 2 if part == "flows" else len(batch)
     lines = finding_events(findings, (int(bounds[0] or 0), int(bounds[1] or 0)))
     emit(lines)
     counts["findings"] = sum(1 for line in lines if '"ph":"X"' in line)

@@ -46,7 +46,7 @@ def test_export_loads_counts_and_round_trips(cli, trace_file, tmp_path):
     out = tmp_path / "out.json"
     done = cli("export", str(trace_file), "--perfetto", str(out))
     assert done.returncode == 0, done.stderr
-    assert ": 4 GPU and 4 host events" in done.stdout
+    assert ": 4 GPU and 4 host events, 3 launch flows" in done.stdout
     data = json.loads(out.read_text())
     events = data["traceEvents"]
     slices = [e for e in events if e["ph"] == "X"]
@@ -69,7 +69,8 @@ def test_export_loads_counts_and_round_trips(cli, trace_file, tmp_path):
         for e in found
     )
     before = json.loads(cli("analyze", str(trace_file), "--format", "json").stdout)
-    assert {e["args"]["finding"] for e in found} == {f["id"] for f in before["findings"]}
+    shown = {f["id"] for f in before["findings"] if f["severity"] != "info"}  # low+ by default
+    assert {e["args"]["finding"] for e in found} == shown
     worst = before["findings"][0]
     slice_ = next(e for e in found if e["args"]["finding"] == worst["id"])
     assert (slice_["args"]["severity"], slice_["args"]["impact_ms"]) == (
@@ -124,3 +125,71 @@ def test_streamed_in_batches_gives_the_same_bytes(store, trace_file, monkeypatch
 def test_merged_windows():
     assert perfetto.merged([[5, 9], [0, 2], [1, 3], [9, 10]]) == [[0, 3], [5, 10]]
     assert perfetto.us_text(-1_500) == "-1.500" and perfetto.us_text(7) == "0.007"
+
+
+def canonical_rows(job: JobData, trace_id: str, table: str) -> set[tuple]:
+    """Every row of a canonical table with its name, ids that differ per trace left out."""
+    columns = [c[0] for c in job.sql(f"DESCRIBE {table}").fetchall()]
+    kept = [c for c in columns if c not in ("trace_id", "name_id")]
+    return set(
+        job.sql(
+            f"SELECT {', '.join('x.' + c for c in kept)}, n.name FROM {table} x LEFT JOIN names n "
+            "ON n.trace_id = x.trace_id AND n.name_id = x.name_id WHERE x.trace_id = ?",
+            [trace_id],
+        ).fetchall()
+    )
+
+
+@pytest.mark.parametrize(
+    "sample",
+    ["dataloader_stall/dataloader_stall.pt.trace.json.gz", "ddp_overlap/rank0.pt.trace.json.gz"],
+)
+def test_export_then_ingest_gives_the_same_canonical_tables(cli, store, sample, tmp_path):
+    (source,) = ingest_paths(store, [str(SAMPLES / "kineto" / sample)])
+    out = tmp_path / "export.json"
+    done = cli("export", source.trace_ids[0], "--perfetto", str(out), store=store.root)
+    assert done.returncode == 0, done.stderr
+    events = json.loads(out.read_text())["traceEvents"]
+    starts = [e for e in events if e["ph"] == "s" and e.get("cat") == "ac2g"]
+    ends = {e["id"]: e for e in events if e["ph"] == "f" and e.get("cat") == "ac2g"}
+    assert starts and {e["id"] for e in starts} == set(ends)  # every arrow has both ends
+    assert all(
+        e.get("cat") != "stallscope_finding" or e["args"]["severity"] != "info" for e in events
+    )
+    (back,) = ingest_paths(store, [str(out)])
+    job = JobData(store, store.traces(source.job_id) + store.traces(back.job_id))
+    try:
+        for table in ("gpu", "host", "ranges"):
+            before = canonical_rows(job, source.trace_ids[0], table)
+            assert before and canonical_rows(job, back.trace_ids[0], table) == before, table
+        launches = job.sql(
+            "SELECT count(*) FROM gpu g JOIN host h ON h.trace_id = g.trace_id AND "
+            "h.correlation = g.correlation AND h.kind IN ('runtime', 'driver') WHERE g.trace_id = ?",
+            [source.trace_ids[0]],
+        ).fetchone()[0]
+        assert len(starts) == launches
+    finally:
+        job.close()
+
+
+def test_findings_track_threshold(cli, trace_file, tmp_path):
+    every, none = tmp_path / "all.json", tmp_path / "none.json"
+    assert (
+        cli("export", str(trace_file), "--perfetto", str(every), "--findings", "info").returncode
+        == 0
+    )
+    assert (
+        cli("export", str(trace_file), "--perfetto", str(none), "--findings", "none").returncode
+        == 0
+    )
+    report = json.loads(cli("analyze", str(trace_file), "--format", "json").stdout)
+
+    def slices(p):
+        return {
+            e["args"]["finding"]
+            for e in json.loads(p.read_text())["traceEvents"]
+            if e.get("cat") == "stallscope_finding"
+        }  # noqa: E731
+
+    assert slices(every) == {f["id"] for f in report["findings"]}
+    assert slices(none) == set()

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from stallscope.analyzers.base import SEVERITIES, SEVERITY_RANK
 from stallscope.cli import EXIT_OK, add_store_option, open_store
 from stallscope.errors import InputError
 
@@ -17,9 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Write one trace (a trace file, ingested first, or a stored trace id; a job id of a "
             "one-trace job) as Chrome trace JSON that Perfetto (ui.perfetto.dev) and chrome://tracing "
-            "open: GPU activities per GPU and stream, host activities per process and thread, and the "
-            "analyzers' findings as slices over their evidence windows on a 'stallscope findings' "
-            "track (args: severity, analyzer, detail, recommendation, impact_ms)."
+            "open: GPU activities per GPU and stream (with their launch configuration, bytes and ids), "
+            "GPU-projected annotations, host activities per process and thread, a flow arrow from "
+            "each launch call to the GPU work it launched, and the analyzers' findings (low "
+            "severity or worse by default) as slices over their evidence windows on a "
+            "'stallscope findings' track (args: severity, analyzer, detail, recommendation, "
+            "impact_ms). Ingesting the export gives the same GPU, host and range tables."
         ),
     )
     p.add_argument(
@@ -30,6 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="OUT.json",
         required=True,
         help="file to write ('-' for stdout); a name ending in .gz is gzip-compressed",
+    )
+    p.add_argument(
+        "--findings",
+        default="low",
+        choices=[*SEVERITIES, "none"],
+        metavar="SEVERITY",
+        help="put findings of this severity or worse on the findings track "
+        "(critical, high, medium, low, info; 'none' for no track; default: low)",
     )
     add_store_option(p)
     p.set_defaults(handler=run)
@@ -49,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
     (ref,) = target
     data = JobData(store, store.traces(ref.job_id))  # findings need the whole job (all ranks)
     try:
-        findings = [f.to_dict() for f in analyze_job(data).findings if f.trace == ref.trace_id]
+        findings = [
+            f.to_dict()
+            for f in analyze_job(data).findings
+            if f.trace == ref.trace_id and _shown(f.severity, args.findings)
+        ]
         if args.perfetto == "-":
             counts = write_chrome_trace(data, ref.trace_id, sys.stdout, findings)
         else:
@@ -59,9 +75,14 @@ def run(args: argparse.Namespace) -> int:
     if args.perfetto != "-":
         print(
             f"wrote {args.perfetto}: {counts['gpu']} GPU and {counts['host']} host events, "
+            f"{counts['flows']} launch flows, {counts['gpu_annotations']} GPU annotations, "
             f"{counts['findings']} finding slice(s); open it in https://ui.perfetto.dev"
         )
     return EXIT_OK
+
+
+def _shown(severity: str, floor: str) -> bool:
+    return floor != "none" and SEVERITY_RANK[severity] >= SEVERITY_RANK[floor]
 
 
 def _write_file(path: str, data, trace_id: str, findings, writer) -> dict[str, int]:
