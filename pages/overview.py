@@ -37,6 +37,8 @@ def _headline(job: dict, report: dict) -> None:
             f"{job.get('name')} · {len(report['traces'])} rank(s) · uploaded by {job.get('uploaded_by')} · {', '.join(job.get('tags', []))}"
         )
     )
+    if job.get("notes"):
+        st.caption("Notes: " + literal(job["notes"]))
     if table.empty:
         st.warning("No GPU activity in this job.")
         return

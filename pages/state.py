@@ -93,28 +93,72 @@ def _picked() -> None:
     st.query_params["job"] = job_id
 
 
+THRESHOLDS = "threshold_overrides"  # plain session key: kept while another analyzer is shown
+
+
 def threshold_overrides() -> dict[str, dict[str, float]]:
-    """Threshold widgets generated from the analyzers' declarations (same as the CLI flags)."""
+    """Threshold widgets generated from the analyzers' declarations (same as the CLI flags).
+
+    One analyzer's thresholds at a time (a picker chooses which); changed values
+    are kept in the session for every analyzer, listed, and can be reset.
+    """
     from stallscope.analyzers import all_specs
 
-    overrides: dict[str, dict[str, float]] = {}
-    with st.sidebar.expander("Thresholds"):
-        for spec in all_specs():
-            if not spec.thresholds:
-                continue
-            st.caption(spec.title)
-            for t in spec.thresholds:
-                value = st.number_input(
-                    f"{t.name} ({t.unit})",
-                    min_value=float(t.minimum),
-                    max_value=None if t.maximum is None else float(t.maximum),
-                    value=float(t.default),
-                    help=t.help,
-                    key=f"thr_{spec.id}_{t.name}",
+    specs = {spec.id: spec for spec in all_specs() if spec.thresholds}
+    overrides: dict[str, dict[str, float]] = st.session_state.setdefault(THRESHOLDS, {})
+    with st.sidebar.expander(
+        "Thresholds" + (f" ({_count(overrides)} changed)" if overrides else "")
+    ):
+        spec = specs[
+            st.selectbox(
+                "Analyzer", list(specs), format_func=lambda i: specs[i].title, key="thr_analyzer"
+            )
+        ]
+        for t in spec.thresholds:
+            value = st.number_input(
+                f"{t.name} ({t.unit})",
+                min_value=float(t.minimum),
+                max_value=None if t.maximum is None else float(t.maximum),
+                value=float(overrides.get(spec.id, {}).get(t.name, t.default)),
+                help=t.help,
+                key=f"thr_{spec.id}_{t.name}",
+                on_change=_threshold_changed,  # before the rerun: the count above is current
+                args=(spec.id, t.name, t.default),
+            )
+            _set_override(overrides, spec.id, t.name, value, t.default)
+        if overrides:
+            st.caption(
+                "Changed: "
+                + "; ".join(
+                    f"{a}.{n} = {v:g}" for a, v_ in overrides.items() for n, v in v_.items()
                 )
-                if value != t.default:
-                    overrides.setdefault(spec.id, {})[t.name] = value
-    return overrides
+            )
+            if st.button("Reset all thresholds"):
+                overrides.clear()
+                for key in [k for k in st.session_state if str(k).startswith("thr_")]:
+                    del st.session_state[key]
+                st.rerun()
+    return {a: dict(v) for a, v in overrides.items()}
+
+
+def _threshold_changed(analyzer: str, name: str, default: float) -> None:
+    value = st.session_state[f"thr_{analyzer}_{name}"]
+    _set_override(st.session_state.setdefault(THRESHOLDS, {}), analyzer, name, value, default)
+
+
+def _set_override(
+    overrides: dict[str, dict[str, float]], analyzer: str, name: str, value: float, default: float
+) -> None:
+    if value != default:
+        overrides.setdefault(analyzer, {})[name] = value
+    elif name in overrides.get(analyzer, {}):
+        del overrides[analyzer][name]
+        if not overrides[analyzer]:
+            del overrides[analyzer]
+
+
+def _count(overrides: dict[str, dict[str, float]]) -> int:
+    return sum(len(v) for v in overrides.values())
 
 
 def _freeze(overrides: dict[str, dict[str, float]]) -> tuple:

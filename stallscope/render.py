@@ -169,6 +169,7 @@ _HTML_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #212121; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
+td { max-width: 36em; overflow-wrap: anywhere; }
 th { background: #f5f5f5; }
 .sev { font-weight: bold; text-transform: uppercase; }
 .critical { color: #b71c1c; } .high { color: #e65100; } .medium { color: #f9a825; }

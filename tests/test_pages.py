@@ -176,3 +176,18 @@ def test_occupancy_page_shows_nsight_compute_measurements(store, monkeypatch):
     assert frame.loc["low_occupancy_smem_kernel", "ncu bound"] == "latency"
     assert frame.loc["low_occupancy_smem_kernel", "ncu achieved %"] > 0
     assert any("Nsight Compute's measurements" in c.value for c in at.caption)
+
+
+def test_thresholds_one_analyzer_at_a_time_and_kept(app_store):
+    at = page("overview", job=job_id(app_store, "idle.pt.trace.json"))
+    shown = {n.key for n in at.sidebar.number_input}
+    assert shown and len({k.split("_")[1] for k in shown}) == 1  # one analyzer's inputs only
+    first = sorted(shown)[0]
+    at.sidebar.number_input(key=first).set_value(at.sidebar.number_input(key=first).value + 1).run()
+    assert "1 changed" in at.sidebar.expander[0].label
+    analyzers = at.sidebar.selectbox(key="thr_analyzer").options
+    at.sidebar.selectbox(key="thr_analyzer").set_value(
+        next(o for o in analyzers if o != at.sidebar.selectbox(key="thr_analyzer").value)
+    ).run()
+    assert not at.exception
+    assert "1 changed" in at.sidebar.expander[0].label  # kept while another analyzer is shown
