@@ -12,6 +12,8 @@ import streamlit as st
 from stallscope.compare import compare_tables, headline, new_only_text, step_delta_text
 from stallscope.pages.state import get_store, jobs
 
+ROW_PX = 35  # st.dataframe's row height
+
 
 @st.cache_data(max_entries=64, show_spinner="Comparing…")
 def _compare(base: str, new: str, store_path: str) -> dict[str, Any]:
@@ -42,7 +44,12 @@ def render() -> None:
     for i, (title, header, rows) in enumerate(compare_tables(result, width=120)):
         st.subheader(title)
         if rows:
-            st.dataframe(pd.DataFrame(rows, columns=header), width="stretch", hide_index=True)
+            st.dataframe(
+                pd.DataFrame(rows, columns=header),
+                width="stretch",
+                hide_index=True,
+                height=ROW_PX * (len(rows) + 1) + 3,  # every row in view: the last rows are totals
+            )
         else:
             st.caption("(none)")
         if i == 0:

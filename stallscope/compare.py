@@ -755,8 +755,8 @@ def _parts_table(result: dict[str, Any]) -> Table:
             ["step time - GPU step scope", *_ms_cells(att["outside_scope"])[:3], ""],
         ]
     title = (
-        f"Where one GPU's step goes (mean over the GPUs: {gpus['base']} in base, "
-        f"{gpus['new']} in new; ms per step)"
+        f"Where one GPU's step goes (ms per step, mean over GPUs: {gpus['base']} base, "
+        f"{gpus['new']} new)"
     )
     return title, ["per GPU and step", "base ms", "new ms", "delta ms", "delta %"], rows
 
