@@ -110,24 +110,26 @@ def gpu_times(job: JobData) -> tuple[dict[str, tuple[int, int]], dict[tuple[str,
     kernels: dict[str, tuple[int, int]] = {}
     copies: dict[tuple[str, str], list[int]] = {}
     for ref in job.traces:
-        params = {"trace": ref.trace_id}
-        for name, total, count in job.con.execute(
-            _IN_STEPS_SQL + "SELECT n.name, sum(end_ns - start_ns), count(*) FROM scoped "
-            "JOIN names n ON n.trace_id = $trace AND n.name_id = scoped.name_id "
-            "WHERE kind = 'kernel' GROUP BY 1",
-            params,
+        job.con.execute(
+            "CREATE OR REPLACE TEMP TABLE compare_ops AS " + _IN_STEPS_SQL + "SELECT * FROM scoped",
+            {"trace": ref.trace_id},
+        )
+        for name, total, count in job.sql(
+            "SELECT n.name, sum(end_ns - start_ns), count(*) FROM compare_ops o JOIN names n "
+            "ON n.trace_id = ? AND n.name_id = o.name_id WHERE o.kind = 'kernel' GROUP BY 1",
+            [ref.trace_id],
         ).fetchall():
             old = kernels.get(name, (0, 0))
             kernels[name] = (old[0] + int(total), old[1] + int(count))
-        for kind, copy_kind, src, dst, total, nbytes, count in job.con.execute(
-            _IN_STEPS_SQL + "SELECT kind, copy_kind, src_kind, dst_kind, sum(end_ns - start_ns), "
-            "sum(bytes), count(*) FROM scoped WHERE kind <> 'kernel' GROUP BY 1, 2, 3, 4",
-            params,
+        for kind, copy_kind, src, dst, total, nbytes, count in job.sql(
+            "SELECT kind, copy_kind, src_kind, dst_kind, sum(end_ns - start_ns), sum(bytes), "
+            "count(*) FROM compare_ops WHERE kind <> 'kernel' GROUP BY 1, 2, 3, 4"
         ).fetchall():
             acc = copies.setdefault(copy_key(kind, copy_kind, src, dst), [0, 0, 0])
             acc[0] += int(total)
             acc[1] += int(nbytes)
             acc[2] += int(count)
+    job.sql("DROP TABLE IF EXISTS compare_ops")
     return kernels, copies
 
 

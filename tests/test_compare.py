@@ -342,3 +342,20 @@ def test_finding_savings_per_step_and_dash_where_not_estimated():
     (_, _, cells) = _savings_table({"findings": {"savings": rows}}, 60)
     assert cells[0][2:] == ["high", "low", "2.000", "1.000", "-1.000"]
     assert cells[1][2:] == ["low", "-", "—", "—", "-"]
+
+
+def test_outlier_steps_are_named_when_the_rows_shrink(cli, tmp_path):
+    """Base: eight 10 ms steps and two 20 ms ones (median 10, mean 12); new: ten 11 ms steps.
+    The median grows 1 ms while the per-step means (the rows) shrink 1 ms."""
+    base = steps_trace(tmp_path / "base.json", [10.0] * 8 + [20.0, 20.0])
+    new = steps_trace(tmp_path / "new.json", [11.0] * 10)
+    out = cli("compare", str(base), str(new), "--noise-k", "0", "--format", "json")
+    result = json.loads(out.stdout)
+    assert out.returncode == 1 and result["step_time"]["delta_ms"] == 1.0
+    assert result["attribution"]["step_mean"]["delta_ms"] == -1.0
+    assert part(result, "compute")["delta_ms"] == pytest.approx(-1.0, abs=1e-4)  # compute_pct: 3 dp
+    assert result["explanation"] == (
+        "slower: +1.000 ms/step (+10.0%), but no per-GPU category grew (they add up to "
+        "-1.000 ms/step): the median step changed +1.000 ms but the mean step -1.000 ms, and the "
+        "rows are per-step means: a few outlier steps weigh in them"
+    )
