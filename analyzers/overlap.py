@@ -5,6 +5,8 @@ Per trace and device, over unions of intervals (int64 ns):
 * ``comm_overlap_pct`` = |compute ∩ comm| / |comm| × 100 (HTA's definition);
 * ``exposed_comm_ns`` = |comm − compute|: communication with no compute kernel
   running beside it (TraceLens' "exposed communication");
+* ``comm_ns`` = |comm|, and ``exposed_comm_wait_ns``: the part of the exposed
+  communication spent waiting for a later rank (jobs with several ranks);
 * ``memcpy_overlap_pct`` = |memcpy ∩ (compute ∪ comm)| / |memcpy| × 100 and
   ``exposed_memcpy_ns`` = |memcpy − compute − comm| (memsets count as copies).
 
@@ -51,7 +53,7 @@ MAX_STEPS_IN_EVIDENCE = 50
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
     activity = gpu_activity(job)
-    match = None
+    match, ranked = None, False
     missing = _missing_ranks(job)
     for ref in job.traces:
         for (trace, device), ops in activity.items():
@@ -59,9 +61,10 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
                 continue
             if match is None and ops["is_comm"].any():
                 match = match_collectives(job)
+                ranked = match is not None and _participants(match) > 1
             waits = match.waits_of(trace, device) if match else (np.zeros(0, np.int64),) * 2
             rank = int(ref.meta.get("rank", 0))
-            _device(job, result, trace, rank, device, ops, waits, params, missing)
+            _device(job, result, trace, rank, device, ops, waits, params, missing, ranked)
     return result
 
 
@@ -82,7 +85,15 @@ def _missing_ranks(job: JobData) -> tuple[int, int] | None:
     return (len(ranks), world) if world > len(ranks) else None
 
 
-def _device(job, result, trace, rank, device, ops, waits, params, missing=None) -> None:
+def _participants(match) -> int:
+    """How many (trace, device) pairs take part in the job's collectives."""
+    rows = match.rows
+    return len(set(zip(rows["trace_id"].tolist(), rows["device"].tolist(), strict=True)))
+
+
+def _device(
+    job, result, trace, rank, device, ops, waits, params, missing=None, ranked=False
+) -> None:
     kernel = ops["is_kernel"]
     comm_mask, comp_mask = kernel & ops["is_comm"], kernel & ~ops["is_comm"]
     comm, comp, copy = (_union(ops, m) for m in (comm_mask, comp_mask, ~kernel))
@@ -100,6 +111,9 @@ def _device(job, result, trace, rank, device, ops, waits, params, missing=None) 
     if totals["comm"]:
         metric("comm_overlap_pct", pct(totals["comm"] - totals["exposed"], totals["comm"]), "%")
         metric("exposed_comm_ns", totals["exposed"], "ns")
+        metric("comm_ns", totals["comm"], "ns")
+        if ranked:  # waiting is measurable only against other ranks' collectives
+            metric("exposed_comm_wait_ns", totals["wait"], "ns")
     if totals["copy"]:
         metric(
             "memcpy_overlap_pct", pct(totals["copy"] - totals["copy_exposed"], totals["copy"]), "%"

@@ -1,5 +1,6 @@
-"""Compare page: two jobs, the same comparison as ``stallscope compare`` (verdict, step time,
-time by cause per step, kernel deltas); all the work is ``stallscope.compare.compare_jobs``."""
+"""Compare page: two jobs, the same comparison as ``stallscope compare`` (verdict and why, step
+time, where one GPU's step goes, time by cause, communication, copies, kernels, findings' savings);
+all the work is ``stallscope.compare.compare_jobs``, the tables are ``compare_tables``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from stallscope.compare import pct_text
+from stallscope.compare import compare_tables, headline, new_only_text, step_delta_text
 from stallscope.pages.state import get_store, jobs
+
+ROW_PX = 35  # st.dataframe's row height
 
 
 @st.cache_data(max_entries=64, show_spinner="Comparing…")
@@ -38,9 +41,19 @@ def render() -> None:
     st.query_params.update({"base": base, "new": new})
     result = _compare(base, new, str(get_store().root))
     _verdict(result)
-    _step_time(result)
-    _causes(result)
-    _kernels(result)
+    for i, (title, header, rows) in enumerate(compare_tables(result, width=120)):
+        st.subheader(title)
+        if rows:
+            st.dataframe(
+                pd.DataFrame(rows, columns=header),
+                width="stretch",
+                hide_index=True,
+                height=ROW_PX * (len(rows) + 1) + 3,  # every row in view: the last rows are totals
+            )
+        else:
+            st.caption("(none)")
+        if i == 0:
+            st.caption(step_delta_text(result))
     st.caption(
         "The same comparison as `stallscope compare BASE NEW` (docs/compare.md): per-step figures, "
         "so jobs with different step counts compare."
@@ -52,46 +65,15 @@ def _index(ids: list[str], wanted: str | None, default: int) -> int:
 
 
 def _verdict(result: dict[str, Any]) -> None:
-    text = f"**{result['verdict'].upper()}** — {result['reason']}."
+    reason, *rest = headline(result)
+    text = f"**{result['verdict'].upper()}** — {reason}"
     show = {"regression": st.error, "improvement": st.success}.get(result["verdict"], st.info)
     show(text)
-    for warning in result["warnings"]:
-        st.warning(warning)
+    for para in rest:
+        if para.startswith("Warning: "):
+            st.warning(para.removeprefix("Warning: "))
+        else:  # "Why: ...": the categories that explain the change
+            st.markdown(f"**Why:** {para.removeprefix('Why: ')}")
     new_only = result["findings"]["new_only"]
     if new_only:
-        st.caption("Findings only in new: " + ", ".join(f"{a} ({sev})" for a, sev in new_only))
-
-
-def _step_time(result: dict[str, Any]) -> None:
-    s = result["step_time"]
-    frame = pd.DataFrame(
-        [
-            {"": "base", "job": result["base"]["job"], "step ms (median)": s["base_median_ms"],
-             "std ms": s["base_std_ms"], "steps": s["base_steps"], "from": result["base"]["step_source"]},
-            {"": "new", "job": result["new"]["job"], "step ms (median)": s["new_median_ms"],
-             "std ms": s["new_std_ms"], "steps": s["new_steps"], "from": result["new"]["step_source"]},
-        ]
-    ).set_index("")  # fmt: skip
-    st.subheader("Step time")
-    st.dataframe(frame.round(3), width="stretch")
-
-
-def _causes(result: dict[str, Any]) -> None:
-    rows = [
-        {"GPU time per step": f"{r['kind']}: {r['cause']}", "base ms": r["base_ms"],
-         "new ms": r["new_ms"], "delta ms": r["delta_ms"], "delta %": pct_text(r["delta_pct"])}
-        for r in result["causes"] if r["base_ms"] or r["new_ms"]
-    ]  # fmt: skip
-    st.subheader("Time by cause (summed over GPUs, per step)")
-    st.dataframe(pd.DataFrame(rows).round(3), width="stretch", hide_index=True)
-
-
-def _kernels(result: dict[str, Any]) -> None:
-    rows = [
-        {"kernel": r["kernel"], "base ms": r["base_ms"], "new ms": r["new_ms"],
-         "delta ms": r["delta_ms"], "delta %": pct_text(r["delta_pct"]),
-         "launches (total)": f"{r['base_launches']} -> {r['new_launches']}"}
-        for r in result["kernels"]
-    ]  # fmt: skip
-    st.subheader("Kernels with the largest change (GPU ms per step)")
-    st.dataframe(pd.DataFrame(rows).round(3), width="stretch", hide_index=True)
+        st.caption(new_only_text(new_only))

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from stallscope.analyzers.base import SEVERITY_RANK
 from stallscope.jobdata import JobData
 from stallscope.report import build_report
 from stallscope.store import Store, TraceRef
@@ -32,11 +33,24 @@ from stallscope.store import Store, TraceRef
 COMPARE_SCHEMA = "stallscope.compare/1"
 DEFAULT_MAX_REGRESSION = 0.05
 DEFAULT_NOISE_K = 2.0
+IDLE_CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
 CAUSES = (
     ("compute", "busy"), ("comm", "busy"), ("memcpy", "busy"),
-    ("dataloader", "idle"), ("host_sync", "idle"), ("memcpy", "idle"), ("launch", "idle"),
-    ("cpu", "idle"), ("queued", "idle"), ("unknown", "idle"),
+    *((cause, "idle") for cause in IDLE_CAUSES),
 )  # fmt: skip
+# One GPU's step scope split into parts that do not overlap, all from report metrics:
+# compute_pct x gpu_span_ns, exposed_comm_ns - exposed_comm_wait_ns, exposed_comm_wait_ns,
+# exposed_memcpy_ns, idle_<cause>_ns (docs/compare.md).
+PARTS = (
+    ("compute", "compute"),
+    ("exposed_comm", "exposed communication"),
+    ("rank_wait", "waiting for other ranks"),
+    ("exposed_copies", "exposed copies"),
+    *((f"idle_{cause}", f"idle: {cause}") for cause in IDLE_CAUSES),
+)
+LEAD_SHARE = 0.25  # a category is named beside the largest when it moved this share of it
+ACCOUNTED_SHARE = 0.5  # rows adding up to less than this share of the step change leave it open
+REASON_SHARE = 0.25  # a gap this share of the step change is named as a reason
 
 
 def step_samples(job: JobData) -> tuple[np.ndarray, str]:
@@ -54,47 +68,160 @@ def step_samples(job: JobData) -> tuple[np.ndarray, str]:
     return np.array([int(span or 0)], dtype=np.int64), "gpu_span"
 
 
-def kernel_times(job: JobData) -> dict[str, tuple[int, int]]:
-    """Kernel name -> (total GPU ns, launches) over the job's traces."""
+def rank_step_means(job: JobData) -> dict[int, float]:
+    """Rank -> mean duration (ns) of its step ranges (ranks without steps are left out)."""
+    rank_of = {ref.trace_id: int(ref.meta.get("rank", 0)) for ref in job.traces}
     rows = job.sql(
-        "SELECT n.name, sum(g.end_ns - g.start_ns), count(*) FROM gpu g "
-        "JOIN names n ON n.trace_id = g.trace_id AND n.name_id = g.name_id "
-        "WHERE g.kind = 'kernel' GROUP BY n.name"
+        "SELECT trace_id, sum(end_ns - start_ns), count(*) FROM ranges WHERE kind = 'step' GROUP BY 1"
     ).fetchall()
-    return {name: (int(total), int(count)) for name, total, count in rows}
+    totals: dict[int, list[int]] = {}
+    for trace, total, count in rows:
+        acc = totals.setdefault(rank_of.get(trace, 0), [0, 0])
+        acc[0] += int(total)
+        acc[1] += int(count)
+    return {rank: total / count for rank, (total, count) in totals.items() if count}
+
+
+# The GPU operations of one trace launched inside a step (the launch call's start, else the
+# operation's own, inside a step range; scope.py's rule), or all of them when it has no steps.
+_IN_STEPS_SQL = """
+WITH launch AS (
+  SELECT correlation, min(start_ns) AS launch_ns FROM host
+  WHERE trace_id = $trace AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1
+), steps AS (
+  SELECT start_ns AS step_start, end_ns AS step_end FROM ranges WHERE trace_id = $trace AND kind = 'step'
+), ops AS (
+  SELECT g.kind, g.name_id, g.start_ns, g.end_ns, coalesce(g.bytes, 0) AS bytes,
+         coalesce(g.copy_kind, '') AS copy_kind, coalesce(g.src_kind, '') AS src_kind,
+         coalesce(g.dst_kind, '') AS dst_kind, coalesce(l.launch_ns, g.start_ns) AS anchor_ns
+  FROM gpu g LEFT JOIN launch l USING (correlation)
+  WHERE g.trace_id = $trace AND g.kind IN ('kernel', 'memcpy', 'memset')
+), scoped AS (
+  SELECT ops.* FROM ops ASOF LEFT JOIN steps s ON ops.anchor_ns >= s.step_start
+  WHERE ops.anchor_ns < s.step_end OR NOT EXISTS (SELECT 1 FROM steps)
+)
+"""
+
+
+def gpu_times(job: JobData) -> tuple[dict[str, tuple[int, int]], dict[tuple[str, str], list[int]]]:
+    """Kernel name -> (GPU ns, launches) and copy (direction, host memory) -> [GPU ns, bytes,
+    count], summed over the job's traces, over the operations launched inside a step (every
+    operation of a trace without steps). GPU time is summed durations, not a union."""
+    kernels: dict[str, tuple[int, int]] = {}
+    copies: dict[tuple[str, str], list[int]] = {}
+    for ref in job.traces:
+        job.con.execute(
+            "CREATE OR REPLACE TEMP TABLE compare_ops AS " + _IN_STEPS_SQL + "SELECT * FROM scoped",
+            {"trace": ref.trace_id},
+        )
+        for name, total, count in job.sql(
+            "SELECT n.name, sum(end_ns - start_ns), count(*) FROM compare_ops o JOIN names n "
+            "ON n.trace_id = ? AND n.name_id = o.name_id WHERE o.kind = 'kernel' GROUP BY 1",
+            [ref.trace_id],
+        ).fetchall():
+            old = kernels.get(name, (0, 0))
+            kernels[name] = (old[0] + int(total), old[1] + int(count))
+        for kind, copy_kind, src, dst, total, nbytes, count in job.sql(
+            "SELECT kind, copy_kind, src_kind, dst_kind, sum(end_ns - start_ns), sum(bytes), "
+            "count(*) FROM compare_ops WHERE kind <> 'kernel' GROUP BY 1, 2, 3, 4"
+        ).fetchall():
+            acc = copies.setdefault(copy_key(kind, copy_kind, src, dst), [0, 0, 0])
+            acc[0] += int(total)
+            acc[1] += int(nbytes)
+            acc[2] += int(count)
+    job.sql("DROP TABLE IF EXISTS compare_ops")
+    return kernels, copies
+
+
+def copy_key(kind: str, copy_kind: str, src: str, dst: str) -> tuple[str, str]:
+    """(direction, host memory) of a copy: ('HtoD', 'pageable'), ('DtoD', ''), ('peer', ''),
+    ('memset', '')... The host memory is the host side's kind (docs/schema.md)."""
+    if kind == "memset":
+        return "memset", ""
+    direction = {"PtoP": "peer", "": "unknown"}.get(copy_kind, copy_kind)
+    memory = {"HtoD": src, "DtoH": dst, "HtoH": f"{src} -> {dst}"}.get(copy_kind, "")
+    return direction, memory
+
+
+def device_values(report: dict[str, Any]) -> dict[tuple, dict[str, float]]:
+    """(trace, device) -> {metric name: value} for the report's per-device metrics."""
+    per_device: dict[tuple, dict[str, float]] = {}
+    for m in report["metrics"]:
+        if m["device"] is not None:
+            per_device.setdefault((m["trace"], m["device"]), {})[m["name"]] = m["value"]
+    return per_device
 
 
 def cause_times(report: dict[str, Any]) -> dict[str, float]:
     """GPU ns by busy category and idle cause, summed over the report's GPUs."""
-    per_device: dict[tuple, dict[str, float]] = {}
-    for m in report["metrics"]:
-        if m["device"] is not None:
-            per_device.setdefault((m["trace"], m["device"]), {})[m["name"]] = m["value"] or 0
     out = {f"{side}:{name}": 0.0 for name, side in CAUSES}
-    for values in per_device.values():
-        span = values.get("gpu_span_ns", 0)
+    for values in device_values(report).values():
+        span = values.get("gpu_span_ns") or 0
         for name, side in CAUSES:
             if side == "busy":
-                out[f"busy:{name}"] += values.get(f"{name}_pct", 0) / 100 * span
+                out[f"busy:{name}"] += (values.get(f"{name}_pct") or 0) / 100 * span
             else:
-                out[f"idle:{name}"] += values.get(f"idle_{name}_ns", 0)
+                out[f"idle:{name}"] += values.get(f"idle_{name}_ns") or 0
     return out
+
+
+def step_parts(report: dict[str, Any]) -> tuple[dict[str, float], int]:
+    """GPU ns of each part of :data:`PARTS` plus ``scope`` (the summed ``gpu_span_ns``), summed
+    over the GPUs with a span, and how many GPUs that is."""
+    out = {key: 0.0 for key, _ in PARTS} | {"scope": 0.0}
+    gpus = 0
+    for v in device_values(report).values():
+        span = v.get("gpu_span_ns") or 0
+        if not span:
+            continue
+        gpus += 1
+        wait = v.get("exposed_comm_wait_ns") or 0
+        out["compute"] += (v.get("compute_pct") or 0) / 100 * span
+        out["exposed_comm"] += (v.get("exposed_comm_ns") or 0) - wait
+        out["rank_wait"] += wait
+        out["exposed_copies"] += v.get("exposed_memcpy_ns") or 0
+        for cause in IDLE_CAUSES:
+            out[f"idle_{cause}"] += v.get(f"idle_{cause}_ns") or 0
+        out["scope"] += span
+    return out, gpus
+
+
+def comm_totals(report: dict[str, Any]) -> dict[str, float | None]:
+    """Communication ns summed over GPUs: ``comm`` (comm_ns), ``exposed`` (exposed_comm_ns),
+    ``waiting`` (nccl_wait_ns; None when no GPU has it: a single-rank job)."""
+    values = list(device_values(report).values())
+    waits = [v["nccl_wait_ns"] for v in values if v.get("nccl_wait_ns") is not None]
+    return {
+        "comm": sum(v.get("comm_ns") or 0 for v in values),
+        "exposed": sum(v.get("exposed_comm_ns") or 0 for v in values),
+        "waiting": sum(waits) if waits else None,
+    }
 
 
 def _side(store: Store, refs: list[TraceRef], overrides) -> dict[str, Any]:
     job = JobData(store, refs)
     try:
         steps, source = step_samples(job)
-        kernels = kernel_times(job)
+        kernels, copies = gpu_times(job)
+        ranks = rank_step_means(job)
     finally:
         job.close()
     report = build_report(store, [refs], overrides)
+    parts, gpus = step_parts(report)
+    worlds = [w for r in refs if isinstance(w := r.meta.get("world_size"), int)]
     return {
         "refs": refs,
         "steps": steps,
         "source": source,
         "kernels": kernels,
+        "copies": copies,
         "causes": cause_times(report),
+        "parts": parts,
+        "gpus": gpus,
+        "comm": comm_totals(report),
+        "rank_steps": ranks,
+        "ranks": {int(r.meta.get("rank", 0)) for r in refs},
+        "world_size": max(worlds, default=0),
         "findings": report["findings"],
     }
 
@@ -114,7 +241,7 @@ def compare_jobs(
     step = step_statistics(a["steps"], b["steps"], noise_k)
     verdict, reason = decide(step, max_regression)
     per_a, per_b = len(a["steps"]), len(b["steps"])
-    return {
+    result = {
         "schema": COMPARE_SCHEMA,
         "base": _describe(a),
         "new": _describe(b),
@@ -131,6 +258,9 @@ def compare_jobs(
             )
             for key in (f"{side}:{name}" for name, side in CAUSES)
         ],  # fmt: skip
+        "attribution": attribution(a, b),
+        "communication": communication(a, b),
+        "copies": copy_deltas(a["copies"], b["copies"], per_a, per_b),
         "kernels": kernel_deltas(a["kernels"], b["kernels"], per_a, per_b, top),
         "findings": {
             "base": _finding_counts(a["findings"]),
@@ -139,8 +269,272 @@ def compare_jobs(
                 {(f["analyzer"], f["severity"]) for f in b["findings"]}
                 - {(f["analyzer"], f["severity"]) for f in a["findings"]}
             ),
+            "savings": finding_savings(a["findings"], b["findings"], per_a, per_b, top),
         },
     }
+    result["explanation"] = explain(result, a, b, max_regression)
+    return result
+
+
+def attribution(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Where one GPU's step time goes, per step (mean over the side's GPUs), base vs new.
+
+    ``parts``: :data:`PARTS`; ``scope``: the GPU step scope they split; ``step_mean``: the
+    mean step time (slowest rank per step); ``rank_mean``: the mean of every rank's steps;
+    ``outside_scope``: ``step_mean - scope``. Each a delta row in ms.
+    """
+
+    def per_gpu(side: dict[str, Any], key: str) -> float | None:
+        if not side["gpus"]:
+            return None
+        return side["parts"][key] / side["gpus"] / len(side["steps"])
+
+    def rank_mean(side: dict[str, Any]) -> float:
+        means = side["rank_steps"]
+        return sum(means.values()) / len(means) if means else float(np.mean(side["steps"]))
+
+    parts = [
+        _delta_row({"category": key, "label": label}, per_gpu(a, key), per_gpu(b, key))
+        for key, label in PARTS
+    ]
+    scope_a, scope_b = per_gpu(a, "scope"), per_gpu(b, "scope")
+    mean_a, mean_b = float(np.mean(a["steps"])), float(np.mean(b["steps"]))
+    return {
+        "gpus": {"base": a["gpus"], "new": b["gpus"]},
+        "parts": parts,
+        "scope": _delta_row({}, scope_a, scope_b),
+        "step_mean": _delta_row({}, mean_a, mean_b),
+        "rank_mean": _delta_row({}, rank_mean(a), rank_mean(b)),
+        "outside_scope": _delta_row(
+            {},
+            None if scope_a is None else mean_a - scope_a,
+            None if scope_b is None else mean_b - scope_b,
+        ),
+    }
+
+
+def communication(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Exposed communication and waiting for other ranks (ms per step, summed over GPUs) and the
+    overlap % (|comm ∩ compute| / |comm| over all GPUs: (Σ comm_ns − Σ exposed_comm_ns) / Σ comm_ns)."""
+    per_a, per_b = len(a["steps"]), len(b["steps"])
+
+    def overlap(comm: dict[str, Any]) -> float | None:
+        total = comm["comm"]
+        return round(100.0 * (total - comm["exposed"]) / total, 3) if total else None
+
+    def per_step(value: float | None, steps: int) -> float | None:
+        return None if value is None else value / steps
+
+    oa, ob = overlap(a["comm"]), overlap(b["comm"])
+    return {
+        "exposed": _delta_row({}, a["comm"]["exposed"] / per_a, b["comm"]["exposed"] / per_b),
+        "waiting": _delta_row(
+            {}, per_step(a["comm"]["waiting"], per_a), per_step(b["comm"]["waiting"], per_b)
+        ),
+        "overlap_pct": {
+            "base": oa,
+            "new": ob,
+            "delta_pp": None if oa is None or ob is None else round(ob - oa, 3),
+        },
+    }
+
+
+def copy_deltas(a: dict, b: dict, per_a: int, per_b: int) -> list[dict[str, Any]]:
+    """Copies by (direction, host memory): GPU ms and MB per step, copy counts (totals)."""
+    rows = []
+    for key in sorted(set(a) | set(b)):
+        ta, ba, ca = a.get(key, (0, 0, 0))
+        tb, bb, cb = b.get(key, (0, 0, 0))
+        row = _delta_row({"kind": key[0], "memory": key[1]}, ta / per_a, tb / per_b)
+        row.update(
+            base_mb=round(ba / per_a / 1e6, 6),
+            new_mb=round(bb / per_b / 1e6, 6),
+            base_count=ca,
+            new_count=cb,
+        )
+        rows.append(row)
+    rows.sort(key=lambda r: (-abs(r["delta_ms"]), r["kind"], r["memory"]))
+    return rows
+
+
+def finding_savings(
+    base: list[dict], new: list[dict], per_a: int, per_b: int, top: int
+) -> list[dict[str, Any]]:
+    """Findings of either side matched by (analyzer, evidence key, rank, device), with their
+    estimated saving (``saving_ns``) per step; None where no finding or not estimated.
+
+    Kept: findings above ``info`` or with a saving; the ``top`` by saving, then severity.
+    """
+
+    def index(findings: list[dict]) -> dict[tuple, list[dict]]:
+        out: dict[tuple, list[dict]] = {}
+        for f in findings:
+            key = (f["analyzer"], str(f["evidence"].get("key", "")), f["rank"], f["device"])
+            out.setdefault(key, []).append(f)
+        return out
+
+    def saving(found: list[dict], steps: int) -> float | None:
+        known = [f["saving_ns"] for f in found if f.get("saving_ns") is not None]
+        return sum(known) / steps if known else None
+
+    def worst(found: list[dict]) -> str | None:
+        return max((f["severity"] for f in found), key=SEVERITY_RANK.get, default=None)
+
+    ia, ib = index(base), index(new)
+    rows = []
+    for key in set(ia) | set(ib):
+        fa, fb = ia.get(key, []), ib.get(key, [])
+        sa, sb = saving(fa, per_a), saving(fb, per_b)
+        sev_a, sev_b = worst(fa), worst(fb)
+        if sa is None and sb is None and {sev_a, sev_b} <= {None, "info"}:
+            continue
+        row = _delta_row(
+            {"analyzer": key[0], "key": key[1], "rank": key[2], "device": key[3],
+             "title": (fb or fa)[0]["title"], "base_severity": sev_a, "new_severity": sev_b},
+            sa, sb,
+        )  # fmt: skip
+        rows.append(row)
+    rows.sort(
+        key=lambda r: (
+            -max(abs(r["base_ms"] or 0), abs(r["new_ms"] or 0)),
+            -max(SEVERITY_RANK.get(r["base_severity"], -1), SEVERITY_RANK.get(r["new_severity"], -1)),
+            r["analyzer"], r["rank"], -1 if r["device"] is None else r["device"], r["key"],
+        )
+    )  # fmt: skip
+    return rows[:top]
+
+
+def explain(result: dict[str, Any], a: dict, b: dict, max_regression: float) -> str:
+    """The verdict's explanation: which per-GPU categories moved, and what the rows cannot show.
+
+    When the median step changed beyond the noise (or the verdict is not 'no significant
+    change'), the categories that moved the same way, largest first (each at least
+    :data:`LEAD_SHARE` of the largest), and the largest that moved the other way when it is
+    material. When the categories add up to less than :data:`ACCOUNTED_SHARE` of the change,
+    why (:func:`_unaccounted`). Within the noise: the categories that moved by more than
+    both the noise and the threshold, if any. '' when there is nothing to say.
+    """
+    s, att = result["step_time"], result["attribution"]
+    base, d = s["base_median_ms"], s["delta_ms"]
+    if not base or not att["gpus"]["base"] or not att["gpus"]["new"]:
+        return ""
+    moved = {p["category"]: p["delta_ms"] for p in att["parts"]}
+    significant = result["verdict"] != "no significant change" or (
+        s["pooled_std_ms"] is not None and abs(d) > s["noise_ms"]
+    )
+    if not significant or not d:
+        limit = max(s["noise_ms"], max_regression * base)
+        big = sorted((k for k, v in moved.items() if abs(v) > limit), key=lambda k: -abs(moved[k]))
+        if not big:
+            return ""
+        bound = (
+            "the noise" if s["pooled_std_ms"] is not None else "the threshold (no noise estimate)"
+        )
+        return (
+            f"no step-time change beyond {bound}, but time moved between categories (per GPU): "
+            + ", ".join(_moved(k, moved[k], result) for k in big)
+        )
+    sign = 1 if d > 0 else -1
+    head = f"{'slower' if d > 0 else 'faster'}: {d:+.3f} ms/step ({pct_text(s['delta_pct'])})"
+    with_sign = sorted((k for k in moved if sign * moved[k] > 0), key=lambda k: -abs(moved[k]))
+    lead = [k for k in with_sign if abs(moved[k]) >= LEAD_SHARE * abs(moved[with_sign[0]])][:3]
+    against = sorted((k for k in moved if sign * moved[k] < 0), key=lambda k: -abs(moved[k]))
+    accounted = att["scope"]["delta_ms"]
+    if not lead:
+        text = (
+            f"{head}, but no per-GPU category {'grew' if d > 0 else 'shrank'} "
+            f"(they add up to {accounted:+.3f} ms/step)"
+        )
+    else:
+        text = f"{head}; per GPU, mostly " + ", ".join(_moved(k, moved[k], result) for k in lead)
+        if against and abs(moved[against[0]]) >= LEAD_SHARE * abs(d):
+            k = against[0]
+            text += f", partly offset by {_moved(k, moved[k], result)}"
+    if not lead or sign * accounted < ACCOUNTED_SHARE * abs(d):
+        reasons = _unaccounted(d, att, a, b)
+        if lead:
+            text += f"; these rows add up to {accounted:+.3f} ms/step"
+        text += ": " + "; ".join(reasons)
+    return text
+
+
+def _moved(key: str, delta: float, result: dict[str, Any]) -> str:
+    label = dict(PARTS)[key]
+    return f"{label} {delta:+.3f} ms/step{_detail(key, delta, result)}"
+
+
+def _detail(key: str, delta: float, result: dict[str, Any]) -> str:
+    """What the report knows about a category's change: overlap %, the straggler, the copies."""
+    if key == "exposed_comm":
+        o = result["communication"]["overlap_pct"]
+        if o["base"] is not None and o["new"] is not None:
+            return f" (overlap {o['base']:.0f}% -> {o['new']:.0f}%)"
+    if key == "rank_wait":
+        stragglers = result["new" if delta > 0 else "base"].get("stragglers") or []
+        if stragglers:
+            return f" (last to arrive: rank {', '.join(map(str, stragglers))})"
+    if key == "exposed_copies":
+        rows = [r for r in result["copies"] if r["delta_ms"] * delta > 0]
+        if rows:
+            r = rows[0]
+            return f" (largest change: {_copy_label(r)} {r['delta_ms']:+.3f} ms/step on all GPUs)"
+    return ""
+
+
+def _unaccounted(d: float, att: dict[str, Any], a: dict, b: dict) -> list[str]:
+    """Why the per-GPU rows do not add up to the step-time change, from what the trace shows."""
+    sign = 1 if d > 0 else -1
+    dm, dr = att["step_mean"]["delta_ms"], att["rank_mean"]["delta_ms"]
+    ds = att["scope"]["delta_ms"]
+    material = REASON_SHARE * abs(d)
+    reasons = []
+    if sign * (d - dm) > material:
+        reasons.append(
+            f"the median step changed {d:+.3f} ms but the mean step {dm:+.3f} ms, and the rows "
+            "are per-step means: a few outlier steps weigh in them"
+        )
+    if sign * (dm - dr) > material:
+        changes = {
+            r: (b["rank_steps"][r] - a["rank_steps"][r]) / 1e6
+            for r in set(a["rank_steps"]) & set(b["rank_steps"])
+        }
+        rank = max(changes, key=lambda r: (sign * changes[r], -r), default=None)
+        who = f"rank {rank}'s steps changed {changes[rank]:+.3f} ms" if rank is not None else ""
+        reasons.append(
+            "the step time is the slowest rank's and the rows are means over GPUs: "
+            + (f"{who}, " if who else "")
+            + f"the ranks' average {dr:+.3f} ms (the added time is on "
+            + ("that rank" if who else "one rank")
+            + ")"
+        )
+    if sign * (dr - ds) > material:
+        reasons.append(
+            f"the ranks' steps changed {dr:+.3f} ms but their GPUs' step scope {ds:+.3f} ms: the "
+            "added time is host time outside the GPU step scope"
+        )
+    for label, side in (("base", a), ("new", b)):
+        if side["world_size"] > len(side["ranks"]):
+            reasons.append(
+                f"{label} holds {len(side['ranks'])} of its {side['world_size']} ranks: the added "
+                "time may be on a rank that was not captured"
+            )
+    if not reasons:
+        reasons.append(
+            "the rest is not GPU time inside the steps of the GPUs captured (host time outside "
+            "the step scope, or a rank not in the comparison)"
+        )
+    return reasons
+
+
+def _stragglers(findings: list[dict]) -> list[int]:
+    """Ranks the nccl_wait findings (above info) name as the one that arrived last, by wait."""
+    waits: dict[int, int] = {}
+    for f in findings:
+        if f["analyzer"] == "nccl_wait" and f["severity"] != "info":
+            rank = f["evidence"].get("straggler_rank")
+            if rank is not None:
+                waits[int(rank)] = waits.get(int(rank), 0) + int(f["impact_ns"])
+    return sorted(waits, key=lambda r: (-waits[r], r))
 
 
 def sample_warnings(base: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -224,14 +618,15 @@ def kernel_deltas(a: dict, b: dict, per_a: int, per_b: int, top: int) -> list[di
     return rows[:top]
 
 
-def _delta_row(key: dict[str, Any], base_ns: float, new_ns: float) -> dict[str, Any]:
-    delta = new_ns - base_ns
+def _delta_row(key: dict[str, Any], base_ns: float | None, new_ns: float | None) -> dict[str, Any]:
+    """``key`` plus base, new and delta in ms; the delta is None when either side is None."""
+    delta = None if base_ns is None or new_ns is None else new_ns - base_ns
     return {
         **key,
         "base_ms": _ms(base_ns),
         "new_ms": _ms(new_ns),
         "delta_ms": _ms(delta),
-        "delta_pct": round(delta / base_ns * 100, 3) if base_ns else None,
+        "delta_pct": round(delta / base_ns * 100, 3) if base_ns and delta is not None else None,
     }
 
 
@@ -242,6 +637,8 @@ def _describe(side: dict[str, Any]) -> dict[str, Any]:
         "traces": [r.trace_id for r in refs],
         "names": [r.meta.get("name") for r in refs],
         "step_source": side["source"],
+        "gpus": side["gpus"],
+        "stragglers": _stragglers(side["findings"]),
     }
 
 
@@ -258,65 +655,186 @@ def _ms(ns: float | None) -> float | None:
 
 # -- rendering ---------------------------------------------------------------------
 
+FORMATS = ("text", "json", "markdown", "html")
+Table = tuple[str, list[str], list[list[str]]]  # title, header, rows of cells
+
 
 def render_compare(result: dict[str, Any], fmt: str) -> str:
+    """The comparison as ``text``, ``json``, ``markdown`` or ``html`` (one self-contained page)."""
     import json
 
     if fmt == "json":
         return json.dumps(result, indent=2, sort_keys=True) + "\n"
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}")
     md = fmt == "markdown"
-    s = result["step_time"]
-    lines = [
-        ("## " if md else "") + f"stallscope compare: {result['verdict'].upper()}",
-        "",
-        f"{result['reason']}.",
-        "",
-    ]
-    if result["warnings"]:
-        lines += [f"Warning: {w}." for w in result["warnings"]] + [""]
-    base_names = ", ".join(str(n) for n in result["base"]["names"])
-    new_names = ", ".join(str(n) for n in result["new"]["names"])
-    step_rows = [
-        ["base", f"{result['base']['job']} ({base_names})", _num(s["base_median_ms"]),
-         _num(s["base_std_ms"]), str(s["base_steps"]), result["base"]["step_source"]],
-        ["new", f"{result['new']['job']} ({new_names})", _num(s["new_median_ms"]),
-         _num(s["new_std_ms"]), str(s["new_steps"]), result["new"]["step_source"]],
-    ]  # fmt: skip
-    lines += _grid(
-        ["", "job", "step ms (median)", "std ms", "steps", "from"], step_rows, md, "Step time"
-    )
-    lines.append(
-        f"delta {_signed(s['delta_ms'])} ms ({pct_text(s['delta_pct'])}); noise (k={result['thresholds']['noise_k']:g}) "
-        f"{_num(s['noise_ms'])} ms; max regression {result['thresholds']['max_regression_pct']:g}%"
-    )
-    lines.append("")
-    cause_rows = [
-        [f"{r['kind']}: {r['cause']}", _num(r["base_ms"]), _num(r["new_ms"]),
-         _signed(r["delta_ms"]), pct_text(r["delta_pct"])]
-        for r in result["causes"] if r["base_ms"] or r["new_ms"]
-    ]  # fmt: skip
-    lines += _grid(
-        ["GPU time per step", "base ms", "new ms", "delta ms", "delta %"],
-        cause_rows,
-        md,
-        "Time by cause (summed over GPUs, per step)",
-    )
-    kernel_rows = [
-        [_code(_short(r["kernel"], 60), md), _num(r["base_ms"]), _num(r["new_ms"]), _signed(r["delta_ms"]),
-         pct_text(r["delta_pct"]), f"{r['base_launches']} -> {r['new_launches']}"]
-        for r in result["kernels"]
-    ]  # fmt: skip
-    lines += _grid(
-        ["kernel", "base ms", "new ms", "delta ms", "delta %", "launches (total)"],
-        kernel_rows,
-        md,
-        "Kernels with the largest change (GPU ms per step)",
-    )
+    title = f"stallscope compare: {result['verdict'].upper()}"
+    paras = headline(result)
+    if fmt == "html":
+        return _html(title, result["verdict"], paras, compare_tables(result), result)
+    lines = [("## " if md else "") + title, ""]
+    for para in paras:
+        lines += [para, ""]
+    for i, table in enumerate(compare_tables(result, code=md)):
+        lines += _grid(table[1], table[2], md, table[0])
+        if i == 0:
+            lines += [step_delta_text(result), ""]
     new_only = result["findings"]["new_only"]
     if new_only:
-        lines.append("Findings only in new: " + ", ".join(f"{a} ({sev})" for a, sev in new_only))
-        lines.append("")
+        lines += [new_only_text(new_only), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def headline(result: dict[str, Any]) -> list[str]:
+    """The paragraphs under the verdict: its reason, its explanation, the warnings."""
+    out = [f"{result['reason']}."]
+    if result.get("explanation"):
+        out.append(f"Why: {result['explanation']}.")
+    return out + [f"Warning: {w}." for w in result["warnings"]]
+
+
+def step_delta_text(result: dict[str, Any]) -> str:
+    s, t = result["step_time"], result["thresholds"]
+    return (
+        f"delta {_signed(s['delta_ms'])} ms ({pct_text(s['delta_pct'])}); noise (k={t['noise_k']:g}) "
+        f"{_num(s['noise_ms'])} ms; max regression {t['max_regression_pct']:g}%"
+    )
+
+
+def new_only_text(new_only: list) -> str:
+    return "Findings only in new: " + ", ".join(f"{a} ({sev})" for a, sev in new_only)
+
+
+def compare_tables(result: dict[str, Any], *, code: bool = False, width: int = 60) -> list[Table]:
+    """Every table of the comparison, as cells; the CLI formats and the Compare page share them.
+
+    ``code`` quotes names as Markdown code; ``width`` shortens long kernel names."""
+    return [
+        _step_table(result),
+        _parts_table(result),
+        _causes_table(result),
+        _comm_table(result),
+        _copies_table(result),
+        _kernels_table(result, code, width),
+        _savings_table(result, width),
+    ]
+
+
+def _step_table(result: dict[str, Any]) -> Table:
+    s = result["step_time"]
+    rows = []
+    for side in ("base", "new"):
+        names = ", ".join(str(n) for n in result[side]["names"])
+        rows.append(
+            [side, f"{result[side]['job']} ({names})", _num(s[f"{side}_median_ms"]),
+             _num(s[f"{side}_std_ms"]), str(s[f"{side}_steps"]), result[side]["step_source"]]
+        )  # fmt: skip
+    return "Step time", ["", "job", "step ms (median)", "std ms", "steps", "from"], rows
+
+
+def _ms_cells(row: dict[str, Any]) -> list[str]:
+    return [_num(row["base_ms"]), _num(row["new_ms"]), _signed(row["delta_ms"]), _pct_cell(row)]
+
+
+def _pct_cell(row: dict[str, Any]) -> str:
+    if row["delta_ms"] is None:
+        return "-"
+    return pct_text(row["delta_pct"]) if row["base_ms"] or not row["new_ms"] else "new"
+
+
+def _shown(row: dict[str, Any]) -> bool:
+    return bool(row["base_ms"] or row["new_ms"])
+
+
+def _parts_table(result: dict[str, Any]) -> Table:
+    att = result["attribution"]
+    gpus = att["gpus"]
+    rows = [[p["label"], *_ms_cells(p)] for p in att["parts"] if _shown(p)]
+    if rows:
+        rows += [
+            ["= GPU step scope", *_ms_cells(att["scope"])],
+            ["step time (mean, slowest rank)", *_ms_cells(att["step_mean"])],
+            ["step time - GPU step scope", *_ms_cells(att["outside_scope"])[:3], ""],
+        ]
+    title = (
+        f"Where one GPU's step goes (ms per step, mean over GPUs: {gpus['base']} base, "
+        f"{gpus['new']} new)"
+    )
+    return title, ["per GPU and step", "base ms", "new ms", "delta ms", "delta %"], rows
+
+
+def _causes_table(result: dict[str, Any]) -> Table:
+    rows = [[f"{r['kind']}: {r['cause']}", *_ms_cells(r)] for r in result["causes"] if _shown(r)]
+    return (
+        "Time by cause (summed over GPUs, per step)",
+        ["GPU time per step", "base ms", "new ms", "delta ms", "delta %"],
+        rows,
+    )
+
+
+def _comm_table(result: dict[str, Any]) -> Table:
+    comm = result["communication"]
+    rows = []
+    if _shown(comm["exposed"]) or comm["overlap_pct"]["base"] or comm["overlap_pct"]["new"]:
+        rows.append(["exposed (no compute beside it), ms", *_ms_cells(comm["exposed"])])
+        if comm["waiting"]["base_ms"] is not None or comm["waiting"]["new_ms"] is not None:
+            rows.append(["waiting for other ranks, ms", *_ms_cells(comm["waiting"])])
+        o = comm["overlap_pct"]
+        rows.append(
+            ["overlap with compute, %", _pct_value(o["base"]), _pct_value(o["new"]),
+             "-" if o["delta_pp"] is None else f"{o['delta_pp']:+.1f} pp", ""]
+        )  # fmt: skip
+    return (
+        "Communication (summed over GPUs, per step)",
+        ["communication", "base", "new", "delta", "delta %"],
+        rows,
+    )
+
+
+def _copy_label(row: dict[str, Any]) -> str:
+    return f"{row['kind']} {row['memory']}".strip()
+
+
+def _copies_table(result: dict[str, Any]) -> Table:
+    rows = [
+        [_copy_label(r), *_ms_cells(r), f"{r['base_mb']:.3f} -> {r['new_mb']:.3f}",
+         f"{r['base_count']} -> {r['new_count']}"]
+        for r in result["copies"]
+    ]  # fmt: skip
+    return (
+        "Copies by kind (GPU ms per step, summed over GPUs)",
+        ["copy", "base ms", "new ms", "delta ms", "delta %", "MB per step", "copies (total)"],
+        rows,
+    )
+
+
+def _kernels_table(result: dict[str, Any], code: bool, width: int) -> Table:
+    rows = [
+        [_code(_short(r["kernel"], width), code), *_ms_cells(r),
+         f"{r['base_launches']} -> {r['new_launches']}"]
+        for r in result["kernels"]
+    ]  # fmt: skip
+    return (
+        "Kernels with the largest change (GPU ms per step)",
+        ["kernel", "base ms", "new ms", "delta ms", "delta %", "launches (total)"],
+        rows,
+    )
+
+
+def _savings_table(result: dict[str, Any], width: int) -> Table:
+    rows = []
+    for r in result["findings"].get("savings", []):
+        where = f"rank {r['rank']}" + ("" if r["device"] is None else f" GPU {r['device']}")
+        rows.append(
+            [f"{r['analyzer']}: {_short(r['title'], width)}", where,
+             r["base_severity"] or "-", r["new_severity"] or "-",
+             _saving(r["base_ms"]), _saving(r["new_ms"]), _signed(r["delta_ms"])]
+        )  # fmt: skip
+    return (
+        "Findings: estimated saving if fixed (ms per step; — not estimated)",
+        ["finding", "where", "base", "new", "base saving ms", "new saving ms", "delta ms"],
+        rows,
+    )
 
 
 def _grid(header: list[str], rows: list[list[str]], md: bool, title: str) -> list[str]:
@@ -336,6 +854,36 @@ def _grid(header: list[str], rows: list[list[str]], md: bool, title: str) -> lis
     return out + [""]
 
 
+def _html(title: str, verdict: str, paras: list[str], tables: list[Table], result) -> str:
+    """One self-contained page (no script, style or font from the network)."""
+    from html import escape
+
+    from stallscope.render import _HTML_STYLE
+
+    colour = {"regression": "#b71c1c", "improvement": "#2e7d32"}.get(verdict, "#37474f")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8"><title>stallscope compare</title>',
+        f"<style>{_HTML_STYLE}</style></head><body>",
+        f'<h1 style="color: {colour}">{escape(title)}</h1>',
+    ]
+    parts += [f"<p>{escape(p)}</p>" for p in paras]
+    for i, (caption, header, rows) in enumerate(tables):
+        parts.append(f"<h2>{escape(caption)}</h2>")
+        if not rows:
+            parts.append("<p>(none)</p>")
+            continue
+        parts.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows]
+        parts.append("</table>")
+        if i == 0:
+            parts.append(f"<p>{escape(step_delta_text(result))}</p>")
+    if result["findings"]["new_only"]:
+        parts.append(f"<p>{escape(new_only_text(result['findings']['new_only']))}</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
 def _code(text: str, md: bool) -> str:
     return f"`{text.replace('`', chr(39))}`" if md else text
 
@@ -346,6 +894,14 @@ def _num(value: float | None) -> str:
 
 def _signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+.3f}"
+
+
+def _saving(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def _pct_value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
 
 
 def pct_text(value: float | None) -> str:

@@ -54,7 +54,8 @@ def metrics(result) -> dict:
 def test_metrics_by_hand(store, tmp_path):
     m = metrics(analyze(store, tmp_path, [hand_trace()]))
     assert m[(0, "comm_overlap_pct")] == 40.0
-    assert m[(0, "exposed_comm_ns")] == 15 * MS
+    assert m[(0, "exposed_comm_ns")] == 15 * MS and m[(0, "comm_ns")] == 25 * MS
+    assert (0, "exposed_comm_wait_ns") not in m  # one rank: no one to wait for
     assert m[(0, "memcpy_overlap_pct")] == round(100 * 2 / 3, 3)
     assert m[(0, "exposed_memcpy_ns")] == 1 * MS
 
@@ -192,3 +193,12 @@ def test_nsys_exports_match_their_truth_per_step(store, scenario):
     assert len(ours) == len(reviews) == 2
     for mine, theirs in zip(ours, reviews, strict=True):
         assert [abs(a["comm_overlap_pct"] - 100 * b["nccl_overlap_frac"]) < 1.0 for a, b in zip(mine, theirs, strict=True)] == [True] * len(theirs)  # fmt: skip
+
+
+def test_exposed_wait_metric_on_a_straggler(store, tmp_path):
+    """straggler_job: rank 0 waits [10,40) ms per step with no compute beside it (3 steps)."""
+    from tests.test_nccl_wait import straggler_job
+
+    m = metrics(analyze(store, tmp_path, straggler_job()))
+    assert m[(0, "exposed_comm_wait_ns")] == 3 * 30 * MS and m[(0, "comm_ns")] == 3 * 35 * MS
+    assert m[(1, "exposed_comm_wait_ns")] == 0 and m[(1, "exposed_comm_ns")] == 3 * 5 * MS

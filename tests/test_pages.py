@@ -94,7 +94,11 @@ def test_timeline_draws_the_window(app_store):
 def test_compare_two_jobs(app_store):
     at = page("compare")
     assert not at.exception
-    assert len(at.dataframe) == 3  # step time, time by cause, kernels
+    titles = [h.value for h in at.subheader]  # the CLI's tables, in its order
+    assert titles[0] == "Step time" and titles[1].startswith("Where one GPU's step goes")
+    for title in ("Time by cause", "Communication", "Copies by kind", "Kernels", "Findings"):
+        assert any(t.startswith(title) for t in titles), title
+    assert len(at.dataframe) >= 4  # step time, where the step goes, time by cause, kernels
     # the CLI's verdict, stated first
     verdicts = [m.value for m in (*at.info, *at.error, *at.success)]
     assert any(

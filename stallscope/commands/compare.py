@@ -1,4 +1,4 @@
-"""``stallscope compare BASE NEW``: step time, time by cause and kernel deltas, with a CI verdict."""
+"""``stallscope compare BASE NEW``: step time and where it goes, copies, kernels, findings, with a CI verdict."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import sys
 
 from stallscope.cli import EXIT_FINDINGS, EXIT_OK, add_store_option, open_store
 
-FORMATS = ("text", "json", "markdown")
+FORMATS = (
+    "text",
+    "json",
+    "markdown",
+    "html",
+)  # stallscope.compare.FORMATS (not imported: fast --help)
 
 
 def percentage(text: str) -> float:
@@ -25,16 +30,20 @@ def percentage(text: str) -> float:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "compare",
-        help="compare a baseline and a new job: step time, time by cause, kernels; CI regression gate",
+        help="compare a baseline and a new job: step time and where it goes, copies, kernels; CI regression gate",
         description=(
             "Compare two jobs. BASE and NEW are each a trace file, a job directory or .zip (ingested "
             "first), or a stored trace or job id. Reports the median step time of each (a step's time is "
-            "its slowest rank's; without ProfilerStep/NVTX steps, the GPU span), GPU time per step by "
-            "busy category and idle cause, and the kernels whose GPU time per step changed most. "
-            "Verdict: 'regression' when the new median step time exceeds the base median by more than "
-            "--max-regression AND the difference exceeds K x the pooled step-to-step standard deviation "
-            "x sqrt(1/n_base + 1/n_new) (--noise-k, default 2); 'improvement' symmetrically; else "
-            "'no significant change'."
+            "its slowest rank's; without ProfilerStep/NVTX steps, the GPU span); where one GPU's step "
+            "goes (compute, exposed communication, waiting for other ranks, exposed copies, idle time by "
+            "cause); GPU time per step by busy category and idle cause; communication (exposed, waiting, "
+            "overlap %); copies by kind; the kernels whose GPU time per step changed most; and the "
+            "findings' estimated savings. Verdict: 'regression' when the new median step time exceeds the "
+            "base median by more than --max-regression AND the difference exceeds K x the pooled "
+            "step-to-step standard deviation x sqrt(1/n_base + 1/n_new) (--noise-k, default 2); "
+            "'improvement' symmetrically; else 'no significant change'. When the step time changed "
+            "beyond the noise, the categories that changed most explain it (or the output says what "
+            "the rows cannot show)."
         ),
         epilog="Exit codes: 0 no regression, 1 regression, 2 usage error, 3 input error, 70 internal error.",
     )
@@ -59,7 +68,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a change must also exceed K standard errors of the step-time difference (default 2)",
     )
     p.add_argument(
-        "--top", type=int, default=10, metavar="N", help="kernels listed, by change (default 10)"
+        "--top",
+        type=int,
+        default=10,
+        metavar="N",
+        help="kernels and findings listed, by change and saving (default 10)",
     )
     p.add_argument(
         "--format", choices=FORMATS, default="text", help="output format (default: text)"
