@@ -809,10 +809,13 @@ def _copies_table(result: dict[str, Any]) -> Table:
 
 
 def _kernels_table(result: dict[str, Any], code: bool, width: int) -> Table:
+    from stallscope.humanize import short_kernel_names
+
+    names = short_kernel_names([r["kernel"] for r in result["kernels"]])
     rows = [
-        [_code(_short(r["kernel"], width), code), *_ms_cells(r),
+        [_code(_short(name, width), code), *_ms_cells(r),
          f"{r['base_launches']} -> {r['new_launches']}"]
-        for r in result["kernels"]
+        for name, r in zip(names, result["kernels"], strict=True)
     ]  # fmt: skip
     return (
         "Kernels with the largest change (GPU ms per step)",
