@@ -44,12 +44,32 @@ def _upload_form() -> None:
             each = cols[2].checkbox("Unrelated files (one job each)")
             notes = st.text_area("Notes", height=70)
             submitted = st.form_submit_button("Ingest", type="primary")
+        _quota_caption()
         if submitted:
             st.session_state["uploader"] = user
             if files:
                 _ingest(files, user, [t.strip() for t in tags.split(",") if t.strip()], notes, each)
             else:
                 st.warning("Choose at least one file first.")
+
+
+def _quota_caption() -> None:
+    """This user's upload quota (the gate's accounting), when the server runs the gate."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    from stallscope.access import MB
+    from stallscope.pages import gate
+    from stallscope.pages.main import session_cookie
+
+    keeper, ctx = gate.current(), get_script_run_ctx()
+    if keeper is None or ctx is None:
+        return
+    user = keeper.upload_user(keeper.session(session_cookie()), ctx.session_id)
+    quota = keeper.quota
+    st.caption(
+        f"Your upload quota: {quota.used_bytes(user) / MB:,.0f} of {quota.limit_bytes / MB:,.0f} MB "
+        f"used in the last {quota.window_s // 60} min; at most {quota.max_files} files held at once."
+    )
 
 
 def _ingest(files, user: str, tags: list[str], notes: str, each: bool) -> None:

@@ -33,7 +33,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(store: Path, port: int, samples: bool = True) -> subprocess.Popen:
+def start_server(
+    store: Path, port: int, samples: bool = True, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """``stallscope serve`` on 127.0.0.1:``port``, once it answers; ``env`` adds variables."""
     args = [
         sys.executable,
         "-m",
@@ -47,7 +50,11 @@ def start_server(store: Path, port: int, samples: bool = True) -> subprocess.Pop
     if not samples:
         args.append("--no-samples")
     proc = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
     deadline = time.time() + 120
     while time.time() < deadline:

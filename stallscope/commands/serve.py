@@ -85,6 +85,13 @@ def preload_samples(store) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallscope.access import Settings
+    from stallscope.errors import StallscopeError
+
+    try:
+        Settings.from_env()  # a bad quota or session setting: one line now, not at the first request
+    except ValueError as exc:
+        raise StallscopeError(str(exc)) from None
     store = open_store(args)
     if not args.no_samples:
         loaded = preload_samples(store)
@@ -92,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"loaded {loaded} sample job(s) into {store.root}")
     import stallscope.pages
 
-    app = Path(stallscope.pages.__file__).resolve().parent / "entry.py"
+    # an st.App: Streamlit serves it behind the access gate (token, session cookie, quotas)
+    app = Path(stallscope.pages.__file__).resolve().parent / "serve_app.py"
     env = dict(
         os.environ,
         STALLSCOPE_STORE=str(store.root),
