@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         "--server.address", args.host, "--server.port", str(args.port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
         "--server.maxUploadSize", str(args.max_upload_mb),
-        "--client.toolbarMode", "viewer",
+        "--client.toolbarMode", "viewer",  # no Deploy button or developer menu
+        "--server.enableAgentApi", "false",  # Streamlit's experimental HTTP agent API: off
     ]  # fmt: skip
     print(f"stallscope dashboard on http://{args.host}:{args.port} (store {store.root})")
     sys.stdout.flush()
