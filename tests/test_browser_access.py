@@ -131,3 +131,31 @@ def test_token_link_logs_in_once_and_leaves_the_url(server):
         wait_idle(page)
         assert _login_form(page).count() == 0
         browser.close()
+
+
+def test_link_from_another_site_reaches_the_page_once_logged_in(server):
+    """SameSite=Strict: a link followed from another site (here localhost, a different site
+    from 127.0.0.1) arrives without the cookie; the login page finds the session and reloads."""
+    from playwright.sync_api import sync_playwright
+
+    url, _ = server
+    port = url.rsplit(":", 1)[1]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto(f"{url}/?token={TOKEN}")
+        wait_idle(page)
+        statuses: list[int] = []
+        page.on("response", lambda r: statuses.append(r.status) if "/sql" in r.url else None)
+        page.goto(f"http://localhost:{port}{'/stallscope/login'}")  # another site
+        page.evaluate(
+            "u => { const a = document.createElement('a'); a.href = u; a.id = 'out';"
+            " a.textContent = 'SQL'; document.body.appendChild(a); }",
+            f"{url}/sql",
+        )
+        page.click("#out")
+        page.wait_for_url(f"{url}/sql")
+        wait_idle(page)
+        assert _login_form(page).count() == 0
+        assert statuses[:2] == [401, 200]  # without the cookie, then reloaded with it
+        browser.close()

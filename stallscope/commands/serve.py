@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="start the dashboard (Streamlit) on the store",
         description=(
             "Start the web dashboard on the store. On an empty store the sample traces are ingested first "
-            "(unless --no-samples)."
+            "(unless --no-samples). With $STALLSCOPE_TOKEN set, every page and upload needs the team "
+            "token, entered once per browser (a 7-day session cookie); uploads have per-user quotas "
+            "(docs/security.md)."
         ),
     )
     p.add_argument(
