@@ -9,7 +9,7 @@ Streamlit route:
   gets the login page (page paths, 401) or a bare 401 (Streamlit's own
   endpoints: uploads, media, static files, component files), and its
   WebSocket is closed before a Streamlit session exists (HTTP 403). The body
-  of a refused request is never read. Only ``/_stcore/health`` and the login
+  of such a request is never read. Only ``/_stcore/health`` and the login
   routes below stay open.
 * ``POST /stallscope/login`` (the login form) or any page link with
   ``?token=`` checks the token and sets the cookie (HttpOnly,
@@ -19,8 +19,10 @@ Streamlit route:
 * Every upload (``PUT /_stcore/upload_file/<session>/<file>``) is charged to
   its user (the cookie's login id; the Streamlit session without a token)
   and refused with 429 and one line when over the quota (bytes per window,
-  files held), 411 without a Content-Length. Streamlit still enforces
-  ``server.maxUploadSize`` behind it.
+  files held), 411 without a Content-Length. The body of a refused upload is
+  read and dropped (so the browser sees the 429, not a broken connection)
+  when it is within Streamlit's ``server.maxUploadSize``, which Streamlit
+  still enforces behind the gate.
 
 Cookie format, key and quota rules: ``stallscope.access``.
 """
@@ -54,12 +56,13 @@ SESSION_PATH = "/stallscope/session"
 # Streamlit 1.67's routes (streamlit/web/server/starlette/starlette_routes.py); pinned by
 # tests/test_gate.py so an upgrade that moves them fails a test instead of opening a hole.
 UPLOAD_PATH = re.compile(r"^/_stcore/upload_file/([^/]+)/([^/]+)$")
-HEALTH_PATHS = frozenset({"/_stcore/health", "/healthz"})
+HEALTH_PATHS = frozenset({"/_stcore/health"})
 STREAMLIT_PREFIXES = ("/_stcore/", "/static/", "/media/", "/component/", "/app/static/")
 MAX_LOGIN_BODY = 8192
 FAILED_LOGINS_PER_CLIENT = 20  # within FAILED_LOGIN_WINDOW_S, then 429 until they age out
 FAILED_LOGIN_WINDOW_S = 600
 FAILED_LOGIN_DELAY_S = 1.0
+REFUSAL_SHOWN_S = 600  # the Library page repeats an upload refusal for this long
 
 _KEEPER: Gatekeeper | None = None
 
@@ -73,6 +76,7 @@ class Gatekeeper:
         self.quota = UploadQuota(settings.quota_bytes, settings.quota_window_s, settings.max_files)
         self._failures: dict[str, deque[float]] = defaultdict(deque)
         self._sessions_of: dict[str, set[str]] = defaultdict(set)
+        self._refused: dict[str, tuple[float, str]] = {}  # user -> (when, why), latest refusal
 
     @property
     def guarded(self) -> bool:
@@ -102,6 +106,18 @@ class Gatekeeper:
                 continue
             held += sum(1 for file_id in list(files) if file_id != replacing)
         return held
+
+    def note_refusal(self, user: str, reason: str, now: float) -> None:
+        """Remember why ``user``'s upload was refused (the Library page shows it)."""
+        old = [u for u, (when, _) in self._refused.items() if when < now - REFUSAL_SHOWN_S]
+        for stale in old:
+            del self._refused[stale]
+        self._refused[user] = (now, reason)
+
+    def last_refusal(self, user: str, now: float) -> str | None:
+        """Why ``user``'s latest upload was refused, if that was in the last few minutes."""
+        when, reason = self._refused.get(user, (0.0, ""))
+        return reason if when >= now - REFUSAL_SHOWN_S else None
 
     def login_refused(self, client: str, now: float) -> bool:
         """Whether ``client`` failed too many logins recently."""
@@ -148,7 +164,7 @@ def current() -> Gatekeeper | None:
 
 
 class AccessGate:
-    """Pure ASGI middleware (see the module docstring): nothing reads a refused body."""
+    """Pure ASGI middleware (see the module docstring): an unauthenticated body is never read."""
 
     def __init__(self, app, keeper: Gatekeeper) -> None:
         self.app, self.keeper = app, keeper
@@ -267,6 +283,12 @@ class AccessGate:
         user = keeper.upload_user(session, sid)
         reason = keeper.quota.admit(user, size, keeper.files_held(user, sid, replacing=file_id))
         if reason is not None:
+            keeper.note_refusal(user, reason, time.time())
+            # A browser that is still sending when the connection closes reports a bare
+            # "Network Error"; a member's body (at most the upload limit) is read and dropped
+            # so the browser gets the 429. Nothing of it is kept.
+            if size <= _max_upload_bytes():
+                await _drain(receive)
             await _send(send, 429, (reason + "\n").encode(), close=True)
             return
         status: list[int] = []
@@ -328,6 +350,21 @@ def _safe_next(target: str) -> str:
     """A same-site path to go back to after login (anything else becomes ``/``)."""
     ok = target.startswith("/") and not target.startswith("//") and "\\" not in target
     return target if ok and not any(c in target for c in "\r\n") else "/"
+
+
+def _max_upload_bytes() -> int:
+    """Streamlit's ``server.maxUploadSize`` in bytes, plus 1 MiB of multipart framing."""
+    from streamlit import config
+
+    return (int(config.get_option("server.maxUploadSize")) + 1) * 1024 * 1024
+
+
+async def _drain(receive) -> None:
+    """Read a request body to its end, keeping none of it."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body"):
+            return
 
 
 async def _read_small_body(scope, receive, limit: int) -> bytes | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -54,7 +55,8 @@ def _upload_form() -> None:
 
 
 def _quota_caption() -> None:
-    """This user's upload quota (the gate's accounting), when the server runs the gate."""
+    """This user's upload quota (the gate's accounting) and why their last upload was refused,
+    when the server runs the gate."""
     from streamlit.runtime.scriptrunner import get_script_run_ctx
 
     from stallscope.access import MB
@@ -66,6 +68,9 @@ def _quota_caption() -> None:
         return
     user = keeper.upload_user(keeper.session(session_cookie()), ctx.session_id)
     quota = keeper.quota
+    refusal = keeper.last_refusal(user, time.time())
+    if refusal:
+        st.warning(refusal)
     st.caption(
         f"Your upload quota: {quota.used_bytes(user) / MB:,.0f} of {quota.limit_bytes / MB:,.0f} MB "
         f"used in the last {quota.window_s // 60} min; at most {quota.max_files} files held at once."

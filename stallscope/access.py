@@ -193,9 +193,7 @@ class UploadQuota:
         with self._lock:
             return sum(size for _, size in self._expire(user, now))
 
-    def admit(
-        self, user: str, size: int, files_held: int, now: float | None = None
-    ) -> str | None:
+    def admit(self, user: str, size: int, files_held: int, now: float | None = None) -> str | None:
         """Charge an upload of ``size`` bytes to ``user`` and return None, or return the
         one-line reason it is refused (nothing charged)."""
         now = time.time() if now is None else now
@@ -205,14 +203,16 @@ class UploadQuota:
                     f"Upload refused: you already hold {files_held} uploaded files on the "
                     f"server (limit {self.max_files}); ingest or remove some first."
                 )
+            quota = f"{_mb(self.limit_bytes)} per {_minutes(self.window_s)}"
+            if size > self.limit_bytes:
+                return f"Upload refused: this file ({_mb(size)}) is larger than the upload quota of {quota}."
             events = self._expire(user, now)
             used = sum(s for _, s in events)
             if used + size > self.limit_bytes:
-                wait_s = (events[0][0] + self.window_s - now) if events else self.window_s
+                wait_s = events[0][0] + self.window_s - now
                 return (
-                    f"Upload refused: quota of {self.limit_bytes // MB} MB per "
-                    f"{_minutes(self.window_s)} reached ({used // MB} MB used, this file "
-                    f"{-(-size // MB)} MB); try again in {_minutes(max(wait_s, 60))}."
+                    f"Upload refused: quota of {quota} reached ({_mb(used)} used, this file "
+                    f"{_mb(size)}); try again in {_minutes(max(wait_s, 60))}."
                 )
             events.append((now, size))
             self._events[user] = events
@@ -230,6 +230,10 @@ class UploadQuota:
                     break
             if not events:
                 del self._events[user]
+
+
+def _mb(size: int) -> str:
+    return f"{size / MB:,.1f} MB".replace(".0 MB", " MB")
 
 
 def _minutes(seconds: float) -> str:

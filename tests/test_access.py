@@ -87,14 +87,24 @@ def test_token_matches():
 def test_quota_counts_bytes_in_a_sliding_window():
     quota = UploadQuota(limit_bytes=10 * MB, window_s=3600, max_files=5)
     assert quota.admit("ana", 6 * MB, files_held=0, now=0) is None
-    reason = quota.admit("ana", 5 * MB, files_held=1, now=100)
-    assert reason.startswith("Upload refused: quota of 10 MB per 60 min reached (6 MB used")
-    assert "try again in 58 min" in reason
+    reason = quota.admit("ana", 5 * MB + MB // 2, files_held=1, now=100)
+    assert reason == (
+        "Upload refused: quota of 10 MB per 60 min reached (6 MB used, this file 5.5 MB); "
+        "try again in 58 min."
+    )
     assert quota.admit("bo", 5 * MB, files_held=0, now=100) is None  # per user
     assert quota.admit("ana", 4 * MB, files_held=1, now=100) is None  # exactly the limit
     assert quota.used_bytes("ana", now=100) == 10 * MB
     assert quota.used_bytes("ana", now=3600) == 4 * MB  # the first upload left the window
     assert quota.admit("ana", 6 * MB, files_held=0, now=3600) is None
+
+
+def test_a_file_larger_than_the_whole_quota_says_so():
+    quota = UploadQuota(limit_bytes=10 * MB, window_s=3600, max_files=5)
+    reason = quota.admit("ana", 12 * MB, files_held=0, now=0)
+    assert reason == (
+        "Upload refused: this file (12 MB) is larger than the upload quota of 10 MB per 60 min."
+    )
 
 
 def test_quota_refund_gives_back_a_failed_upload():

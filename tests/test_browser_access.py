@@ -109,6 +109,10 @@ def test_token_once_then_reloads_and_new_tabs_need_no_token(server, tmp_path):
             assert ok.status == 204
         over = context.request.put(puts[0], multipart=one_and_a_half, headers=headers)
         assert over.status == 429 and "quota of 4 MB per 60 min" in over.text()
+        page.reload()  # the Library page says why the last upload was refused
+        wait_idle(page)
+        page.get_by_text("Upload traces").click()
+        page.get_by_text("Upload refused: quota of 4 MB per 60 min reached").wait_for()
         browser.close()
 
 
@@ -130,6 +134,11 @@ def test_token_link_logs_in_once_and_leaves_the_url(server):
         page.goto(f"{url}/")  # the cookie, not the link, keeps the session
         wait_idle(page)
         assert _login_form(page).count() == 0
+        # a team server shows no Deploy button, nor Deploy in its menu (toolbarMode viewer)
+        assert page.get_by_text("Deploy").count() == 0
+        page.get_by_test_id("stMainMenu").click()
+        page.get_by_text("Print").wait_for()
+        assert page.get_by_text("Deploy").count() == 0
         browser.close()
 
 
