@@ -1,9 +1,11 @@
 """Dashboard entry point for ``streamlit run app.py`` from a checkout.
 
-The same app runs with ``stallscope serve``; all the logic is in
-``stallscope.pages`` and the headless core.
+The same app, behind the same access gate, as ``stallscope serve`` (which runs
+``pages/serve_app.py``); all the logic is in ``stallscope.pages`` and the headless core.
 """
 
-from stallscope.pages.main import main
+import streamlit as st
 
-main()
+from stallscope.pages.gate import ENTRY, install
+
+app = st.App(ENTRY, middleware=install())

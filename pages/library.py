@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -50,6 +51,7 @@ def _upload_form() -> None:
             each = cols[3].checkbox("Unrelated files (one job each)")
             notes = st.text_area("Notes", height=70)
             submitted = st.form_submit_button("Ingest", type="primary")
+        _quota_caption()
         if submitted:
             st.session_state["uploader"] = user
             if not files:
@@ -60,6 +62,29 @@ def _upload_form() -> None:
                 tag_list = [t.strip() for t in tags.split(",") if t.strip()]
                 if _ingest(files, user, tag_list, notes, each, name.strip()):
                     st.session_state["upload_form"] = st.session_state.get("upload_form", 0) + 1
+
+
+def _quota_caption() -> None:
+    """This user's upload quota (the gate's accounting) and why their last upload was refused,
+    when the server runs the gate."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    from stallscope.access import MB
+    from stallscope.pages import gate
+    from stallscope.pages.main import session_cookie
+
+    keeper, ctx = gate.current(), get_script_run_ctx()
+    if keeper is None or ctx is None:
+        return
+    user = keeper.upload_user(keeper.session(session_cookie()), ctx.session_id)
+    quota = keeper.quota
+    refusal = keeper.last_refusal(user, time.time())
+    if refusal:
+        st.warning(refusal)
+    st.caption(
+        f"Your upload quota: {quota.used_bytes(user) / MB:,.0f} of {quota.limit_bytes / MB:,.0f} MB "
+        f"used in the last {quota.window_s // 60} min; at most {quota.max_files} files held at once."
+    )
 
 
 def _save_uploads(files, folder: Path) -> list[str]:

@@ -17,31 +17,51 @@ def page_for(name: str) -> st.Page | str:
 
 
 def authorized() -> bool:
-    """Optional shared-token access control: set STALLSCOPE_TOKEN on the server.
+    """The page gate, behind the HTTP gate (``stallscope.pages.gate``): with a team token
+    set, the page runs only for a browser session whose cookie is valid now.
 
-    A visitor passes it once (a form, or ``?token=`` in a link); the session
-    remembers it. Without the variable the dashboard is open.
+    The HTTP gate already refuses a WebSocket without a valid cookie, so this catches a
+    session that outlived its cookie (the cookie is read once, when the tab connects).
+    A token set on a server started without the gate (``streamlit run pages/entry.py``)
+    keeps the dashboard closed: its upload endpoint would be unguarded.
     """
-    import hmac
     import os
 
-    token = os.environ.get("STALLSCOPE_TOKEN", "")
-    if not token or st.session_state.get("authorized"):
+    from stallscope.pages import gate
+
+    keeper = gate.current()
+    token = keeper.settings.token if keeper else os.environ.get("STALLSCOPE_TOKEN", "")
+    if not token:
         return True
-    offered = st.query_params.get("token", "")
-    if not offered:
-        with st.form("login"):
-            st.title("stallscope")
-            offered = st.text_input("Team token", type="password")
-            st.form_submit_button("Enter")
-    if offered and hmac.compare_digest(offered.encode(), token.encode()):
-        st.session_state["authorized"] = True
-        if "token" in st.query_params:
-            del st.query_params["token"]
+    if keeper is None:
+        st.title("stallscope")
+        st.error(
+            "STALLSCOPE_TOKEN is set but this server runs without the access gate, so uploads "
+            "would be unguarded: start it with `stallscope serve` or `streamlit run app.py`."
+        )
+        return False
+    if keeper.session(session_cookie()) is not None:
         return True
-    if offered:
-        st.error("Wrong token.")
+    st.title("stallscope")
+    st.warning("Your session has ended: log in again with the team token.")
+    st.markdown(f'<a href="{gate.LOGIN_PATH}" target="_self">Log in</a>', unsafe_allow_html=True)
     return False
+
+
+def session_cookie() -> str | None:
+    """This browser session's stallscope cookie, as sent when the tab connected."""
+    from stallscope.access import COOKIE_NAME
+
+    return st.context.cookies.get(COOKIE_NAME)
+
+
+def _logout_link() -> None:
+    from stallscope.pages import gate
+
+    keeper = gate.current()
+    if keeper is not None and keeper.guarded:
+        link = f'<a href="{gate.LOGOUT_PATH}" target="_self">Log out</a>'
+        st.sidebar.markdown(link, unsafe_allow_html=True)
 
 
 def main() -> None:
@@ -77,6 +97,7 @@ def main() -> None:
         params = {k: v for k, v in st.query_params.items() if k != "page"}
         st.switch_page(pages[wanted], query_params=params)
     st.sidebar.caption("stallscope · where your GPU time goes")
+    _logout_link()
     nav.run()
 
 

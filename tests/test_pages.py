@@ -125,17 +125,33 @@ def _app():
     main()
 
 
-def test_shared_token_guards_the_dashboard(app_store, monkeypatch):
+def test_token_without_the_gate_keeps_the_dashboard_closed(app_store, monkeypatch):
+    """`streamlit run pages/entry.py` with a token: no HTTP gate, so nothing is shown."""
+    from stallscope.pages import gate
+
+    monkeypatch.setattr(gate, "_KEEPER", None)
     monkeypatch.setenv("STALLSCOPE_TOKEN", "s3cret")
     at = AppTest.from_function(_app, default_timeout=60).run()
-    assert not at.exception and at.text_input[0].label == "Team token"
-    assert not at.dataframe  # nothing of the store is shown
-    at.text_input[0].set_value("wrong")
-    at.button[0].click().run()
-    assert at.error[0].value == "Wrong token."
-    at.text_input[0].set_value("s3cret")
-    at.button[0].click().run()
-    assert not at.error and at.dataframe  # the library's job table
+    assert not at.exception and "without the access gate" in at.error[0].value
+    assert not at.dataframe and not at.text_input  # nothing of the store, no form
+
+
+def test_page_gate_needs_a_valid_session_cookie(app_store, monkeypatch, tmp_path):
+    from stallscope.access import Settings
+    from stallscope.pages import gate, main
+
+    monkeypatch.setattr(gate, "_KEEPER", None)
+    gate.install(tmp_path / "key", Settings(token="s3cret"))
+    signer = gate.current().signer
+    for cookie in (None, "forged", signer.issue(lifetime_s=-1)):  # none, bad, expired
+        monkeypatch.setattr(main, "session_cookie", lambda c=cookie: c)
+        at = AppTest.from_function(_app, default_timeout=60).run()
+        assert not at.exception and "session has ended" in at.warning[0].value
+        assert not at.dataframe
+    monkeypatch.setattr(main, "session_cookie", lambda: signer.issue(lifetime_s=3600))
+    at = AppTest.from_function(_app, default_timeout=60).run()
+    assert not at.exception and at.dataframe  # the library's job table
+    assert any("Your upload quota: 0 of 4,096 MB" in c.value for c in at.caption)
 
 
 @pytest.fixture

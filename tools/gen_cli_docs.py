@@ -24,7 +24,10 @@ Environment: `STALLSCOPE_STORE` (store folder), `STALLSCOPE_USER` (uploader
 name), `STALLSCOPE_MAX_TRACE_BYTES` (largest decompressed trace, default
 16 GiB), `STALLSCOPE_SAMPLES` (sample traces folder for `serve`),
 `STALLSCOPE_MAX_UPLOAD_MB` and `STALLSCOPE_TOKEN` (dashboard upload limit and
-shared access token, see docs/dashboard.md), `STALLSCOPE_NSYS` and
+shared access token, see docs/dashboard.md), `STALLSCOPE_UPLOAD_QUOTA_MB`,
+`STALLSCOPE_UPLOAD_QUOTA_MINUTES`, `STALLSCOPE_UPLOAD_MAX_FILES`,
+`STALLSCOPE_SESSION_DAYS` and `STALLSCOPE_COOKIE_SECURE` (dashboard upload
+quotas and session cookie, see docs/security.md), `STALLSCOPE_NSYS` and
 `STALLSCOPE_NSYS_CACHE` (the `nsys` that exports `.nsys-rep` reports and where
 exports are cached, see docs/formats/nsys.md), `STALLSCOPE_DECODE_WORKERS`
 (processes that decode a big Kineto trace or read a big Nsight Systems table;

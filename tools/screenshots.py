@@ -1,10 +1,12 @@
 """Screenshot every dashboard page in headless Chromium (for review and the README).
 
-Usage: python tools/screenshots.py [--out screenshots] [--width 1440 --width 1024]
+Usage: python tools/screenshots.py [--out screenshots] [--width 1440 --width 1024] [--access]
 
 Starts ``stallscope serve`` on a fresh store with the sample traces, opens
 each page with Playwright driving Debian's ``/usr/bin/chromium``, and writes
-``<out>/<page>-<width>.png``.
+``<out>/<page>-<width>.png``. ``--access`` instead shows a team server with
+``STALLSCOPE_TOKEN`` set: the login form, a wrong token, the library after
+login, and an upload over the quota (``access-*.png``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(store: Path, port: int, samples: bool = True) -> subprocess.Popen:
+def start_server(
+    store: Path, port: int, samples: bool = True, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """``stallscope serve`` on 127.0.0.1:``port``, once it answers; ``env`` adds variables."""
     args = [
         sys.executable,
         "-m",
@@ -47,7 +52,11 @@ def start_server(store: Path, port: int, samples: bool = True) -> subprocess.Pop
     if not samples:
         args.append("--no-samples")
     proc = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        args,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -83,12 +92,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="screenshots")
     parser.add_argument("--width", type=int, action="append")
+    parser.add_argument("--access", action="store_true", help="the login and quota screens")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     widths = args.width or [1440, 1024]
+    if args.access:
+        return access_shots(out, widths[0])
     store = Path(tempfile.mkdtemp(prefix="stallscope-shots-")) / "store"
     port = free_port()
     server = start_server(store, port)
@@ -149,6 +161,54 @@ def _upload_shots(browser, port: int, out: Path, width: int) -> None:
         page.screenshot(path=str(out / f"{name}-{width}.png"), full_page=False)
         print(out / f"{name}-{width}.png")
         page.close()
+
+
+def access_shots(out: Path, width: int) -> int:
+    """A token-guarded server: login form, wrong token, library after login, quota refusal."""
+    from playwright.sync_api import sync_playwright
+
+    token = "team-token"
+    store = Path(tempfile.mkdtemp(prefix="stallscope-shots-")) / "store"
+    port = free_port()
+    env = {"STALLSCOPE_TOKEN": token, "STALLSCOPE_UPLOAD_QUOTA_MB": "1"}
+    server = start_server(store, port, env=env)
+    big = Path(tempfile.mkdtemp(prefix="stallscope-shots-upload-")) / "big.json"
+    big.write_bytes(b" " * (2 * 1024 * 1024))
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": width, "height": 800})
+
+            def shot(name: str) -> None:
+                page.screenshot(path=str(out / f"access-{name}-{width}.png"), full_page=False)
+                print(out / f"access-{name}-{width}.png")
+
+            page.goto(f"http://127.0.0.1:{port}/overview")
+            shot("login")
+            page.get_by_label("Team token").fill("guess")
+            page.get_by_role("button", name="Enter").click()
+            page.get_by_text("Wrong token.").wait_for()
+            shot("wrong-token")
+            page.get_by_label("Team token").fill(token)
+            page.get_by_role("button", name="Enter").click()
+            wait_idle(page)
+            page.goto(f"http://127.0.0.1:{port}/")
+            wait_idle(page)
+            shot("library")
+            page.get_by_text("Upload traces").click()
+            page.locator("input[type=file]").set_input_files(str(big))
+            page.wait_for_timeout(3000)
+            page.get_by_role("button", name="Ingest").click()
+            page.get_by_text("Upload refused").wait_for()
+            wait_idle(page)
+            shot("quota")
+            page.get_by_test_id("stMainMenu").click()  # the menu of a team server: no Deploy
+            page.get_by_text("Print").wait_for()
+            shot("menu")
+            browser.close()
+    finally:
+        stop_server(server)
+    return 0
 
 
 if __name__ == "__main__":

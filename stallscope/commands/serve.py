@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="start the dashboard (Streamlit) on the store",
         description=(
             "Start the web dashboard on the store. On an empty store the sample traces are ingested first "
-            "(unless --no-samples)."
+            "(unless --no-samples). With $STALLSCOPE_TOKEN set, every page and upload needs the team "
+            "token, entered once per browser (a 7-day session cookie); uploads have per-user quotas "
+            "(docs/security.md)."
         ),
     )
     p.add_argument(
@@ -85,6 +87,13 @@ def preload_samples(store) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stallscope.access import Settings
+    from stallscope.errors import StallscopeError
+
+    try:
+        Settings.from_env()  # a bad quota or session setting: one line now, not at the first request
+    except ValueError as exc:
+        raise StallscopeError(str(exc)) from None
     store = open_store(args)
     if not args.no_samples:
         loaded = preload_samples(store)
@@ -92,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"loaded {loaded} sample job(s) into {store.root}")
     import stallscope.pages
 
-    app = Path(stallscope.pages.__file__).resolve().parent / "entry.py"
+    # an st.App: Streamlit serves it behind the access gate (token, session cookie, quotas)
+    app = Path(stallscope.pages.__file__).resolve().parent / "serve_app.py"
     env = dict(
         os.environ,
         STALLSCOPE_STORE=str(store.root),
@@ -103,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         "--server.address", args.host, "--server.port", str(args.port),
         "--server.headless", "true", "--browser.gatherUsageStats", "false",
         "--server.maxUploadSize", str(args.max_upload_mb),
-        "--client.toolbarMode", "viewer",
+        "--client.toolbarMode", "viewer",  # no Deploy button or developer menu
+        "--server.enableAgentApi", "false",  # Streamlit's experimental HTTP agent API: off
     ]  # fmt: skip
     print(f"stallscope dashboard on http://{args.host}:{args.port} (store {store.root})")
     sys.stdout.flush()
