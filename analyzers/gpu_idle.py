@@ -182,6 +182,12 @@ def _finding(
     windows = [[int(attribution.gap_starts[i]), int(attribution.gap_ends[i])] for i in order]
     host = _host_evidence(job, trace, cause, attribution, windows)
     what, fix = _what_and_fix(job, trace, device, cause)
+    if cause == "cpu" and host["host_ranges"]:
+        fix = (
+            f"The GPU waits while the host is in `{host['host_ranges'][0]['name']}`: queue the next GPU work "
+            "before it runs (so the GPU has work meanwhile), move it to another thread or process, or "
+            "shorten it (sample its Python with py-spy). " + fix
+        )
     gaps = int(m.counted.sum())
     detail = (
         f"GPU {device} was idle {m.impact / 1e6:.2f} ms ({m.share:.1f}% of its {m.span / 1e6:.2f} ms span) "

@@ -55,6 +55,7 @@ SYNC_OP_REGEX = r"^aten::(item|_local_scalar_dense|is_nonzero|equal)$"
 MEMCPY_API_REGEX = r"^(cuda|hip)Memcpy|^cuMemcpy"
 GRAPH_LAUNCH_REGEX = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
 STEP_RANGE_REGEX = r"^ProfilerStep#"
+RANGE_CODE = 5  # _CLASSIFY_SQL's code for a user range (record_function, NVTX) that is not a step
 LAUNCH_API_REGEX = (
     r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchKernelEx"
     r"|cuLaunchCooperativeKernel|cudaGraphLaunch|cuGraphLaunch|hipLaunchKernel|hipExtLaunchKernel"
@@ -127,14 +128,19 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
         return IdleAttribution(0, 0, empty, empty, np.zeros((0, len(CAUSES)), dtype=np.int64), [])
     gap_s, gap_e = idle_gaps(starts, ends, scope)
     threads = launch_threads(job, trace_id, device)
-    cause_unions, graph_union = _host_unions(job, trace_id, threads)
+    cause_unions, graph_union, user_ranges = _host_unions(job, trace_id, threads)
     step_edges = job.numpy(
         "SELECT start_ns FROM ranges WHERE trace_id = $1 AND kind = 'step' "
         "UNION SELECT end_ns FROM ranges WHERE trace_id = $1 AND kind = 'step'",
         [trace_id],
     )["start_ns"]
     per_gap, graph_per_gap, segments = _label_gaps(
-        gap_s, gap_e, cause_unions, graph_union, np.asarray(step_edges, dtype=np.int64)
+        gap_s,
+        gap_e,
+        cause_unions,
+        graph_union,
+        np.asarray(step_edges, dtype=np.int64),
+        user_ranges,
     )
     queued = _queued_gaps(job, trace_id, device, gap_s, gap_e)
     per_gap[queued] = 0
@@ -220,7 +226,7 @@ SELECT h.start_ns, h.end_ns,
     WHEN api_call AND f.memcpy_api AND coalesce(c.other, false) AND (NOT f.is_async OR coalesce(c.from_pageable, false)) THEN 2
     WHEN (api_call AND f.launch_api) OR (h.kind = 'cpu_op' AND h.external_id IN (SELECT external_id FROM launch_ext)) THEN 3
     WHEN h.kind IN ('cpu_op', 'python', 'runtime', 'driver', 'overhead') THEN 4
-    WHEN h.kind = 'annotation' AND h.name_id NOT IN (SELECT name_id FROM structural) THEN 4
+    WHEN h.kind = 'annotation' AND h.name_id NOT IN (SELECT name_id FROM structural) THEN {RANGE_CODE}
     ELSE -1
   END AS cause,
   api_call AND f.graph_api AS graph
@@ -233,7 +239,9 @@ WHERE (h.pid, h.tid) IN (SELECT pid, tid FROM _threads)
 
 
 def _host_unions(job: JobData, trace_id: str, threads: list[tuple[int, int]]):
-    """Unions of the host intervals of each host cause (in HOST_CAUSES order) and of graph launches.
+    """Unions of the host intervals of each host cause (in HOST_CAUSES order), of graph
+    launches, and of user ranges (record_function / NVTX ranges that enclose no whole step,
+    on any thread of the launching processes).
 
     Each host row gets the first cause it shows, in priority order: the
     labelled result is the same as with one union per cause, since a row's
@@ -255,7 +263,8 @@ def _host_unions(job: JobData, trace_id: str, threads: list[tuple[int, int]]):
         intervals.union(starts[cause == code], ends[cause == code])
         for code in range(len(HOST_CAUSES))
     ]
-    return unions, intervals.union(starts[graph], ends[graph])
+    user_ranges = intervals.union(starts[cause == RANGE_CODE], ends[cause == RANGE_CODE])
+    return unions, intervals.union(starts[graph], ends[graph]), user_ranges
 
 
 def _label_gaps(
@@ -264,12 +273,15 @@ def _label_gaps(
     unions: list[tuple[np.ndarray, np.ndarray]],
     graph_union: tuple[np.ndarray, np.ndarray],
     extra_edges: np.ndarray | None = None,
+    user_ranges: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, Segments]:
     """Per-gap ns of each cause (priority order), by a sweep over all boundaries.
 
     Also returns, per gap, the ``launch`` time spent inside graph-launch
     calls, and the labelled segments. ``extra_edges`` (step range edges) only
-    split segments; they change no label.
+    split segments; they change no label. ``user_ranges``: time still
+    ``unknown`` after the sliver rule but inside a user range is ``cpu``
+    (host work the profiler did not record, in a range the program marked).
     """
     per_gap = np.zeros((gap_s.size, len(CAUSES)), dtype=np.int64)
     graph = np.zeros(gap_s.size, dtype=np.int64)
@@ -294,13 +306,17 @@ def _label_gaps(
     gap_index = np.searchsorted(gap_s, seg_start, side="right") - 1
     label = _absorb_host_slivers(label, gap_index, seg_len)
     label = _charge_drain_to_sync(label, gap_index, seg_len)
-    np.add.at(per_gap, (gap_index, label), seg_len)
-    in_graph = (label == CAUSES.index("launch")) & intervals.covers(graph_union, seg_start)
-    np.add.at(graph, gap_index[in_graph], seg_len[in_graph])
-    segments = Segments(seg_start, seg_len, label, gap_index)
-    if extra_edges is not None and extra_edges.size:
-        segments = _split_at(segments, extra_edges)
-    return per_gap, graph, segments
+    seg = Segments(seg_start, seg_len, label, gap_index)
+    cuts = [e for e in (extra_edges, *(user_ranges or ())) if e is not None and e.size]
+    if cuts:  # after the sliver and drain rules, which read lengths: cuts must not shorten
+        seg = _split_at(seg, np.concatenate(cuts))
+    if user_ranges is not None:
+        in_range = (seg.label == CAUSES.index("unknown")) & intervals.covers(user_ranges, seg.start)
+        seg.label[in_range] = CAUSES.index("cpu")
+    np.add.at(per_gap, (seg.gap, seg.label), seg.length)
+    in_graph = (seg.label == CAUSES.index("launch")) & intervals.covers(graph_union, seg.start)
+    np.add.at(graph, seg.gap[in_graph], seg.length[in_graph])
+    return per_gap, graph, seg
 
 
 def _split_at(seg: Segments, edges: np.ndarray) -> Segments:
