@@ -450,8 +450,13 @@ def _d2h_in_step(trace, rank, device, dev, in_step, sites, n_steps, params) -> F
             f"{int(d2h.sum())} device-to-host copies ({nbytes:,} bytes) were issued inside {n_steps} "
             f"steps; {int(pageable.sum())} into pageable memory and {int(sync_api.sum())} through a "
             f"synchronous copy call (both block the host by themselves). "
-            f"Top call sites: {top}. Each copy whose result the host reads forces a sync; the GPU time "
-            f"that costs is reported by host_sync."
+            f"Top call sites: {top}. Each copy whose result the host reads forces a sync; the GPU idle "
+            f"time that costs is reported by host_sync"
+            + (
+                ", and the copy time of the pageable ones by the pageable device-to-host finding."
+                if pageable.any()
+                else "."
+            )
         ),
         recommendation=(
             "Keep values on the GPU inside the step: accumulate losses and metrics as tensors and read "
