@@ -181,17 +181,11 @@ def _finding(
     order = order[shown[order] > 0]
     windows = [[int(attribution.gap_starts[i]), int(attribution.gap_ends[i])] for i in order]
     host = _host_evidence(job, trace, cause, attribution, windows)
-    what, fix = _what_and_fix(job, trace, device, cause)
-    if cause == "cpu" and host["host_ranges"]:
-        fix = (
-            f"The GPU waits while the host is in `{host['host_ranges'][0]['name']}`: queue the next GPU work "
-            "before it runs (so the GPU has work meanwhile), move it to another thread or process, or "
-            "shorten it (sample its Python with py-spy). " + fix
-        )
+    what, fix = _what_and_fix(job, trace, device, cause, host["host_ranges"])
     gaps = int(m.counted.sum())
     detail = (
         f"GPU {device} was idle {m.impact / 1e6:.2f} ms ({m.share:.1f}% of its {m.span / 1e6:.2f} ms span) "
-        f"{what}, in {gaps} gaps (longest {shown.max() / 1e6:.3f} ms)." + _host_text(host, gaps)
+        f"{what}, in {gaps} gaps (longest {shown.max() / 1e6:.3f} ms)." + _host_text(host)
     )
     return Finding(
         analyzer="gpu_idle",
@@ -222,12 +216,19 @@ def _finding(
     )
 
 
-def _what_and_fix(job, trace, device, cause) -> tuple[str, str]:
+def _what_and_fix(job, trace, device, cause, ranges: list[dict]) -> tuple[str, str]:
+    """The cause's words and fix, fitted to what the trace shows (streams, user ranges)."""
     what, fix = CAUSE_TEXT[cause]
     if cause == "unknown" and host_work_recorded(job, trace):
         fix = UNRECORDED_WORK_FIX
     if cause == "queued":
         fix = QUEUED_MULTI_STREAM_FIX if device_streams(job, trace, device) > 1 else fix
+    if cause == "cpu" and ranges:
+        fix = (
+            f"The GPU waits while the host is in `{ranges[0]['name']}`: queue the next GPU work before it "
+            "runs (so the GPU has work meanwhile), move it to another thread or process, or shorten it "
+            "(sample its Python with py-spy). " + fix
+        )
     return what, fix
 
 
@@ -242,7 +243,7 @@ def _host_evidence(job, trace, cause, attribution, windows) -> dict:
     }
 
 
-def _host_text(host: dict, gaps: int) -> str:
+def _host_text(host: dict) -> str:
     """' The host was in `range` (record_function/NVTX) for X ms of each gap ...; inside: ops.'"""
     text = ""
     ranges = host["host_ranges"]
