@@ -392,3 +392,50 @@ def test_corpus_dlrm_user_ranges_explain_the_unrecorded_host_time(store):
     assert (totals["launch"], totals["host_sync"], totals["dataloader"]) == (1_482_000, 469_000, 1_101_000)  # fmt: skip
     (cpu,) = [f for f in result.findings if f.evidence["cause"] == "cpu"]
     assert "`## copy_batch_to_gpu ##` (record_function/NVTX range)" in cpu.detail
+
+
+def test_nsys_nvtx_ranges_are_host_work_but_step_ranges_are_not(store, tmp_path):
+    """Nsight Systems, in ns: 10 NVTX ``step i`` ranges of 13.2 ms. Each: 20 kernels of 500 µs
+    launched 10 µs apart (10 ms on the GPU), then 3 ms of unrecorded host time before the
+    next step's first launch. In odd steps that time is inside an NVTX range
+    ``sample_and_schedule``: ``cpu``; in even ones only the step range covers it, which
+    says nothing: ``unknown``."""
+    from tests.nsys_builder import NsysBuilder
+
+    b = NsysBuilder()
+    b.process(100, "python3", {101: "main"})
+    b.gpu(0)
+    corr, start = 1, 1_000_000
+    for step in range(10):
+        b.nvtx(100, 101, start, start + 13_200 * US, f"step {step}")
+        for i in range(20):
+            b.api(
+                100,
+                101,
+                start + i * 10 * US,
+                start + i * 10 * US + 5 * US,
+                corr,
+                "cudaLaunchKernel_v7000",
+            )
+            b.kernel(100, 0, 7, start + 200 * US + i * 500 * US, start + 200 * US + (i + 1) * 500 * US, corr, "gemm", grid=(264, 1, 1), block=(256, 1, 1))  # fmt: skip
+            corr += 1
+        gpu_end = start + 10_200 * US
+        if step % 2:
+            b.nvtx(100, 101, gpu_end, gpu_end + 3_000 * US, "sample_and_schedule")
+        start += 13_200 * US
+    job = _job_from(store, b.write(tmp_path / "decode.sqlite"))
+    totals = attribute_idle(job, job.traces[0].trace_id, 0).totals
+    result = gpu_idle.run(job, gpu_idle.SPEC.params())
+    job.close()
+    # each gap: 3 ms after the GPU's work, then the next step's launches (the last step's
+    # tail is in the step scope too)
+    assert totals["cpu"] == pytest.approx(5 * 3_000 * US, abs=5 * 20 * US)
+    assert totals["unknown"] == pytest.approx(5 * 3_000 * US, abs=5 * 20 * US)
+    (cpu,) = [f for f in result.findings if f.evidence["cause"] == "cpu"]
+    assert cpu.evidence["host_ranges"][0]["name"] == "sample_and_schedule"
+    assert all(r["name"] != "step 1" for r in cpu.evidence["host_ranges"])
+
+
+def _job_from(store, path) -> JobData:
+    (res,) = ingest_paths(store, [str(path)])
+    return JobData(store, store.traces(res.job_id))
