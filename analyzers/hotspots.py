@@ -123,6 +123,10 @@ PRECISION_RULES = (
     ("fp32", r"sgemm|scudnn|cgemm|fp32|f32|float|ffma"),
 )
 _PRECISION = tuple((p, re.compile(rx, re.I)) for p, rx in PRECISION_RULES)
+SIXTEEN_BIT = "16-bit (bf16 or fp16)"  # a name that says 16 bits but not which
+# cuDNN's generated kernels say f16 for both: a bf16 model's SDPA runs
+# cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_… (H200 capture).
+_CUDNN_16 = re.compile(r"^cudnn_generated.*_f16_", re.I)
 _TENSILE = re.compile(r"^cijk_a[a-z]+_b[a-z]+_([a-z0-9]+)", re.I)
 _TENSILE_TYPES = {"b": "bf16", "h": "fp16", "s": "fp32", "d": "fp64", "i": "int8", "f": "fp8"}
 _NO_TENSOR_CORES = re.compile(
@@ -174,6 +178,8 @@ def precision_of(name: str) -> str:
     tensile = _TENSILE.match(clean)
     if tensile:
         return _TENSILE_TYPES.get(tensile.group(1)[0].lower(), "unknown")
+    if _CUDNN_16.search(clean):
+        return SIXTEEN_BIT
     for precision, pattern in _PRECISION:
         if pattern.search(clean):
             return precision
@@ -308,7 +314,9 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
     inferred = infer_matrix_precision(t, matrix)
     if inferred:
         t["precision"] = np.where(
-            matrix & (t["precision"] == "unknown"), inferred["precision"], t["precision"]
+            matrix & np.isin(t["precision"], ["unknown", SIXTEEN_BIT]),
+            inferred["precision"],
+            t["precision"],
         )
     precision = _shares(t["precision"][matrix], t["total_ns"][matrix], matrix_ns)
     tensor = _shares(t["tensor_cores"][matrix], t["total_ns"][matrix], matrix_ns)
@@ -444,7 +452,8 @@ MULTI_TENSOR = re.compile(r"multi_tensor_apply|_foreach_|fused_adam|fusedadam|fu
 
 def infer_matrix_precision(t: dict, matrix: np.ndarray) -> dict | None:
     """The 16-bit type of matrix kernels whose names do not say it (cuBLAS ``nvjet_*``,
-    flash kernels without template types), from the device's other kernels.
+    flash kernels without template types, cuDNN's ``_f16_`` that means either 16-bit
+    type), from the device's other kernels.
 
     Under autocast the element-wise, reduction and optimizer kernels around the
     GEMMs name their element type (``c10::BFloat16``, ``c10::Half``). When they
@@ -452,7 +461,7 @@ def infer_matrix_precision(t: dict, matrix: np.ndarray) -> dict | None:
     than that one, the unnamed matrix kernels get it. Returns
     ``{precision, evidence_ns, source}`` or None (nothing to infer, or mixed).
     """
-    unknown = matrix & (t["precision"] == "unknown")
+    unknown = matrix & np.isin(t["precision"], ["unknown", SIXTEEN_BIT])
     if not unknown.any():
         return None
     named = set(t["precision"][matrix & ~unknown].astype(str).tolist())
