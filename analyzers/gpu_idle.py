@@ -185,7 +185,8 @@ def _finding(
     gaps = int(m.counted.sum())
     detail = (
         f"GPU {device} was idle {m.impact / 1e6:.2f} ms ({m.share:.1f}% of its {m.span / 1e6:.2f} ms span) "
-        f"{what}, in {gaps} gaps (longest {shown.max() / 1e6:.3f} ms)." + _host_text(host)
+        f"{what}, in {gaps} gaps (longest {shown.max() / 1e6:.3f} ms)."
+        + _host_text(host, len(windows))
     )
     return Finding(
         analyzer="gpu_idle",
@@ -243,14 +244,15 @@ def _host_evidence(job, trace, cause, attribution, windows) -> dict:
     }
 
 
-def _host_text(host: dict) -> str:
-    """' The host was in `range` (record_function/NVTX) for X ms of each gap ...; inside: ops.'"""
+def _host_text(host: dict, windows: int) -> str:
+    """' In the N longest gaps the host was in `range` (record_function/NVTX range, X ms per
+    gap in M of them). Inside, it ran: ops.' — or the ops alone when no range covers them."""
     text = ""
     ranges = host["host_ranges"]
     if ranges:
-        text += " The host was in " + ", ".join(
-            f"`{r['name']}` (record_function/NVTX range) for {r['overlap_ns'] / max(r['windows'], 1) / 1e6:.2f} ms "
-            f"of each of {r['windows']} gap(s)"
+        text += f" In the {windows} longest gaps the host was in " + ", ".join(
+            f"`{r['name']}` (record_function/NVTX range, {r['overlap_ns'] / max(r['windows'], 1) / 1e6:.2f} ms "
+            f"per gap in {r['windows']} of them)"
             for r in ranges[:2]
         )
         text += "."
