@@ -9,6 +9,8 @@ at least ``min_impact_ms``. Documented in docs/analyzers/gpu_idle.md.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from stallscope.analyzers.base import (
@@ -19,8 +21,15 @@ from stallscope.analyzers.base import (
     graded_severity,
     graded_thresholds,
 )
-from stallscope.idle import CAUSES, IdleAttribution, attribute_idle, top_host_ops
+from stallscope.idle import (
+    CAUSES,
+    IdleAttribution,
+    attribute_idle,
+    host_ranges,
+    top_host_ops,
+)
 from stallscope.jobdata import JobData
+from stallscope.scope import step_scope
 
 THRESHOLDS = (
     *graded_thresholds(
@@ -63,9 +72,9 @@ CAUSE_TEXT = {
     ),
     "queued": (
         "with the next work already queued (a GPU-side wait)",
-        "The host had already issued the next operation: the GPU waited on itself. Look for cross-stream "
-        "dependencies (cudaStreamWaitEvent between compute, copy and NCCL streams), per-kernel device overhead "
-        "of very short kernels (fuse them), or graph-node gaps; overlap independent work on other streams.",
+        "The host had already issued the next operation: the GPU waited on itself, not on the host. With one "
+        "stream this is per-kernel device overhead between short kernels: fuse them (torch.compile) or make "
+        "them larger.",
     ),
     "unknown": (
         "with no host activity recorded on the launching threads",
@@ -74,6 +83,14 @@ CAUSE_TEXT = {
     ),
 }
 
+
+QUEUED_MULTI_STREAM_FIX = (
+    "The host had already issued the next operation: the GPU waited on itself. Look for cross-stream "
+    "dependencies (cudaStreamWaitEvent between compute, copy and NCCL streams) and per-kernel device overhead "
+    "of very short kernels (fuse them); overlap independent work on other streams."
+)
+# Queued gaps shorter than this are the device's own latency between back-to-back kernels.
+QUEUED_MIN_GAP_NS = 1_000
 
 # ``unknown`` when the host side WAS profiled (operators, Python or OS calls
 # recorded): the gap is in work the profiler does not record.
@@ -115,58 +132,211 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     return result
 
 
-def _finding(
-    job, trace, rank, device, cause, attribution: IdleAttribution, params
-) -> Finding | None:
+@dataclass
+class CauseIdle:
+    """What one cause cost one device, measured (no prose).
+
+    ``per_gap``: ns of the cause in each gap; ``counted``: the gaps whose time
+    is a stall (for ``queued``, neither inside a CUDA graph replay nor shorter
+    than QUEUED_MIN_GAP_NS); ``impact``: the counted time (int ns); ``share``:
+    % of ``span``.
+    """
+
+    cause: str
+    per_gap: np.ndarray
+    counted: np.ndarray
+    impact: int
+    span: int
+    share: float
+    in_steps: bool
+
+
+def _measure(job, trace, device, cause, attribution: IdleAttribution) -> CauseIdle:
     index = CAUSES.index(cause)
     per_gap = (
         attribution.per_gap[:, index] if attribution.per_gap.size else np.zeros(0, dtype=np.int64)
     )
-    impact = int(per_gap.sum())
+    counted = per_gap > 0
+    if cause == "queued" and counted.any():
+        counted &= ~graph_internal_gaps(job, trace, device, attribution)
+        counted &= (attribution.gap_ends - attribution.gap_starts) >= QUEUED_MIN_GAP_NS
+    impact = int(per_gap[counted].sum())
     span = attribution.span_end - attribution.span_start
     share = 100.0 * impact / span if span else 0.0
-    severity = graded_severity(share, impact, params)
+    in_steps = step_scope(job, trace, device) is not None
+    return CauseIdle(cause, per_gap, counted, impact, span, share, in_steps)
+
+
+def _finding(
+    job, trace, rank, device, cause, attribution: IdleAttribution, params
+) -> Finding | None:
+    m = _measure(job, trace, device, cause, attribution)
+    severity = graded_severity(m.share, m.impact, params)
+    if cause == "queued" and severity is None:
+        return _device_latency_note(job, trace, rank, device, m, attribution, params)
     if severity is None:
         return None
-    order = np.argsort(-per_gap, kind="stable")[:MAX_WINDOWS]
-    order = order[per_gap[order] > 0]
+    shown = np.where(m.counted, m.per_gap, 0)
+    order = np.argsort(-shown, kind="stable")[:MAX_WINDOWS]
+    order = order[shown[order] > 0]
     windows = [[int(attribution.gap_starts[i]), int(attribution.gap_ends[i])] for i in order]
-    gaps_with_cause = int((per_gap > 0).sum())
-    what, fix = CAUSE_TEXT[cause]
-    if cause == "unknown" and host_work_recorded(job, trace):
-        fix = UNRECORDED_WORK_FIX
-    top_ops = top_host_ops(job, trace, attribution.threads, windows) if cause != "unknown" else []
-    top_text = ", ".join(f"{op['name']} ({op['overlap_ns'] / 1e6:.2f} ms)" for op in top_ops[:3])
+    host = _host_evidence(job, trace, cause, attribution, windows)
+    what, fix = _what_and_fix(job, trace, device, cause, host["host_ranges"])
+    gaps = int(m.counted.sum())
     detail = (
-        f"GPU {device} was idle {impact / 1e6:.2f} ms ({share:.1f}% of its {span / 1e6:.2f} ms span) {what}, "
-        f"in {gaps_with_cause} gaps (longest {per_gap.max() / 1e6:.3f} ms)."
+        f"GPU {device} was idle {m.impact / 1e6:.2f} ms ({m.share:.1f}% of its {m.span / 1e6:.2f} ms span) "
+        f"{what}, in {gaps} gaps (longest {shown.max() / 1e6:.3f} ms)."
+        + _host_text(host, len(windows))
     )
-    if top_text:
-        detail += f" The host was mostly in: {top_text}."
     return Finding(
         analyzer="gpu_idle",
         trace=trace,
         rank=rank,
         device=device,
         severity=severity,
-        title=f"GPU {device} idle {share:.1f}% of the time {what}",
+        title=f"GPU {device} idle {m.share:.1f}% of the time {what}",
         detail=detail,
         recommendation=fix,
-        impact_ns=impact,
+        impact_ns=m.impact,
+        saving_ns=m.impact,
         evidence={
             "key": cause,
             "cause": cause,
-            "share_of_span_pct": round(share, 3),
-            "gap_count": gaps_with_cause,
-            "longest_gap_ns": int(per_gap.max()),
-            "span_ns": span,
+            "share_of_span_pct": round(m.share, 3),
+            "gap_count": gaps,
+            "longest_gap_ns": int(shown.max()),
+            "span_ns": m.span,
+            "scope": "steps" if m.in_steps else "trace",
             "idle_by_cause_ns": attribution.totals,
-            "top_host_ops": top_ops,
+            **host,
             **(
                 {"host_work_recorded": host_work_recorded(job, trace)} if cause == "unknown" else {}
             ),
         },
         windows=windows,
+    )
+
+
+def _what_and_fix(job, trace, device, cause, ranges: list[dict]) -> tuple[str, str]:
+    """The cause's words and fix, fitted to what the trace shows (streams, user ranges)."""
+    what, fix = CAUSE_TEXT[cause]
+    if cause == "unknown" and host_work_recorded(job, trace):
+        fix = UNRECORDED_WORK_FIX
+    if cause == "queued":
+        fix = QUEUED_MULTI_STREAM_FIX if device_streams(job, trace, device) > 1 else fix
+    if cause == "cpu" and ranges:
+        fix = (
+            f"The GPU waits while the host is in `{ranges[0]['name']}`: queue the next GPU work before it "
+            "runs (so the GPU has work meanwhile), move it to another thread or process, or shorten it "
+            "(sample its Python with py-spy). " + fix
+        )
+    return what, fix
+
+
+def _host_evidence(job, trace, cause, attribution, windows) -> dict:
+    """The host ranges and operations that cover the windows (none for ``queued``:
+    the host had already handed the work over, what it did next is beside the point)."""
+    if cause in ("queued", "unknown"):
+        return {"top_host_ops": [], "host_ranges": []}
+    return {
+        "top_host_ops": top_host_ops(job, trace, attribution.threads, windows),
+        "host_ranges": host_ranges(job, trace, attribution.threads, windows),
+    }
+
+
+def _host_text(host: dict, windows: int) -> str:
+    """' In the N longest gaps the host was in `range` (record_function/NVTX range, X ms per
+    gap in M of them). Inside, it ran: ops.' — or the ops alone when no range covers them."""
+    text = ""
+    ranges = host["host_ranges"]
+    if ranges:
+        text += f" In the {windows} longest gaps the host was in " + ", ".join(
+            f"`{r['name']}` (record_function/NVTX range, {r['overlap_ns'] / max(r['windows'], 1) / 1e6:.2f} ms "
+            f"per gap in {r['windows']} of them)"
+            for r in ranges[:2]
+        )
+        text += "."
+    ops = [op for op in host["top_host_ops"] if op["kind"] != "annotation"][:3]
+    if ops:
+        text += (" Inside, it ran: " if ranges else " The host was mostly in: ") + ", ".join(
+            f"{op['name']} ({op['overlap_ns'] / 1e6:.2f} ms)" for op in ops
+        )
+        text += "."
+    return text
+
+
+def _device_latency_note(job, trace, rank, device, m: CauseIdle, attribution, params):
+    """``queued`` time that is no stall (gaps inside graph replays, sub-microsecond device
+    latency between back-to-back kernels): an ``info`` line when it is a material share."""
+    total = int(m.per_gap.sum())
+    share = 100.0 * total / m.span if m.span else 0.0
+    if graded_severity(share, total, params) is None:
+        return None
+    graph = graph_internal_gaps(job, trace, device, attribution)
+    graph_ns = int(m.per_gap[graph].sum())
+    return Finding(
+        analyzer="gpu_idle",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="info",
+        title=f"GPU {device}: {share:.1f}% of the time in device-side gaps between queued kernels (not a stall)",
+        detail=(
+            f"{int((m.per_gap > 0).sum())} gaps of {total / 1e6:.2f} ms in all opened with the next kernel "
+            f"already queued; {graph_ns / 1e6:.2f} ms of it between the kernels of one CUDA graph replay and the "
+            f"rest in gaps under {QUEUED_MIN_GAP_NS / 1e3:.0f} µs (longest {m.per_gap.max() / 1e3:.2f} µs): the "
+            "device's own per-kernel latency, which neither the host nor the stream order causes."
+        ),
+        recommendation=(
+            "Nothing to fix on the host side. Fewer, larger kernels (fusion with torch.compile) are the only "
+            "way to shrink per-kernel device latency."
+        ),
+        impact_ns=0,
+        evidence={
+            "key": "device_latency",
+            "cause": "queued",
+            "queued_ns": total,
+            "graph_replay_ns": graph_ns,
+            "share_of_span_pct": round(share, 3),
+            "span_ns": m.span,
+            "min_gap_ns": QUEUED_MIN_GAP_NS,
+        },
+    )
+
+
+def graph_internal_gaps(job: JobData, trace: str, device: int, attribution) -> np.ndarray:
+    """Per gap: True when the operations on both sides were launched by one call (the
+    same correlation id: the nodes of one CUDA graph replay)."""
+    key = ("graph_internal_gaps", trace, device)
+    if key in job.cache:
+        return job.cache[key]
+    ops = job.numpy(
+        "SELECT start_ns, end_ns, coalesce(correlation, -1) AS corr FROM gpu WHERE trace_id = ? "
+        "AND device = ? AND kind IN ('kernel', 'memcpy', 'memset') ORDER BY start_ns",
+        [trace, device],
+    )
+    gap_s, gap_e = attribution.gap_starts, attribution.gap_ends
+    result = np.zeros(gap_s.size, dtype=bool)
+    if ops["start_ns"].size and gap_s.size:
+        starts, corr = np.asarray(ops["start_ns"]), np.asarray(ops["corr"])
+        order_end = np.argsort(ops["end_ns"], kind="stable")
+        ends = np.asarray(ops["end_ns"])[order_end]
+        after = np.clip(np.searchsorted(starts, gap_e, side="left"), 0, starts.size - 1)
+        before = np.clip(np.searchsorted(ends, gap_s, side="right") - 1, 0, ends.size - 1)
+        prev_corr = corr[order_end][before]
+        result = (corr[after] == prev_corr) & (prev_corr >= 0) & (starts[after] == gap_e)
+    job.cache[key] = result
+    return result
+
+
+def device_streams(job: JobData, trace: str, device: int) -> int:
+    """How many streams ran kernels or copies on the device."""
+    return int(
+        job.sql(
+            "SELECT count(DISTINCT stream) FROM gpu WHERE trace_id = ? AND device = ? "
+            "AND kind IN ('kernel', 'memcpy', 'memset')",
+            [trace, device],
+        ).fetchone()[0]
     )
 
 

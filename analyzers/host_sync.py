@@ -585,6 +585,7 @@ def _device(
             ),
             recommendation=_recommendation(evidence["call_sites"], calls),
             impact_ns=lost,
+            saving_ns=lost,
             evidence=evidence,
             windows=windows,
         )

@@ -50,6 +50,7 @@ THRESHOLDS = (
     ),
 )
 MAX_WINDOWS = 20
+NEAR_SOL_PCT = 60.0  # as occupancy's near_sol_pct: throughput at which a kernel is bound by it
 MATRIX = ("gemm", "attention", "convolution")
 FUSIBLE = ("elementwise", "normalization", "reduction", "memory")  # memory-bound kernel categories
 CATEGORIES = (
@@ -115,16 +116,19 @@ PRECISION_RULES = (
     ("fp4", r"fp4|nvf4|mxf4|e2m1"),
     ("fp8", r"fp8|e4m3|e5m2|f8f6f4|_f8_|qmma"),
     ("bf16", r"bf16|bfloat16"),
-    ("fp16", r"fp16|f16|half|h16816|h1688|h884|hgemm|hmma"),
+    ("fp16", r"fp16|(?<!b)f16|half|h16816|h1688|h884|hgemm|hmma"),
     ("tf32", r"tf32|s1688|xf32"),
     ("int8", r"int8|i8816|imma|_i8_|s8s8|u8s8"),
     ("fp64", r"dgemm|zgemm|fp64|f64|double"),
     ("fp32", r"sgemm|scudnn|cgemm|fp32|f32|float|ffma"),
 )
 _PRECISION = tuple((p, re.compile(rx, re.I)) for p, rx in PRECISION_RULES)
+SIXTEEN_BIT = "16-bit (bf16 or fp16)"  # a name that says 16 bits but not which
+# cuDNN's generated kernels say f16 for both: a bf16 model's SDPA runs
+# cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_… (H200 capture).
+_CUDNN_16 = re.compile(r"^cudnn_generated.*_f16_", re.I)
 _TENSILE = re.compile(r"^cijk_a[a-z]+_b[a-z]+_([a-z0-9]+)", re.I)
 _TENSILE_TYPES = {"b": "bf16", "h": "fp16", "s": "fp32", "d": "fp64", "i": "int8", "f": "fp8"}
-_NVJET_16 = re.compile(r"^nvjet_.*_h_", re.I)  # cuBLAS nvjet 16-bit (bf16 or fp16)
 _NO_TENSOR_CORES = re.compile(
     r"sgemm|scudnn|dgemm|cgemm|gemv|gemmsn|implicit_convolve|explicit_convolve|winograd"
     r"|wgrad_alg[01]|dgrad_engine|dgrad_alg|fft|im2col|naive",
@@ -174,8 +178,8 @@ def precision_of(name: str) -> str:
     tensile = _TENSILE.match(clean)
     if tensile:
         return _TENSILE_TYPES.get(tensile.group(1)[0].lower(), "unknown")
-    if _NVJET_16.search(clean):
-        return "bf16/fp16"
+    if _CUDNN_16.search(clean):
+        return SIXTEEN_BIT
     for precision, pattern in _PRECISION:
         if pattern.search(clean):
             return precision
@@ -307,6 +311,13 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
         result.metrics.append(Metric(trace, rank, device, f"gpu_time_pct_{c}", value, "%"))
     matrix = np.isin(t["category"], MATRIX)
     matrix_ns = int(t["total_ns"][matrix].sum())
+    inferred = infer_matrix_precision(t, matrix)
+    if inferred:
+        t["precision"] = np.where(
+            matrix & np.isin(t["precision"], ["unknown", SIXTEEN_BIT]),
+            inferred["precision"],
+            t["precision"],
+        )
     precision = _shares(t["precision"][matrix], t["total_ns"][matrix], matrix_ns)
     tensor = _shares(t["tensor_cores"][matrix], t["total_ns"][matrix], matrix_ns)
     if matrix_ns:
@@ -314,6 +325,7 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
         result.metrics.append(Metric(trace, rank, device, "tensor_core_pct", tc_pct, "%"))
     order = np.lexsort((t["name"].astype(str), -t["total_ns"]))
     top = [i for i in order if is_kernel[i]][:top_n]
+    bounds = ncu_bounds(job, trace, params)
     top_kernels = [
         {
             "name": str(t["name"][i]),
@@ -327,6 +339,7 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
             else 0.0,
             "mean_ns": int(round(t["total_ns"][i] / t["count"][i])),
             "median_ns": int(round(t["median_ns"][i])),
+            "bound": bounds.get(str(t["name"][i]), BOUND_UNKNOWN),
         }
         for i in top
     ]
@@ -393,7 +406,13 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
             title=title,
             detail=detail,
             recommendation=_recommendation(
-                fp32_no_tc_pct, memory_bound_pct, cat_ns, gpu_ns, _lead(t, order), params
+                fp32_no_tc_pct,
+                memory_bound_pct,
+                cat_ns,
+                gpu_ns,
+                _lead(t, order, bounds),
+                params,
+                multi_tensor_optimizer(t["name"][is_kernel]),
             ),
             impact_ns=0,
             evidence={
@@ -404,6 +423,7 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
                 "categories": categories,
                 "matrix_ns": matrix_ns,
                 "precision": precision,
+                "precision_inferred": inferred,
                 "tensor_cores": tensor,
                 "fp32_no_tensor_core_pct": round(float(fp32_no_tc_pct), 3),
                 "memory_bound_pct": round(float(memory_bound_pct), 3),
@@ -425,20 +445,81 @@ def _shares(labels: np.ndarray, ns: np.ndarray, whole: int) -> dict[str, dict]:
     }
 
 
-def _lead(t: dict, order: np.ndarray) -> dict | None:
-    """The row with the most GPU time (kernel, memcpy or memset): name, kind, category, total_ns."""
+BOUND_UNKNOWN = "unknown (no Nsight Compute profile)"
+_SIXTEEN_BIT = (("bf16", re.compile(r"bfloat16|bf16", re.I)), ("fp16", re.compile(r"(?<![a-z])half|c10::half|__half|fp16", re.I)))  # fmt: skip
+MULTI_TENSOR = re.compile(r"multi_tensor_apply|_foreach_|fused_adam|fusedadam|fused_sgd|fusedsgd|fused_lamb", re.I)  # fmt: skip
+
+
+def infer_matrix_precision(t: dict, matrix: np.ndarray) -> dict | None:
+    """The 16-bit type of matrix kernels whose names do not say it (cuBLAS ``nvjet_*``,
+    flash kernels without template types, cuDNN's ``_f16_`` that means either 16-bit
+    type), from the device's other kernels.
+
+    Under autocast the element-wise, reduction and optimizer kernels around the
+    GEMMs name their element type (``c10::BFloat16``, ``c10::Half``). When they
+    name exactly one 16-bit type, and no matrix kernel names a precision other
+    than that one, the unnamed matrix kernels get it. Returns
+    ``{precision, evidence_ns, source}`` or None (nothing to infer, or mixed).
+    """
+    unknown = matrix & np.isin(t["precision"], ["unknown", SIXTEEN_BIT])
+    if not unknown.any():
+        return None
+    named = set(t["precision"][matrix & ~unknown].astype(str).tolist())
+    seen: dict[str, int] = {}
+    for label, pattern in _SIXTEEN_BIT:
+        hit = ~matrix & np.array([bool(pattern.search(str(n))) for n in t["name"]], dtype=bool)
+        if hit.any():
+            seen[label] = int(t["total_ns"][hit].sum())
+    if len(seen) != 1 or not named <= set(seen):
+        return None
+    ((label, ns),) = seen.items()
+    return {
+        "precision": label,
+        "evidence_ns": ns,
+        "source": f"the element type of the device's other kernels ({label}, {ns / 1e6:.2f} ms)",
+    }
+
+
+def multi_tensor_optimizer(names: np.ndarray) -> bool:
+    """Whether the optimizer already runs multi-tensor (foreach) or fused kernels."""
+    return any(MULTI_TENSOR.search(str(n)) for n in names)
+
+
+def ncu_bounds(job: JobData, trace: str, params: dict) -> dict[str, str]:
+    """Kernel name -> what bounds it per Nsight Compute (compute, memory, latency), for the
+    kernels with an ncu profile matched to this trace; several signatures: the first."""
+    from stallscope.ncu_metrics import profiles
+
+    out: dict[str, str] = {}
+    for (name, _grid, _block), profile in profiles(job, timeline=trace).items():
+        bound = profile.bound(params.get("near_sol_pct", NEAR_SOL_PCT))
+        if bound and name not in out:
+            sm = profile.get("compute_sol_pct")
+            mem = profile.get("memory_sol_pct")
+            out[name] = f"{bound} (Nsight Compute: SM {sm:.0f}%, memory {mem:.0f}% of peak)"
+    return out
+
+
+def _lead(t: dict, order: np.ndarray, bounds: dict[str, str] | None = None) -> dict | None:
+    """The row with the most GPU time (kernel, memcpy or memset): name, kind, category,
+    total_ns, and ``bound`` (Nsight Compute's, or None)."""
     if not order.size:
         return None
     i = order[0]
-    return {k: t[k][i] for k in ("name", "kind", "category", "total_ns")}
+    lead = {k: t[k][i] for k in ("name", "kind", "category", "total_ns")}
+    lead["bound"] = (bounds or {}).get(str(t["name"][i]))
+    return lead
 
 
-def _recommendation(fp32_pct, memory_pct, cat_ns, gpu_ns, lead, params) -> str:
+def _recommendation(
+    fp32_pct, memory_pct, cat_ns, gpu_ns, lead, params, multi_tensor: bool = False
+) -> str:
     """Advice for what the GPU time is: the lead row's kind first, then precision and fusion.
 
     ``fp32_pct``: % of matrix time in FP32 without Tensor Cores; ``memory_pct``: %
     of GPU time in memory-bound kernels (:data:`FUSIBLE`, copies excluded);
-    ``cat_ns``: ns per category; ``lead``: :func:`_lead`.
+    ``cat_ns``: ns per category; ``lead``: :func:`_lead`; ``multi_tensor``: the
+    optimizer already runs foreach/fused kernels (then they are not suggested).
     """
     advice = []
     if fp32_pct >= params["fp32_matmul_pct"]:
@@ -449,10 +530,15 @@ def _recommendation(fp32_pct, memory_pct, cat_ns, gpu_ns, lead, params) -> str:
             "or train under torch.autocast(dtype=torch.bfloat16)."
         )
     if memory_pct >= params["memory_bound_pct"]:
+        optimizer = (
+            "the optimizer already runs multi-tensor (foreach/fused) kernels; "
+            if multi_tensor
+            else "use fused optimizers (fused=True / foreach=True), "
+        )
         advice.append(
             f"{memory_pct:.0f}% of GPU time is in elementwise, normalization, reduction and copy "
-            "kernels, which are memory-bound: fuse them with torch.compile, use fused optimizers "
-            "(fused=True / foreach=True) and fused normalization / attention kernels."
+            f"kernels, which are memory-bound: fuse them with torch.compile; {optimizer}and use fused "
+            "normalization / attention kernels."
         )
     lead_text = _lead_advice(lead, cat_ns, gpu_ns, bool(advice))
     if lead_text:
@@ -500,14 +586,32 @@ def _lead_advice(lead: dict | None, cat_ns: dict, gpu_ns: int, advised: bool) ->
     if advised:
         return None
     if lead["category"] in MATRIX:
-        return (
-            f"Optimize from the top: {name} alone is {share:.0f}% of GPU time; check its shapes "
-            "and library choice (cuBLAS/cuDNN heuristics, torch.backends.cudnn.benchmark = True "
-            "for fixed-shape convolutions)."
-        )
+        return _matrix_lead_advice(name, share, lead.get("bound"))
     return (
         f"Optimize from the top: {name} alone is {share:.0f}% of GPU time; profile it with "
         "Nsight Compute (ncu -k regex:<name> --set full) for occupancy and memory throughput."
+    )
+
+
+def _matrix_lead_advice(name: str, share: float, bound: str | None) -> str:
+    """Advice for a leading GEMM/attention/convolution kernel, by what bounds it."""
+    head = f"Optimize from the top: {name} alone is {share:.0f}% of GPU time"
+    if bound is None:
+        return (
+            f"{head}; whether it is compute- or memory-bound is not measured (profile it: ncu --set "
+            f"full -k regex:{name}). If it is far from peak, check its shapes (multiples of 64/128) "
+            "and library choice (cuBLAS/cuDNN heuristics, torch.backends.cudnn.benchmark = True for "
+            "fixed-shape convolutions)."
+        )
+    if bound.startswith("compute"):
+        return (
+            f"{head} and is {bound}: it already runs near the hardware's peak, so shapes will not "
+            "help; do less of it (lower precision such as FP8, fewer FLOPs: smaller or pruned "
+            "layers, activation recomputation off)."
+        )
+    return (
+        f"{head} and is {bound}: check its shapes (multiples of 64/128, larger batch for more "
+        "data reuse) and library choice (cuBLAS/cuDNN heuristics, torch.compile mode='max-autotune')."
     )
 
 

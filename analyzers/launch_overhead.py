@@ -156,6 +156,7 @@ def _device(
                 f"(torch.compile); estimated gain about {gain / 1e6:.2f} ms of GPU time over this trace."
             ),
             impact_ns=waited,
+            saving_ns=gain,
             evidence={
                 "launches": int(launches),
                 "driver_launches": int(driver_launches),

@@ -29,6 +29,8 @@ Metrics: ``pageable_memcpy_bytes`` and ``pageable_memcpy_count`` per device
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from stallscope import intervals
@@ -172,6 +174,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
         ctx = (trace, rank, int(device), dev, in_step[mask], sites[mask], n_steps)
         for finding in (
             _pageable(job, *ctx, params, window),
+            _pageable_d2h(job, *ctx, params, window),
             _copy_bound(job, trace, rank, int(device), dev, params, window),
             _d2h_in_step(*ctx, params),
             _sync_copies(*ctx),
@@ -218,6 +221,8 @@ def _pageable(
     pinned_ns = dev["bytes"] / bw + PINNED_LATENCY_NS  # bytes / (GB/s) = ns
     lost_each = np.where(counted, np.maximum(dur - pinned_ns, 0), 0).astype(np.int64)
     lost = int(lost_each.sum())
+    exposed = exposed_each(dev, kernel_union(job, trace, device))
+    saving = int(np.where(counted, np.maximum(exposed - pinned_ns, 0), 0).sum())
     span = _span(job, trace, device, window)
     share = 100.0 * lost / span if span else 0.0
     if lost < params["min_impact_ms"] * 1e6:
@@ -262,8 +267,10 @@ def _pageable(
             "copy overlaps compute; prefetch the next batch to the GPU on a side stream."
         ),
         impact_ns=lost,
+        saving_ns=saving,
         evidence={
             "key": "pageable_h2d",
+            "exposed_ns": int(exposed[counted].sum()),
             "count": int(counted.sum()),
             "bytes": nbytes,
             "gpu_ns": gpu_ns,
@@ -278,6 +285,143 @@ def _pageable(
             "call_sites": _by_site(sites[counted], dev["bytes"][counted], dur[counted]),
         },
         windows=[[int(dev["start_ns"][i]), int(dev["end_ns"][i])] for i in order],
+    )
+
+
+def kernel_union(job: JobData, trace: str, device: int) -> tuple[np.ndarray, np.ndarray]:
+    """Union of the device's kernels (cached per job)."""
+    key = ("memcpy.kernels", trace, device)
+    if key not in job.cache:
+        k = job.numpy(
+            "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind = 'kernel'",
+            [trace, device],
+        )
+        job.cache[key] = intervals.union(k["start_ns"], k["end_ns"])
+    return job.cache[key]
+
+
+def exposed_each(dev: dict, kernels: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Per copy: ns of its duration with no kernel running (int64)."""
+    starts, ends = dev["start_ns"], dev["end_ns"]
+    if not starts.size:
+        return np.zeros(0, dtype=np.int64)
+    k_s, k_e = kernels
+    cum = np.concatenate([[0], np.cumsum(k_e - k_s)])
+
+    def covered_before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(k_s, t, side="right") - 1
+        j = np.maximum(i, 0)
+        if not k_s.size:
+            return np.zeros(t.size, dtype=np.int64)
+        return np.where(i >= 0, cum[j] + np.minimum(t, k_e[j]) - k_s[j], 0)
+
+    return ((ends - starts) - (covered_before(ends) - covered_before(starts))).astype(np.int64)
+
+
+@dataclass
+class PageableD2H:
+    """Pageable device-to-host copies of one device inside the steps, measured.
+
+    ``exposed_ns``: copy time with no kernel beside it (the critical path: the
+    host waits for the copy, and the GPU has nothing else queued while the
+    host is blocked); ``pinned_ns``: what pinned copies of the same bytes
+    would take at ``gbps``; ``saving_ns`` = Σ max(0, exposed − pinned) per copy.
+    """
+
+    mask: np.ndarray
+    count: int
+    nbytes: int
+    gpu_ns: int
+    exposed_ns: int
+    pinned_ns: int
+    saving_ns: int
+    achieved_gbps: float
+    gbps: float
+    gbps_source: str
+    span: int
+    share: float
+
+
+def _measure_d2h(job, trace, device, dev, in_step, params, window) -> PageableD2H | None:
+    mask = (dev["copy_kind"] == "DtoH") & (dev["dst_kind"] == "pageable") & in_step
+    if not mask.any():
+        return None
+    gbps, source = pinned_bandwidth(job, trace, device, dev, params)
+    dur = (dev["end_ns"] - dev["start_ns"])[mask]
+    exposed = exposed_each(dev, kernel_union(job, trace, device))[mask]
+    pinned = dev["bytes"][mask] / gbps + PINNED_LATENCY_NS
+    nbytes, gpu_ns = int(dev["bytes"][mask].sum()), int(dur.sum())
+    span = _span(job, trace, device, window)
+    return PageableD2H(
+        mask=mask,
+        count=int(mask.sum()),
+        nbytes=nbytes,
+        gpu_ns=gpu_ns,
+        exposed_ns=int(exposed.sum()),
+        pinned_ns=int(pinned.sum()),
+        saving_ns=int(np.maximum(exposed - pinned, 0).sum()),
+        achieved_gbps=nbytes / gpu_ns if gpu_ns else 0.0,
+        gbps=gbps,
+        gbps_source=source,
+        span=span,
+        share=100.0 * int(exposed.sum()) / span if span else 0.0,
+    )
+
+
+def _pageable_d2h(
+    job, trace, rank, device, dev, in_step, sites, n_steps, params, window
+) -> Finding | None:
+    """Pageable device-to-host copies: the copy's exposed time is on the critical path."""
+    m = _measure_d2h(job, trace, device, dev, in_step, params, window)
+    if m is None:
+        return None
+    severity = graded_severity(m.share, m.exposed_ns, params)
+    if severity is None:
+        return None
+    per_step = f" ({_mib(m.nbytes // n_steps)} per step)" if n_steps else ""
+    dur = dev["end_ns"] - dev["start_ns"]
+    longest = np.argsort(-(dur * m.mask), kind="stable")[: min(MAX_WINDOWS, m.count)]
+    return Finding(
+        analyzer="memcpy",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity=severity,
+        title=(
+            f"GPU {device}: {m.count} pageable device-to-host copies, {_mib(m.nbytes)}{per_step}, at "
+            f"{m.achieved_gbps:.1f} GB/s take {m.share:.1f}% of the time"
+        ),
+        detail=(
+            f"{m.count} copies into pageable host memory moved {m.nbytes:,} bytes in {m.gpu_ns / 1e6:.2f} ms "
+            f"({m.achieved_gbps:.1f} GB/s), {m.exposed_ns / 1e6:.2f} ms of it with no kernel running "
+            f"({m.share:.1f}% of the {m.span / 1e6:.2f} ms span). A copy into pageable memory returns only "
+            f"when it is done, so the host waits for it and the GPU gets no new work meanwhile. Into pinned "
+            f"memory at {m.gbps:.1f} GB/s ({m.gbps_source}) it would take about {m.pinned_ns / 1e6:.2f} ms, and "
+            f"with non_blocking=True it can overlap compute: about {m.saving_ns / 1e6:.2f} ms saved."
+        ),
+        recommendation=(
+            "Copy into a reusable pinned buffer: buf = torch.empty(shape, dtype, pin_memory=True) once, then "
+            "buf.copy_(t, non_blocking=True) and wait on a CUDA event (or the next step) before reading it; "
+            "better, read back less (only what the host needs, every N steps)."
+        ),
+        impact_ns=m.exposed_ns,
+        saving_ns=m.saving_ns,
+        evidence={
+            "key": "pageable_d2h",
+            "count": m.count,
+            "bytes": m.nbytes,
+            "gpu_ns": m.gpu_ns,
+            "exposed_ns": m.exposed_ns,
+            "pinned_estimate_ns": m.pinned_ns,
+            "achieved_gbps": round(float(m.achieved_gbps), 2),
+            "pinned_gbps": round(float(m.gbps), 2),
+            "pinned_gbps_source": m.gbps_source,
+            "share_of_span_pct": round(float(m.share), 3),
+            "span_ns": m.span,
+            "steps": n_steps,
+            "call_sites": _by_site(sites[m.mask], dev["bytes"][m.mask], dur[m.mask]),
+        },
+        windows=[[int(dev["start_ns"][i]), int(dev["end_ns"][i])] for i in longest],
     )
 
 
@@ -306,8 +450,13 @@ def _d2h_in_step(trace, rank, device, dev, in_step, sites, n_steps, params) -> F
             f"{int(d2h.sum())} device-to-host copies ({nbytes:,} bytes) were issued inside {n_steps} "
             f"steps; {int(pageable.sum())} into pageable memory and {int(sync_api.sum())} through a "
             f"synchronous copy call (both block the host by themselves). "
-            f"Top call sites: {top}. Each copy whose result the host reads forces a sync; the GPU time "
-            f"that costs is reported by host_sync."
+            f"Top call sites: {top}. Each copy whose result the host reads forces a sync; the GPU idle "
+            f"time that costs is reported by host_sync"
+            + (
+                ", and the copy time of the pageable ones by the pageable device-to-host finding."
+                if pageable.any()
+                else "."
+            )
         ),
         recommendation=(
             "Keep values on the GPU inside the step: accumulate losses and metrics as tensors and read "

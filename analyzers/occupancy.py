@@ -324,6 +324,7 @@ def _finding(trace, rank, device, row, dev, total, params, source) -> Finding | 
                f"{row['share_pct']:.0f}% of GPU time"),
         detail=f"{row['launches']} launches, {row['gpu_ns'] / 1e6:.2f} ms. {why} {hurts}",
         recommendation=fix, impact_ns=lost, evidence=evidence,
+        saving_ns=lost if ncu is not None else None,
     )  # fmt: skip
 
 
@@ -448,13 +449,9 @@ def _pct(value) -> str:
 def _table_finding(trace, rank, device, table, dev, total, weighted, source) -> Finding:
     rows = [{k: v for k, v in t.items() if k != "_occ"} for t in table[:TABLE_ROWS]]
     device_text = f"GPU {device}" if device is not None else "Nsight Compute kernels"
-    # Theoretical occupancy is per SM: a grid smaller than one wave leaves SMs empty whatever it says.
-    small = sum(
-        t["gpu_ns"] for t in table if t.get("waves_per_sm") is not None and t["waves_per_sm"] < 1
-    )
-    small_pct = 100 * small / total if total else 0.0
+    small_pct = under_sm_count_pct(table, dev, total)
     small_text = (
-        f"; {small_pct:.0f}% of kernel time in grids under one wave (SMs left empty)"
+        f"; {small_pct:.0f}% of compute-kernel time in grids with fewer blocks than SMs (SMs left empty)"
         if small_pct >= 25
         else ""
     )
@@ -471,6 +468,26 @@ def _table_finding(trace, rank, device, table, dev, total, weighted, source) -> 
                   "under_one_wave_pct": round(small_pct, 2),
                   "device_limits": dev.__dict__ if dev else None},
     )  # fmt: skip
+
+
+def under_sm_count_pct(table: list[dict], dev: DeviceLimits | None, total: int) -> float:
+    """% of all kernel time in compute kernels whose grid has fewer blocks than the GPU has
+    SMs: those SMs get no block at all, whatever the per-SM occupancy says.
+
+    Communication kernels are left out (they wait on the network, they do not
+    compute), and so are grids with at least one block per SM (a grid under one
+    *wave* but over the SM count keeps every SM busy). 0 when the SM count is unknown.
+    """
+    if not total or dev is None or not dev.sm_count:
+        return 0.0
+    small = sum(
+        t["gpu_ns"] for t in table if not t["is_comm"] and 0 < _blocks(t["grid"]) < dev.sm_count
+    )
+    return 100 * small / total
+
+
+def _blocks(grid: list) -> int:
+    return math.prod(int(g or 0) for g in grid) if grid else 0
 
 
 def _windows(job: JobData, trace: str, device: int, row: dict) -> list[list[int]]:

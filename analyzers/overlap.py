@@ -135,12 +135,10 @@ def _device(
     per_step = f" ({transfer / len(steps) / 1e6:.2f} ms per step)" if steps else ""
     windows = intervals.union(seg.start[exposed & ~in_wait], seg.end[exposed & ~in_wait])
     longest = np.argsort(windows[0] - windows[1], kind="stable")[:MAX_WINDOWS]
-    if severity is None:  # no material exposed transfer: an info line with the per-step table
-        context["tips"] = [
-            "Most exposed communication here is waiting for a late rank: see the nccl_wait findings."
-            if totals["wait"] > transfer
-            else "Nothing to fix: communication is hidden or too short to matter."
-        ]
+    if severity is None:  # below the ladder: say why in numbers, never "nothing to fix" over a loss
+        context["tips"] = _below_threshold_tips(
+            context["tips"], totals, transfer, overlap_pct, share, len(steps), params
+        )
     result.findings.append(
         Finding(
             analyzer="overlap",
@@ -153,7 +151,7 @@ def _device(
                 f"({overlap_pct:.0f}% overlapped, {share:.1f}% of the time)"
                 if severity
                 else f"GPU {device}: communication {overlap_pct:.0f}% hidden under compute, "
-                f"{transfer / 1e6:.2f} ms exposed transfer"
+                f"{transfer / 1e6:.2f} ms exposed transfer ({share:.1f}% of the time)"
             ),
             detail=(
                 f"Communication kernels ran {totals['comm'] / 1e6:.2f} ms on GPU {device}; {overlap_pct:.1f}% of that "
@@ -192,6 +190,27 @@ def _device(
             windows=[[int(windows[0][i]), int(windows[1][i])] for i in longest],
         )
     )
+
+
+WELL_HIDDEN_PCT = 90.0  # communication this much overlapped has nothing left to hide
+
+
+def _below_threshold_tips(tips, totals, transfer, overlap_pct, share, steps, params) -> list[str]:
+    """Advice for exposed transfer under the low-severity share: the numbers, then the fix
+    that fits (or why none is needed). "Nothing to fix" only when communication is hidden."""
+    if totals["wait"] > transfer:
+        return [
+            "Most exposed communication here is waiting for a late rank: see the nccl_wait findings."
+        ]
+    if overlap_pct >= WELL_HIDDEN_PCT or transfer == 0:
+        return [f"Nothing to fix: {overlap_pct:.0f}% of communication is hidden under compute."]
+    per_step = f"{transfer / steps / 1e6:.2f} ms per step, " if steps else ""
+    size = (
+        f"The exposed transfer ({per_step}{share:.1f}% of the time) is under the "
+        f"{params['share_pct_low']:g}% at which it is reported as a loss: hiding all of it gains at most "
+        f"{share:.1f}%."
+    )
+    return [size, *tips]
 
 
 class _Segments:

@@ -98,7 +98,12 @@ def _one_jitter_per_job(jitters: list[Finding]) -> Finding:
 
 
 def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
-    """One row per (step, device): step_ms and GPU ns by category."""
+    """One row per (step, device): step_ms, GPU ns by category and idle ns by cause.
+
+    Rows of a device sum to its job totals: every idle nanosecond of the step
+    scope is in exactly one row (:func:`_idle_per_step`), every GPU operation
+    in the row of the step that launched it.
+    """
     gpu = job.numpy(
         """SELECT g.device, g.kind, g.is_comm, g.start_ns, g.end_ns, h.start_ns AS launch_ns
            FROM gpu g LEFT JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation
@@ -106,86 +111,85 @@ def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
            WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset') ORDER BY g.device, g.start_ns""",
         [trace],
     )
-    step_starts, step_ends, numbers = steps["start_ns"], steps["end_ns"], steps["step"]
     rows = []
     for device in np.unique(gpu["device"]).tolist():
         dev = {k: np.asarray(v)[gpu["device"] == device] for k, v in gpu.items()}
-        anchor = np.where(
-            np.isnan(dev["launch_ns"].astype(float)), dev["start_ns"], dev["launch_ns"]
-        ).astype(np.int64)
-        owner = np.searchsorted(step_starts, anchor, side="right") - 1
-        inside = (owner >= 0) & (anchor < step_ends[np.clip(owner, 0, None)])
+        owner = _launch_step(dev, steps)
         attribution = attribute_idle(job, trace, int(device))
+        idle = _idle_per_step(attribution, steps, dev, owner)
         edges = (attribution.span_start, attribution.span_end)
-        gap_step = _window_of(attribution.gap_starts, dev, owner, inside, edges)
-        for index, number in enumerate(numbers.tolist()):
-            mask = inside & (owner == index)
-            if not mask.any():
+        for index, number in enumerate(steps["step"].tolist()):
+            mine = owner == index
+            if not mine.any() and not idle[index].any():
                 continue
-            lo, hi = _window(dev, owner, inside, index, edges)
             row = {
                 "step": int(number),
                 "device": int(device),
-                "step_ms": round((step_ends[index] - step_starts[index]) / 1e6, 6),
+                "step_ms": round((steps["end_ns"][index] - steps["start_ns"][index]) / 1e6, 6),
             }
-            row.update(_busy(dev, lo, hi))
-            idle = (
-                attribution.per_gap[gap_step == index].sum(axis=0)
-                if attribution.per_gap.size
-                else None
-            )
+            row.update(_busy(dev, mine, edges))
+            row["window_ns"] = row["busy_ns"] + int(idle[index].sum())
             for c, cause in enumerate(CAUSES):
-                row[f"idle_{cause}_ns"] = int(idle[c]) if idle is not None else 0
+                row[f"idle_{cause}_ns"] = int(idle[index, c])
             rows.append(row)
     return rows
 
 
-def _window(
-    dev: dict, owner: np.ndarray, inside: np.ndarray, index: int, edges: tuple[int, int]
-) -> tuple[int, int]:
-    """The GPU window of step ``index``: its first operation to the next step's first.
-
-    The last window reaches the end of the device's measured span (``edges``,
-    the step scope: the idle time after the last step's work while its host
-    step ran). The idle time before the first step's first operation stays
-    outside every window: as each window holds the wait *after* its step's
-    work, that wait belongs to the step before, which was not profiled.
-    """
-    starts = dev["start_ns"]
-    mine = inside & (owner == index)
-    lo = int(starts[mine].min())
-    later = inside & (owner > index)
-    hi = (
-        int(starts[later].min())
-        if later.any()
-        else max(int(dev["end_ns"][mine].max()), int(edges[1]))
-    )
-    return lo, hi
+def _launch_step(dev: dict, steps: dict) -> np.ndarray:
+    """Index of the step whose host range holds each operation's launch call (its own
+    start without a launch record); -1 outside every step."""
+    anchor = np.where(
+        np.isnan(dev["launch_ns"].astype(float)), dev["start_ns"], dev["launch_ns"]
+    ).astype(np.int64)
+    return _host_step(steps, anchor)
 
 
-def _window_of(
-    gap_starts: np.ndarray, dev: dict, owner: np.ndarray, inside: np.ndarray, edges: tuple[int, int]
-) -> np.ndarray:
-    """Step index of each gap (by where it starts), -1 outside every step window."""
-    result = np.full(gap_starts.size, -1, dtype=np.int64)
-    for index in range(int(owner.max()) + 1 if owner.size else 0):
-        if not (inside & (owner == index)).any():
-            continue
-        lo, hi = _window(dev, owner, inside, index, edges)
-        result[(gap_starts >= lo) & (gap_starts < hi)] = index
-    return result
+def _host_step(steps: dict, times: np.ndarray) -> np.ndarray:
+    """Index of the step range [start, end) that holds each time, -1 where none does."""
+    starts, ends = steps["start_ns"], steps["end_ns"]
+    index = np.searchsorted(starts, times, side="right") - 1
+    inside = (index >= 0) & (times < ends[np.clip(index, 0, None)])
+    return np.where(inside, index, -1)
 
 
-def _busy(dev: dict, lo: int, hi: int) -> dict[str, int]:
-    starts, ends = np.clip(dev["start_ns"], lo, hi), np.clip(dev["end_ns"], lo, hi)
-    kernel = dev["kind"] == "kernel"
-    comm = np.asarray(dev["is_comm"], dtype=bool)
+def _idle_per_step(attribution, steps: dict, dev: dict, owner: np.ndarray) -> np.ndarray:
+    """[step, cause] idle ns. A piece of idle time belongs to the step the host was in
+    at that moment (the step whose range contains its cause: the data-loader wait at
+    the start of step N is step N's). Pieces outside every host step (the GPU still
+    draining after the host left the last step) go to the step that launched the
+    operation ending their gap, else to the last step that started before them."""
+    n = steps["step"].size
+    idle = np.zeros((n, len(CAUSES)), dtype=np.int64)
+    seg = attribution.segments
+    if seg is None or seg.start.size == 0:
+        return idle
+    step = _host_step(steps, seg.start)
+    loose = step < 0
+    if loose.any():
+        gap_end = attribution.gap_ends[seg.gap[loose]]
+        nxt = np.searchsorted(dev["start_ns"], gap_end, side="left")
+        has = nxt < dev["start_ns"].size
+        by_op = np.full(nxt.size, -1, dtype=np.int64)
+        by_op[has] = owner[nxt[has]]
+        before = np.clip(
+            np.searchsorted(steps["start_ns"], seg.start[loose], side="right") - 1, 0, n - 1
+        )
+        step[loose] = np.where(by_op >= 0, by_op, before)
+    np.add.at(idle, (step, seg.label), seg.length)
+    return idle
+
+
+def _busy(dev: dict, mine: np.ndarray, edges: tuple[int, int]) -> dict[str, int]:
+    """GPU ns of the operations ``mine`` (one step's), clipped to the measured span."""
+    lo, hi = edges
+    starts, ends = np.clip(dev["start_ns"][mine], lo, hi), np.clip(dev["end_ns"][mine], lo, hi)
+    kernel = dev["kind"][mine] == "kernel"
+    comm = np.asarray(dev["is_comm"][mine], dtype=bool)
     return {
         "compute_ns": intervals.total(starts[kernel & ~comm], ends[kernel & ~comm]),
         "comm_ns": intervals.total(starts[kernel & comm], ends[kernel & comm]),
         "memcpy_ns": intervals.total(starts[~kernel], ends[~kernel]),
         "busy_ns": intervals.total(starts, ends),
-        "window_ns": hi - lo,
     }
 
 
@@ -218,6 +222,7 @@ def _jitter_finding(trace, rank, steps, durations, median, p90, params) -> Findi
             "or make it asynchronous."
         ),
         impact_ns=excess,
+        saving_ns=excess,
         evidence={
             "key": "jitter",
             "median_ns": int(median),

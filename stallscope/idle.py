@@ -54,11 +54,26 @@ SYNC_API_REGEX = r"^(cuda|hip)(Device|Stream|Event)Synchronize|^cu(Ctx|Stream|Ev
 SYNC_OP_REGEX = r"^aten::(item|_local_scalar_dense|is_nonzero|equal)$"
 MEMCPY_API_REGEX = r"^(cuda|hip)Memcpy|^cuMemcpy"
 GRAPH_LAUNCH_REGEX = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
+STEP_RANGE_REGEX = r"^ProfilerStep#"
+RANGE_CODE = 5  # _CLASSIFY_SQL's code for a user range (record_function, NVTX) that is not a step
 LAUNCH_API_REGEX = (
     r"^(cudaLaunchKernel|cudaLaunchKernelExC|cudaLaunchCooperativeKernel|cuLaunchKernel|cuLaunchKernelEx"
     r"|cuLaunchCooperativeKernel|cudaGraphLaunch|cuGraphLaunch|hipLaunchKernel|hipExtLaunchKernel"
     r"|hipModuleLaunchKernel|hipExtModuleLaunchKernel|hipGraphLaunch)"
 )
+
+
+@dataclass
+class Segments:
+    """The idle time as labelled pieces, sorted by start: piece ``i`` is
+    ``[start[i], start[i] + length[i])`` of gap ``gap[i]``, attributed to
+    ``CAUSES[label[i]]``. No piece crosses a step range's edge, so each lies
+    in one host step (or none). Times are int64 ns."""
+
+    start: np.ndarray
+    length: np.ndarray
+    label: np.ndarray
+    gap: np.ndarray
 
 
 @dataclass
@@ -78,6 +93,7 @@ class IdleAttribution:
     graph_launch_per_gap: np.ndarray | None = (
         None  # of the ``launch`` time: inside graph-launch calls
     )
+    segments: Segments | None = None  # the labelled pieces the per-gap sums are made of
 
     @property
     def totals(self) -> dict[str, int]:
@@ -112,14 +128,29 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
         return IdleAttribution(0, 0, empty, empty, np.zeros((0, len(CAUSES)), dtype=np.int64), [])
     gap_s, gap_e = idle_gaps(starts, ends, scope)
     threads = launch_threads(job, trace_id, device)
-    cause_unions, graph_union = _host_unions(job, trace_id, threads)
-    per_gap, graph_per_gap = _label_gaps(gap_s, gap_e, cause_unions, graph_union)
+    cause_unions, graph_union, user_ranges = _host_unions(job, trace_id, threads)
+    step_edges = job.numpy(
+        "SELECT start_ns FROM ranges WHERE trace_id = $1 AND kind = 'step' "
+        "UNION SELECT end_ns FROM ranges WHERE trace_id = $1 AND kind = 'step'",
+        [trace_id],
+    )["start_ns"]
+    per_gap, graph_per_gap, segments = _label_gaps(
+        gap_s,
+        gap_e,
+        cause_unions,
+        graph_union,
+        np.asarray(step_edges, dtype=np.int64),
+        user_ranges,
+    )
     queued = _queued_gaps(job, trace_id, device, gap_s, gap_e)
     per_gap[queued] = 0
     per_gap[queued, CAUSES.index("queued")] = (gap_e - gap_s)[queued]
     graph_per_gap[queued] = 0
+    segments.label[queued[segments.gap]] = CAUSES.index("queued")
     span_start, span_end = span_of(starts, ends, scope)
-    return IdleAttribution(span_start, span_end, gap_s, gap_e, per_gap, threads, graph_per_gap)
+    return IdleAttribution(
+        span_start, span_end, gap_s, gap_e, per_gap, threads, graph_per_gap, segments
+    )
 
 
 def _queued_gaps(
@@ -177,6 +208,12 @@ WITH nm AS (
     bool_or(copy_kind = 'DtoH') AS d2h, bool_or(copy_kind IS DISTINCT FROM 'DtoH') AS other,
     bool_or(dst_kind = 'pageable') AS to_pageable, bool_or(src_kind = 'pageable') AS from_pageable
   FROM gpu WHERE trace_id = $trace AND kind = 'memcpy' GROUP BY correlation
+), structural AS (  -- ranges that enclose steps, not work: ProfilerStep#N, NVTX steps, a loop-wide range
+  SELECT name_id FROM nm WHERE regexp_matches(name, '{STEP_RANGE_REGEX}')
+  UNION SELECT name_id FROM ranges WHERE trace_id = $trace AND kind = 'step'
+  UNION SELECT a.name_id FROM host a JOIN ranges s ON s.trace_id = a.trace_id AND s.kind = 'step'
+    AND a.start_ns <= s.start_ns AND a.end_ns >= s.end_ns
+  WHERE a.trace_id = $trace AND a.kind = 'annotation'
 ), launch_ext AS (
   SELECT DISTINCT h.external_id FROM host h JOIN flags f USING (name_id)
   WHERE h.trace_id = $trace AND h.kind IN ('runtime', 'driver') AND f.launch_api AND h.external_id IS NOT NULL
@@ -189,6 +226,7 @@ SELECT h.start_ns, h.end_ns,
     WHEN api_call AND f.memcpy_api AND coalesce(c.other, false) AND (NOT f.is_async OR coalesce(c.from_pageable, false)) THEN 2
     WHEN (api_call AND f.launch_api) OR (h.kind = 'cpu_op' AND h.external_id IN (SELECT external_id FROM launch_ext)) THEN 3
     WHEN h.kind IN ('cpu_op', 'python', 'runtime', 'driver', 'overhead') THEN 4
+    WHEN h.kind = 'annotation' AND h.name_id NOT IN (SELECT name_id FROM structural) THEN {RANGE_CODE}
     ELSE -1
   END AS cause,
   api_call AND f.graph_api AS graph
@@ -196,11 +234,14 @@ FROM (SELECT *, kind IN ('runtime', 'driver') AS api_call FROM host WHERE trace_
 JOIN flags f USING (name_id)
 LEFT JOIN copies c ON c.correlation = h.correlation
 WHERE (h.pid, h.tid) IN (SELECT pid, tid FROM _threads)
+   OR (h.kind = 'annotation' AND h.pid IN (SELECT pid FROM _threads))
 """
 
 
 def _host_unions(job: JobData, trace_id: str, threads: list[tuple[int, int]]):
-    """Unions of the host intervals of each host cause (in HOST_CAUSES order) and of graph launches.
+    """Unions of the host intervals of each host cause (in HOST_CAUSES order), of graph
+    launches, and of user ranges (record_function / NVTX ranges that enclose no whole step,
+    on any thread of the launching processes).
 
     Each host row gets the first cause it shows, in priority order: the
     labelled result is the same as with one union per cause, since a row's
@@ -222,7 +263,8 @@ def _host_unions(job: JobData, trace_id: str, threads: list[tuple[int, int]]):
         intervals.union(starts[cause == code], ends[cause == code])
         for code in range(len(HOST_CAUSES))
     ]
-    return unions, intervals.union(starts[graph], ends[graph])
+    user_ranges = intervals.union(starts[cause == RANGE_CODE], ends[cause == RANGE_CODE])
+    return unions, intervals.union(starts[graph], ends[graph]), user_ranges
 
 
 def _label_gaps(
@@ -230,15 +272,22 @@ def _label_gaps(
     gap_e: np.ndarray,
     unions: list[tuple[np.ndarray, np.ndarray]],
     graph_union: tuple[np.ndarray, np.ndarray],
-) -> tuple[np.ndarray, np.ndarray]:
+    extra_edges: np.ndarray | None = None,
+    user_ranges: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, Segments]:
     """Per-gap ns of each cause (priority order), by a sweep over all boundaries.
 
-    Also returns, per gap, the ``launch`` time spent inside graph-launch calls.
+    Also returns, per gap, the ``launch`` time spent inside graph-launch
+    calls, and the labelled segments. ``extra_edges`` (step range edges) only
+    split segments; they change no label. ``user_ranges``: time still
+    ``unknown`` after the sliver rule but inside a user range is ``cpu``
+    (host work the profiler did not record, in a range the program marked).
     """
     per_gap = np.zeros((gap_s.size, len(CAUSES)), dtype=np.int64)
     graph = np.zeros(gap_s.size, dtype=np.int64)
     if gap_s.size == 0:
-        return per_gap, graph
+        empty = np.zeros(0, dtype=np.int64)
+        return per_gap, graph, Segments(empty, empty, empty, empty)
     lo, hi = gap_s[0], gap_e[-1]
     edges = [gap_s, gap_e, *graph_union] + [e for u in unions for e in u]
     points = np.sort(
@@ -257,10 +306,41 @@ def _label_gaps(
     gap_index = np.searchsorted(gap_s, seg_start, side="right") - 1
     label = _absorb_host_slivers(label, gap_index, seg_len)
     label = _charge_drain_to_sync(label, gap_index, seg_len)
-    np.add.at(per_gap, (gap_index, label), seg_len)
-    in_graph = (label == CAUSES.index("launch")) & intervals.covers(graph_union, seg_start)
-    np.add.at(graph, gap_index[in_graph], seg_len[in_graph])
-    return per_gap, graph
+    seg = Segments(seg_start, seg_len, label, gap_index)
+    cuts = [e for e in (extra_edges, *(user_ranges or ())) if e is not None and e.size]
+    if cuts:  # after the sliver and drain rules, which read lengths: cuts must not shorten
+        seg = _split_at(seg, np.concatenate(cuts))
+    if user_ranges is not None:
+        in_range = (seg.label == CAUSES.index("unknown")) & intervals.covers(user_ranges, seg.start)
+        seg.label[in_range] = CAUSES.index("cpu")
+    np.add.at(per_gap, (seg.gap, seg.label), seg.length)
+    in_graph = (seg.label == CAUSES.index("launch")) & intervals.covers(graph_union, seg.start)
+    np.add.at(graph, seg.gap[in_graph], seg.length[in_graph])
+    return per_gap, graph, seg
+
+
+def _split_at(seg: Segments, edges: np.ndarray) -> Segments:
+    """The same segments cut at ``edges`` (sorted or not), labels kept.
+
+    Cutting happens after labelling: the sliver and drain rules read segment
+    lengths, and a step edge must not turn a long stretch into short ones.
+    """
+    if seg.start.size == 0:
+        return seg
+    ends = seg.start + seg.length
+    owner = np.searchsorted(seg.start, edges, side="right") - 1
+    ok = owner >= 0
+    inside = np.zeros(edges.size, dtype=bool)
+    inside[ok] = (edges[ok] > seg.start[owner[ok]]) & (edges[ok] < ends[owner[ok]])
+    if not inside.any():
+        return seg
+    points = np.concatenate([seg.start, edges[inside]])
+    which = np.concatenate([np.arange(seg.start.size), owner[inside]])
+    order = np.lexsort((which, points))
+    points, which = points[order], which[order]
+    nxt = np.concatenate([points[1:], [np.iinfo(np.int64).max]])
+    length = np.minimum(nxt, ends[which]) - points
+    return Segments(points, length, seg.label[which], seg.gap[which])
 
 
 DRAIN_ABSORBS = (CAUSES.index("launch"), CAUSES.index("cpu"))
@@ -365,7 +445,52 @@ def top_host_ops(
            JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
            WHERE h.trace_id = ? AND (h.pid, h.tid) IN (SELECT pid, tid FROM _threads)
              AND NOT regexp_matches(n.name, '^ProfilerStep#')
-           GROUP BY 1, 2 ORDER BY overlap DESC LIMIT ?""",
+           GROUP BY 1, 2 ORDER BY overlap DESC, 1 LIMIT ?""",
         [trace_id, limit],
     ).fetchall()
     return [{"name": r[0], "kind": r[1], "overlap_ns": int(r[2]), "count": int(r[3])} for r in rows]
+
+
+def host_ranges(
+    job: JobData,
+    trace_id: str,
+    threads: list[tuple[int, int]],
+    windows: list[list[int]],
+    limit: int = 3,
+) -> list[dict]:
+    """The user ranges (``record_function``, NVTX) the host was in during ``windows``.
+
+    Ranges on any thread of the launching processes count (a sampler or a
+    scheduler may run beside the launching thread); ranges that enclose whole
+    steps (``ProfilerStep#N``, a loop-wide range) say nothing and are left
+    out. Returns [{name, overlap_ns, windows, thread}]: ``overlap_ns`` is the
+    time the range covers inside the windows (nested ranges each count),
+    ``windows`` in how many windows it appears.
+    """
+    if not windows:
+        return []
+    con = job.con
+    con.execute("CREATE OR REPLACE TEMP TABLE _windows (ws BIGINT, we BIGINT)")
+    con.executemany("INSERT INTO _windows VALUES (?, ?)", [tuple(w) for w in windows])
+    pids = sorted({p for p, _ in threads}) or [
+        int(r[0])
+        for r in job.sql("SELECT DISTINCT pid FROM host WHERE trace_id = ?", [trace_id]).fetchall()
+    ]
+    rows = con.execute(
+        f"""WITH spans AS (
+              SELECT h.name_id, h.tid, w.ws,
+                     least(h.end_ns, w.we) - greatest(h.start_ns, w.ws) AS overlap
+              FROM host h JOIN _windows w ON h.start_ns < w.we AND h.end_ns > w.ws
+              WHERE h.trace_id = $trace AND h.kind = 'annotation' AND list_contains($pids, h.pid)
+                AND NOT EXISTS (SELECT 1 FROM ranges s WHERE s.trace_id = $trace AND s.kind = 'step'
+                                AND h.start_ns <= s.start_ns AND h.end_ns >= s.end_ns))
+           SELECT n.name, sum(overlap), count(DISTINCT ws), min(tid)
+           FROM spans JOIN names n ON n.trace_id = $trace AND n.name_id = spans.name_id
+           WHERE NOT regexp_matches(n.name, '{STEP_RANGE_REGEX}')
+           GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT $limit""",
+        {"trace": trace_id, "pids": pids, "limit": limit},
+    ).fetchall()
+    return [
+        {"name": r[0], "overlap_ns": int(r[1]), "windows": int(r[2]), "tid": int(r[3])}
+        for r in rows
+    ]

@@ -61,6 +61,7 @@ HOW_TO_MEASURE = {
 }
 
 Key = tuple[str, tuple | None, tuple | None]
+BOTH_BOUND_PTS = 5.0  # compute and memory throughput this close (both near peak): bound by both
 
 
 @dataclass
@@ -86,12 +87,19 @@ class Profile:
         return [k for k, v in limits.items() if v == low]
 
     def bound(self, near_sol_pct: float) -> str | None:
-        """``compute``/``memory`` (at or above ``near_sol_pct`` of peak), else ``latency``."""
+        """``compute``/``memory`` (at or above ``near_sol_pct`` of peak), else ``latency``.
+
+        When both are at or above ``near_sol_pct`` and within BOTH_BOUND_PTS of
+        each other, ``compute and memory``: neither alone says what limits it.
+        None without both measurements.
+        """
         sm, mem = self.get("compute_sol_pct"), self.get("memory_sol_pct")
         if sm is None or mem is None:
             return None
         if max(sm, mem) < near_sol_pct:
             return "latency"
+        if min(sm, mem) >= near_sol_pct and abs(sm - mem) < BOTH_BOUND_PTS:
+            return "compute and memory"
         return "compute" if sm >= mem else "memory"
 
     def top_stalls(self, n: int = 3) -> list[dict[str, Any]] | None:

@@ -316,4 +316,27 @@ def test_grids_under_one_wave_are_named_in_the_headline(store, tmp_path):
         if f.evidence.get("key") == "table"
     ]
     assert table.evidence["under_one_wave_pct"] == 90.0  # 90 of 100 µs of kernel time
-    assert table.title.endswith("; 90% of kernel time in grids under one wave (SMs left empty)")
+    assert table.title.endswith(
+        "; 90% of compute-kernel time in grids with fewer blocks than SMs (SMs left empty)"
+    )
+
+
+def test_grids_under_one_wave_leave_out_nccl_and_grids_over_the_sm_count(store, tmp_path):
+    """On a 132-SM H200: an NCCL kernel of 2 blocks (it waits, it does not compute) and a
+    200-block grid (1.5 blocks per SM: under one wave of 3 blocks per SM, yet every SM busy)
+    are not "SMs left empty"; a 64-block GEMM is, for 20 of the 100 µs."""
+    from tests.kineto_builder import H100, KinetoTrace
+
+    t = KinetoTrace(device_props=[dict(H100, name="NVIDIA H200")])
+    t.kernel(
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 0, 50_000, grid=(2, 1, 1), block=(640, 1, 1)
+    )
+    t.kernel("fill", 60_000, 30_000, grid=(200, 1, 1), block=(256, 1, 1), regs=64)
+    t.kernel("small_gemm", 100_000, 20_000, grid=(64, 1, 1), block=(256, 1, 1), regs=64)
+    (table,) = [
+        f
+        for f in _run(store, [t.write(tmp_path / "w.json")]).findings
+        if f.evidence.get("key") == "table"
+    ]
+    assert table.evidence["under_one_wave_pct"] == 20.0
+    assert "fewer blocks than SMs" not in table.title  # under 25 %

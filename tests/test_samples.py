@@ -138,3 +138,37 @@ def test_straggler_rank_gpu_waits_for_its_host(analyzed):
     idle = metric(analyzed, "ddp_straggler", "idle_unknown_ns", rank=1)
     steps = len([r for r in step_rows(analyzed, "ddp_straggler")]) / 2
     assert idle >= 0.9 * sleep * (steps - 1)
+
+
+def test_step_rows_sum_to_the_idle_totals(analyzed):
+    """Issue 18: each stall is in exactly one step row, the first step's too (within 1 %)."""
+    from stallscope.idle import CAUSES, attribute_idle
+
+    for scenario, (job, result) in analyzed.items():
+        tables = [f for f in result.findings if f.analyzer == "step_breakdown" and f.evidence.get("key") == "table"]  # fmt: skip
+        for table in tables:
+            rows = table.evidence["steps"]
+            for device in {r["device"] for r in rows}:
+                totals = attribute_idle(job, table.trace, device).totals
+                mine = [r for r in rows if r["device"] == device]
+                idle = sum(r[f"idle_{c}_ns"] for r in mine for c in CAUSES)
+                assert abs(idle - sum(totals.values())) <= 0.01 * sum(totals.values()), scenario
+
+
+def test_savings_are_time_inside_the_steps(analyzed):
+    """A saving is never negative nor more than the trace's summed step time."""
+    for scenario, (job, result) in analyzed.items():
+        for f in result.findings:
+            if f.saving_ns is None:
+                continue
+            steps = job.sql(
+                "SELECT coalesce(sum(end_ns - start_ns), 0) FROM ranges WHERE trace_id = ? AND kind = 'step'",
+                [f.trace],
+            ).fetchone()[0]
+            assert 0 <= f.saving_ns <= steps, (scenario, f.analyzer, f.title)
+
+
+def test_graph_replays_raise_no_queued_stall(analyzed):
+    for scenario in ("cuda_graph", "cuda_graph_runahead"):
+        queued = [f for f in findings(analyzed, scenario, "gpu_idle", floor="info") if f.evidence["cause"] == "queued"]  # fmt: skip
+        assert all(f.severity in ("info", "low") for f in queued), scenario

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stallscope.analyzers import step_breakdown
+from stallscope.idle import attribute_idle
 from stallscope.ingest import ingest_paths
 from stallscope.jobdata import JobData
 from tests.kineto_builder import KinetoTrace
@@ -68,14 +69,29 @@ def test_per_step_table(result):
         assert row["idle_launch_ns"] == 32 * US
         assert row["idle_unknown_ns"] == 18 * US
         assert row["idle_queued_ns"] == 5 * US  # [70, 75): relu was launched at 20-22
-    # the last window runs on to the end of the host step [400, 700): the GPU idled after 500
-    assert table[4]["window_ns"] == 250 * US and table[4]["busy_ns"] == 45 * US
+    # Each idle piece is in the step the host was in: the gap [100i+100, 100i+150) opens in
+    # step i+1's host range (its launches), and step 0 holds the head gap [0, 50) of the scope.
+    # The last step's host range [400, 700) holds the GPU's idle tail [500, 700).
+    assert table[4]["window_ns"] == 300 * US and table[4]["busy_ns"] == 45 * US
+
+
+def test_rows_sum_to_the_job_totals(result, store, tmp_path):
+    (res,) = ingest_paths(store, [str(five_steps().write(tmp_path / "again.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    totals = attribute_idle(job, job.traces[0].trace_id, 0).totals
+    table = step_breakdown.run(job, step_breakdown.SPEC.params()).findings
+    job.close()
+    rows = next(f for f in table if f.severity == "info").evidence["steps"]
+    for cause, value in totals.items():
+        assert sum(r[f"idle_{cause}_ns"] for r in rows) == value, cause
+    assert sum(r["window_ns"] for r in rows) == 700 * US  # the step scope [0, 700)
 
 
 def test_jitter_finding(result):
     (jitter,) = [f for f in result.findings if f.severity != "info"]
     assert jitter.severity == "high"  # p90/median = 2.2
     assert jitter.impact_ns == 200 * US
+    assert jitter.saving_ns == 200 * US  # steps brought down to the median
     assert jitter.windows == [[400 * US, 700 * US]]
 
 
