@@ -318,6 +318,20 @@ def exposed_each(dev: dict, kernels: tuple[np.ndarray, np.ndarray]) -> np.ndarra
     return ((ends - starts) - (covered_before(ends) - covered_before(starts))).astype(np.int64)
 
 
+def refill_after(
+    ends: np.ndarray, kernels: tuple[np.ndarray, np.ndarray], cap: np.ndarray
+) -> np.ndarray:
+    """Per copy end: ns until the next kernel starts (0 if one runs at the end), at most ``cap``."""
+    k_s, k_e = kernels
+    if not k_s.size or not ends.size:
+        return np.zeros(ends.size, dtype=np.int64)
+    i = np.searchsorted(k_s, ends, side="left")
+    running = (i > 0) & (k_e[np.maximum(i - 1, 0)] > ends)
+    nxt = np.where(i < k_s.size, k_s[np.minimum(i, k_s.size - 1)], ends)
+    gap = np.where(running, 0, np.maximum(nxt - ends, 0))
+    return np.minimum(gap, cap).astype(np.int64)
+
+
 @dataclass
 class PageableD2H:
     """Pageable device-to-host copies of one device inside the steps, measured.
@@ -325,7 +339,10 @@ class PageableD2H:
     ``exposed_ns``: copy time with no kernel beside it (the critical path: the
     host waits for the copy, and the GPU has nothing else queued while the
     host is blocked); ``pinned_ns``: what pinned copies of the same bytes
-    would take at ``gbps``; ``saving_ns`` = Σ max(0, exposed − pinned) per copy.
+    would take at ``gbps``; ``refill_ns``: the GPU idle right after each copy, until the
+    next kernel (the copy drained the queue: the host was blocked and launched nothing), at
+    most the copy's own exposed time (a longer gap has another cause); ``saving_ns`` =
+    Σ max(0, exposed − pinned) + refill per copy.
     """
 
     mask: np.ndarray
@@ -335,6 +352,7 @@ class PageableD2H:
     exposed_ns: int
     pinned_ns: int
     saving_ns: int
+    refill_ns: int
     achieved_gbps: float
     gbps: float
     gbps_source: str
@@ -348,7 +366,9 @@ def _measure_d2h(job, trace, device, dev, in_step, params, window) -> PageableD2
         return None
     gbps, source = pinned_bandwidth(job, trace, device, dev, params)
     dur = (dev["end_ns"] - dev["start_ns"])[mask]
-    exposed = exposed_each(dev, kernel_union(job, trace, device))[mask]
+    kernels = kernel_union(job, trace, device)
+    exposed = exposed_each(dev, kernels)[mask]
+    refill = refill_after(dev["end_ns"][mask], kernels, cap=exposed)
     pinned = dev["bytes"][mask] / gbps + PINNED_LATENCY_NS
     nbytes, gpu_ns = int(dev["bytes"][mask].sum()), int(dur.sum())
     span = _span(job, trace, device, window)
@@ -359,7 +379,8 @@ def _measure_d2h(job, trace, device, dev, in_step, params, window) -> PageableD2
         gpu_ns=gpu_ns,
         exposed_ns=int(exposed.sum()),
         pinned_ns=int(pinned.sum()),
-        saving_ns=int(np.maximum(exposed - pinned, 0).sum()),
+        saving_ns=int((np.maximum(exposed - pinned, 0) + refill).sum()),
+        refill_ns=int(refill.sum()),
         achieved_gbps=nbytes / gpu_ns if gpu_ns else 0.0,
         gbps=gbps,
         gbps_source=source,
@@ -397,7 +418,9 @@ def _pageable_d2h(
             f"({m.share:.1f}% of the {m.span / 1e6:.2f} ms span). A copy into pageable memory returns only "
             f"when it is done, so the host waits for it and the GPU gets no new work meanwhile. Into pinned "
             f"memory at {m.gbps:.1f} GB/s ({m.gbps_source}) it would take about {m.pinned_ns / 1e6:.2f} ms, and "
-            f"with non_blocking=True it can overlap compute: about {m.saving_ns / 1e6:.2f} ms saved."
+            f"with non_blocking=True it can overlap compute; the GPU also idled {m.refill_ns / 1e6:.2f} ms "
+            f"after the copies until the host launched again (the blocked host had queued nothing): about "
+            f"{m.saving_ns / 1e6:.2f} ms saved in all."
         ),
         recommendation=(
             "Copy into a reusable pinned buffer: buf = torch.empty(shape, dtype, pin_memory=True) once, then "
@@ -413,6 +436,7 @@ def _pageable_d2h(
             "gpu_ns": m.gpu_ns,
             "exposed_ns": m.exposed_ns,
             "pinned_estimate_ns": m.pinned_ns,
+            "refill_ns": m.refill_ns,
             "achieved_gbps": round(float(m.achieved_gbps), 2),
             "pinned_gbps": round(float(m.gbps), 2),
             "pinned_gbps_source": m.gbps_source,
