@@ -106,12 +106,32 @@ def test_sql_runs_and_refuses_files(app_store):
     at = page("sql")
     tables = at.dataframe[0].value  # the tables and their columns, for writing queries
     assert "start_ns" in tables.set_index("table").loc["gpu", "columns"]
+    assert any("Loaded: 2 jobs" in c.value for c in at.caption)
     at.text_area[0].set_value("SELECT count(*) AS n FROM gpu").run()
     at.button[0].click().run()
     assert not at.exception and int(at.dataframe[-1].value["n"][0]) > 0
     at.text_area[0].set_value("SELECT * FROM read_csv('/etc/passwd')").run()
     at.button[0].click().run()
-    assert at.error and "passwd" in at.error[0].value
+    assert at.error and "read\\_csv\\(\\) is not available" in at.error[0].value
+
+
+def test_sql_page_shows_user_text_literally(app_store):
+    """A message that echoes the user's text is escaped, never rendered as Markdown/HTML."""
+    at = page("sql")
+    at.text_area[0].set_value('SELECT * FROM "![x](http://127.0.0.1:9/x.png)<img src=x>"').run()
+    at.button[0].click().run()
+    (error,) = at.error
+    assert "\\!\\[x\\]\\(http\\:\\/\\/127" in error.value and "\\<img" in error.value
+    assert "![x](" not in error.value and "<img" not in error.value.replace("\\<img", "")
+
+
+def test_literal_escapes_every_markdown_character():
+    from stallscope.pages.sql import literal
+
+    assert literal("a_b *c* ![x](u) <img> $x$ :red[y]") == (
+        "a\\_b \\*c\\* \\!\\[x\\]\\(u\\) \\<img\\> \\$x\\$ \\:red\\[y\\]"
+    )
+    assert literal("two\nlines") == "two lines"
 
 
 def _app():
