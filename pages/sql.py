@@ -3,12 +3,13 @@
 Every query runs in its own sandbox process (stallscope.sql): no file, setting
 or path is reachable, memory, time and the result are capped. Nothing a user
 or a trace controls is rendered as Markdown here: messages go through
-:func:`literal`, results through ``st.dataframe`` (plain cells).
+:func:`literal` (an inline code span), results through ``st.dataframe``
+(plain cells).
 """
 
 from __future__ import annotations
 
-import string
+import re
 
 import streamlit as st
 
@@ -32,14 +33,19 @@ GROUP BY 1 ORDER BY gpu_ms DESC LIMIT 20"""
 COLUMNS = """SELECT table_name AS "table", string_agg(column_name, ', ' ORDER BY ordinal_position) AS columns
 FROM information_schema.columns GROUP BY 1 ORDER BY 1"""
 
-_MARKDOWN_SPECIAL = set(string.punctuation)
-
 
 def literal(text: str) -> str:
-    """``text`` escaped so that Markdown shows it as typed: every ASCII punctuation
-    character gets a backslash (CommonMark allows exactly these), so ``![x](url)``,
-    ``<img>``, links, emphasis, ``$math$`` and ``:color[...]`` stay plain text."""
-    return "".join("\\" + c if c in _MARKDOWN_SPECIAL else c for c in text).replace("\n", " ")
+    """``text`` for a Markdown element, shown exactly as typed: one inline code span.
+
+    Code span content is never parsed: not ``![x](url)``, ``<img>``, emphasis or
+    ``$math$``, and not the bare ``http://`` autolinks that Streamlit's GFM adds
+    after parsing (escapes and character references cannot stop those). The
+    fence is one backtick longer than any backtick run in ``text``; the padding
+    spaces are dropped by CommonMark. Newlines become spaces (messages are one line).
+    """
+    line = " ".join(text.split("\n"))
+    fence = "`" * (max((len(run) for run in re.findall("`+", line)), default=0) + 1)
+    return f"{fence} {line} {fence}"
 
 
 @st.cache_data(ttl=300, show_spinner=False)
@@ -62,7 +68,7 @@ def render() -> None:
         f"sandbox with no file, network, setting or path access; {TIMEOUT_S:g} s, {MEMORY_MB:,} MB of "
         f"memory, {MAX_ROWS:,} rows and {MAX_RESULT_BYTES >> 20} MB of results at most (docs/security.md)."
     )
-    st.caption(f"Loaded: {literal(plan.describe())}.")
+    st.caption(f"Loaded: {plan.describe()}.")  # counts and sizes only: nothing user-controlled
     with st.expander("Tables and their columns"):
         try:
             st.dataframe(
@@ -86,6 +92,6 @@ def render() -> None:
             st.warning(literal(note))
         shown = f"{len(result.frame):,} rows"
         if result.truncated:
-            shown += f": the {literal(result.truncated)}"
+            shown += f": the {result.truncated}"
         st.caption(shown)
         st.dataframe(result.frame, width="stretch", hide_index=True)

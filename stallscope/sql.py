@@ -214,8 +214,7 @@ def check_query(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     tree = json.loads(serialized)
     if tree.get("error"):
         raise QueryError(first_line(tree.get("error_message") or "query not understood"))
-    ctes = {name.lower() for name in _cte_names(tree)}
-    for node in _nodes(tree):
+    for node, ctes in _nodes(tree, frozenset()):
         if node.get("type") == "TABLE_FUNCTION":
             name = str(node.get("function", {}).get("function_name", "")).lower()
             if name not in ALLOWED_TABLE_FUNCTIONS:
@@ -251,24 +250,28 @@ def _check_table(node: dict[str, Any], ctes: set[str]) -> None:
     )
 
 
-def _nodes(tree: Any) -> Iterator[dict[str, Any]]:
-    stack = [tree]
+def _nodes(tree: Any, ctes: frozenset[str]) -> Iterator[tuple[dict[str, Any], frozenset[str]]]:
+    """Every object of the parse tree with the CTE names in scope there (a query's
+    ``WITH`` names cover that query, its CTE bodies and its subqueries, nothing else)."""
+    stack = [(tree, ctes)]
     while stack:
-        item = stack.pop()
+        item, scope = stack.pop()
         if isinstance(item, dict):
-            yield item
-            stack.extend(item.values())
+            scope = scope | _cte_names(item)
+            yield item, scope
+            stack.extend((value, scope) for value in item.values())
         elif isinstance(item, list):
-            stack.extend(item)
+            stack.extend((value, scope) for value in item)
 
 
-def _cte_names(tree: Any) -> Iterator[str]:
-    for node in _nodes(tree):
-        cte_map = node.get("cte_map")
-        if isinstance(cte_map, dict):
-            for entry in cte_map.get("map") or []:
-                if isinstance(entry, dict) and isinstance(entry.get("key"), str):
-                    yield entry["key"]
+def _cte_names(node: dict[str, Any]) -> frozenset[str]:
+    cte_map = node.get("cte_map")
+    if not isinstance(cte_map, dict):
+        return frozenset()
+    entries = cte_map.get("map") or []
+    return frozenset(
+        e["key"].lower() for e in entries if isinstance(e, dict) and isinstance(e.get("key"), str)
+    )
 
 
 def _parser() -> duckdb.DuckDBPyConnection:

@@ -154,6 +154,9 @@ def test_statements_other_than_one_select_are_refused(filled, query):
         "SELECT * FROM gpu, /* a comment */ read_text('/etc/passwd')",
         "SELECT (SELECT max(content) FROM read_text('/etc/passwd')) AS x",
         "WITH x AS (SELECT * FROM glob('/*')) SELECT * FROM x",
+        "SELECT * FROM pg_settings, (WITH pg_settings AS (SELECT 1) SELECT 1)",
+        "SELECT * FROM duckdb_databases",
+        "SELECT * FROM information_schema.schemata",
         "SELECT getenv('HOME')",
     ],
 )
