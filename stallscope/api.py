@@ -140,6 +140,7 @@ class Job:
             timeout_s=timeout_s,
             max_rows=max_rows,
             max_bytes=None,
+            load_cap_bytes=None,
             traces=self.refs,
         )
 

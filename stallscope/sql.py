@@ -40,14 +40,20 @@ MAX_RESULT_BYTES = 16 << 20  # Arrow bytes of a result handed to the server
 TIMEOUT_S = 30.0
 MEMORY_MB = 1024  # what one query may allocate, strings included (the child's RLIMIT_AS)
 LOAD_CAP_BYTES = 256 << 20  # Parquet bytes on disk copied into one sandbox (newest jobs first)
-LOAD_MEMORY_BYTES = 3 << 30  # address space allowed while those copies are read
+LOAD_MEMORY_BYTES = 1 << 30  # address space for reading the copies: this plus
+LOAD_EXPANSION = 8  # ... this many times their Parquet bytes (Arrow is larger than Parquet)
 THREADS = 2
 START_GRACE_S = 60.0  # the child's own start and load, on top of the query's timeout
+MAX_CONCURRENT = 2  # sandboxes at once per server process (each up to MEMORY_MB + its data)
+QUEUE_WAIT_S = 15.0  # how long a query waits for a free sandbox before "busy"
 
 ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 SYSTEM_TABLES = frozenset({("information_schema", "tables"), ("information_schema", "columns")})
 DENIED_FUNCTIONS = frozenset({"current_setting", "getenv", "getvariable", "which_secret"})
 DENIED_PREFIXES = ("read_", "duckdb_", "pragma_")
+
+
+_SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT)
 
 
 class QueryError(StallscopeError):
@@ -62,7 +68,7 @@ class LoadPlan:
     jobs: int
     total_jobs: int
     parquet_bytes: int
-    cap_bytes: int
+    cap_bytes: int | None
 
     def describe(self) -> str:
         """One line for the page, e.g. ``2 jobs (3 traces, 1.2 MB of Parquet)``."""
@@ -72,9 +78,10 @@ class LoadPlan:
             else f"{self.jobs} jobs"
         )
         text += f" ({len(self.traces)} traces, {self.parquet_bytes / 1e6:.1f} MB of Parquet)"
-        if self.jobs < self.total_jobs:
+        if self.jobs < self.total_jobs and self.cap_bytes is not None:
             text += (
-                f"; older jobs left out: the SQL page copies in at most {self.cap_bytes / 1e6:g} MB"
+                f"; {self.total_jobs - self.jobs} left out: the SQL page copies in the newest "
+                f"jobs up to {self.cap_bytes / 1e6:g} MB of Parquet"
             )
         return text
 
@@ -89,11 +96,9 @@ class SqlResult:
     loaded: str = ""  # LoadPlan.describe()
 
 
-def plan_load(traces: list[TraceRef], cap_bytes: int = LOAD_CAP_BYTES) -> LoadPlan:
-    """Whole jobs, newest upload first, while their Parquet fits in ``cap_bytes``.
-
-    The newest job is always included, whatever its size.
-    """
+def plan_load(traces: list[TraceRef], cap_bytes: int | None = LOAD_CAP_BYTES) -> LoadPlan:
+    """Whole jobs, newest upload first, each taken if it still fits in ``cap_bytes``
+    of Parquet on disk (None: every job); a job too big to fit is skipped."""
     jobs: dict[str, list[TraceRef]] = {}
     for ref in traces:
         jobs.setdefault(ref.job_id, []).append(ref)
@@ -106,8 +111,8 @@ def plan_load(traces: list[TraceRef], cap_bytes: int = LOAD_CAP_BYTES) -> LoadPl
     total = taken = 0
     for refs in order:
         size = sum(_parquet_bytes(r) for r in refs)
-        if taken and total + size > cap_bytes:
-            break
+        if cap_bytes is not None and total + size > cap_bytes:
+            continue
         chosen += refs
         total += size
         taken += 1
@@ -139,12 +144,12 @@ def sandbox_query(
     max_rows: int | None = MAX_ROWS,
     max_bytes: int | None = MAX_RESULT_BYTES,
     memory_mb: int = MEMORY_MB,
-    load_cap_bytes: int = LOAD_CAP_BYTES,
+    load_cap_bytes: int | None = LOAD_CAP_BYTES,
 ) -> SqlResult:
     """Run one read-only query in the sandbox; raises :class:`QueryError` with one line.
 
     ``traces`` (default: the whole store) are copied in whole jobs, newest first,
-    up to ``load_cap_bytes`` of Parquet. At most ``max_rows`` rows and
+    up to ``load_cap_bytes`` of Parquet (None: all). At most ``max_rows`` rows and
     ``max_bytes`` Arrow bytes come back (None: no cap); the query is stopped
     after ``timeout_s`` seconds or when it needs more than ``memory_mb``.
     """
@@ -160,10 +165,17 @@ def sandbox_query(
         "max_rows": max_rows,
         "max_bytes": max_bytes,
         "memory_bytes": memory_mb << 20,
-        "load_memory_bytes": LOAD_MEMORY_BYTES,
+        "load_memory_bytes": LOAD_MEMORY_BYTES + LOAD_EXPANSION * plan.parquet_bytes,
         "threads": THREADS,
     }
-    header, table = _run_child(request, timeout_s, max_bytes, memory_mb)
+    if not _SLOTS.acquire(timeout=QUEUE_WAIT_S):
+        raise QueryError(
+            f"the SQL page is busy with {MAX_CONCURRENT} other queries; try again in a moment"
+        )
+    try:
+        header, table = _run_child(request, timeout_s, max_bytes, memory_mb)
+    finally:
+        _SLOTS.release()
     if "error" in header:
         raise QueryError(_scrub(str(header["error"]), store))
     return SqlResult(
@@ -182,6 +194,7 @@ def readonly_query(
     max_rows: int | None = MAX_ROWS,
     max_bytes: int | None = MAX_RESULT_BYTES,
     memory_mb: int = MEMORY_MB,
+    load_cap_bytes: int | None = LOAD_CAP_BYTES,
     traces: list[TraceRef] | None = None,
 ) -> pd.DataFrame:
     """The result frame of :func:`sandbox_query` (cut to ``max_rows``/``max_bytes``)."""
@@ -193,6 +206,7 @@ def readonly_query(
         max_rows=max_rows,
         max_bytes=max_bytes,
         memory_mb=memory_mb,
+        load_cap_bytes=load_cap_bytes,
     ).frame
 
 
@@ -291,6 +305,8 @@ def _run_child(
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         cwd="/",
+        # malloc, not jemalloc: it reserves far less address space under RLIMIT_AS
+        env={**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"},
         start_new_session=True,
     )
     limit = None if max_bytes is None else 2 * max_bytes + (1 << 20)

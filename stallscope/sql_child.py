@@ -43,6 +43,7 @@ from stallscope.sql import QueryError, check_query, first_line
 from stallscope.store import EMPTY_TABLES, TABLES, create_catalog
 
 NOWHERE = "/nonexistent"  # where path-bearing settings point: reveals nothing, holds nothing
+START_OVERHEAD_BYTES = 1 << 30  # address space DuckDB's and Arrow's threads reserve at start
 BATCH_ROWS = 2048
 
 
@@ -221,13 +222,17 @@ def _mb(n: int) -> str:
 
 
 def limit_address_space(extra_bytes: int) -> None:
-    """Cap this process's virtual memory at its current size plus ``extra_bytes``."""
+    """Cap this process's virtual memory at its current size plus ``extra_bytes``
+    (never above a cap already set: limits only go down)."""
     try:
         with open("/proc/self/status", encoding="ascii") as fh:
             vm_kb = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:"))
     except (OSError, StopIteration, ValueError):
         return  # not Linux: DuckDB's memory_limit and the server's timeout still apply
     limit = vm_kb * 1024 + extra_bytes
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
@@ -237,7 +242,8 @@ def handle(request: dict[str, Any]) -> tuple[dict[str, Any], pa.Table | None]:
     try:
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no file grows past 0 bytes
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        limit_address_space(int(request["load_memory_bytes"]) + memory)
+        pa.set_cpu_count(int(request["threads"]))
+        limit_address_space(START_OVERHEAD_BYTES + int(request["load_memory_bytes"]) + memory)
         try:
             loaded = load_tables(request["traces"])
         except (MemoryError, pa.ArrowMemoryError):

@@ -253,6 +253,20 @@ def test_timeout(filled):
     assert "stopped after 0.5 s" in message
 
 
+def test_at_most_max_concurrent_sandboxes(filled, monkeypatch):
+    import stallscope.sql as sql
+
+    monkeypatch.setattr(sql, "QUEUE_WAIT_S", 0.1)
+    taken = [sql._SLOTS.acquire(timeout=5) for _ in range(sql.MAX_CONCURRENT)]
+    try:
+        assert all(taken)
+        assert "busy" in refused(filled, "SELECT 1")
+    finally:
+        for _ in taken:
+            sql._SLOTS.release()
+    assert readonly_query(filled, "SELECT 1 AS x").x[0] == 1
+
+
 def test_corrupt_parquet_leaves_out_its_job_only(filled):
     bad_job = filled.jobs()[0]["job_id"]
     (ref,) = filled.traces(bad_job)
@@ -265,9 +279,14 @@ def test_corrupt_parquet_leaves_out_its_job_only(filled):
 
 
 def test_load_cap_says_what_is_loaded(filled):
-    result = sandbox_query(filled, "SELECT count(*) AS n FROM catalog", load_cap_bytes=1)
-    assert result.frame.n[0] == 1  # the newest job is always loaded
-    assert "1 of 2 jobs" in result.loaded
+    from stallscope.sql import plan_load
+
+    sizes = [plan_load(filled.traces(j["job_id"]), None).parquet_bytes for j in filled.jobs()]
+    result = sandbox_query(filled, "SELECT count(*) AS n FROM catalog", load_cap_bytes=max(sizes))
+    assert result.frame.n[0] == 1  # whole jobs, newest first, while they fit
+    assert result.loaded.startswith("1 of 2 jobs (1 traces,") and "1 left out" in result.loaded
+    nothing = sandbox_query(filled, "SELECT count(*) AS n FROM gpu", load_cap_bytes=1)
+    assert nothing.frame.n[0] == 0 and nothing.loaded.startswith("0 of 2 jobs")
 
 
 def _rss_mb() -> float:
