@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+import pandas as pd
 import streamlit as st
 
 from stallscope.pages.state import get_store
@@ -22,16 +23,13 @@ from stallscope.sql import (
     QueryError,
     plan_load,
     sandbox_query,
+    table_columns,
 )
 
 EXAMPLE = """SELECT n.name, count(*) AS launches, sum(g.end_ns - g.start_ns) / 1e6 AS gpu_ms
 FROM gpu g JOIN names n USING (trace_id, name_id)
 WHERE g.kind = 'kernel'
 GROUP BY 1 ORDER BY gpu_ms DESC LIMIT 20"""
-
-
-COLUMNS = """SELECT table_name AS "table", string_agg(column_name, ', ' ORDER BY ordinal_position) AS columns
-FROM information_schema.columns GROUP BY 1 ORDER BY 1"""
 
 
 def literal(text: str) -> str:
@@ -49,13 +47,13 @@ def literal(text: str) -> str:
 
 
 @st.cache_data(ttl=300, show_spinner=False)
-def _columns(trace_ids: tuple[str, ...]):
+def _columns(trace_ids: tuple[str, ...]) -> pd.DataFrame:
     """The tables and their columns (keyed by the traces loaded, so new uploads show)."""
-    store = get_store()
     wanted = set(trace_ids)
-    return sandbox_query(
-        store, COLUMNS, traces=[r for r in store.traces() if r.trace_id in wanted]
-    ).frame
+    listing = table_columns([r for r in get_store().traces() if r.trace_id in wanted])
+    return pd.DataFrame(
+        [(table, ", ".join(columns)) for table, columns in listing], columns=["table", "columns"]
+    )
 
 
 def render() -> None:
@@ -70,12 +68,9 @@ def render() -> None:
     )
     st.caption(f"Loaded: {plan.describe()}.")  # counts and sizes only: nothing user-controlled
     with st.expander("Tables and their columns"):
-        try:
-            st.dataframe(
-                _columns(tuple(r.trace_id for r in plan.traces)), width="stretch", hide_index=True
-            )
-        except QueryError as exc:
-            st.caption(literal(str(exc)))
+        st.dataframe(
+            _columns(tuple(r.trace_id for r in plan.traces)), width="stretch", hide_index=True
+        )
         st.caption(
             "Names are interned: join `names` on (trace_id, name_id) to read them, as the example "
             "does. `catalog.file_name` is the uploaded file's base name."

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from stallscope.errors import StallscopeError
-from stallscope.store import TABLES, Store, TraceRef
+from stallscope.store import CATALOG_COLUMNS, EMPTY_TABLES, TABLES, Store, TraceRef
 
 if TYPE_CHECKING:  # pandas is imported by to_pandas(), in the server only, not in the sandbox
     import pandas as pd
@@ -125,6 +126,28 @@ def _parquet_bytes(ref: TraceRef) -> int:
         with contextlib.suppress(OSError):
             total += ref.table_path(table).stat().st_size
     return total
+
+
+def table_columns(traces: list[TraceRef]) -> list[tuple[str, list[str]]]:
+    """Each table the sandbox offers over ``traces`` with its columns, read from the
+    Parquet footers only (no sandbox needed: nothing here comes from a visitor).
+    Columns are in order of first appearance, as the sandbox's union of traces has them;
+    an unreadable footer is skipped (the sandbox leaves that job out and says so)."""
+    listing = []
+    for table in TABLES:
+        names: dict[str, None] = {}
+        for ref in traces:
+            path = ref.table_path(table)
+            if path.is_file():
+                with contextlib.suppress(Exception):
+                    names.update(dict.fromkeys(pq.read_schema(path).names))
+        if not names:
+            with duckdb.connect() as con:
+                con.execute(f"SELECT * FROM {EMPTY_TABLES[table]} LIMIT 0")
+                names = dict.fromkeys(d[0] for d in con.description)
+        listing.append((table, list(names)))
+    listing.append(("catalog", [name for name, _ in CATALOG_COLUMNS]))
+    return sorted(listing)
 
 
 def trace_requests(traces: list[TraceRef]) -> list[dict[str, Any]]:

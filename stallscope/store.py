@@ -243,7 +243,7 @@ EMPTY_TABLES = {
     " NULL::BIGINT timeline_correlation, NULL::BIGINT timeline_start_ns, NULL::BIGINT timeline_end_ns)",
 }
 
-_CATALOG_COLUMNS = (
+CATALOG_COLUMNS = (
     ("trace_id", "VARCHAR"), ("job_id", "VARCHAR"), ("name", "VARCHAR"), ("source", "VARCHAR"),
     ("source_version", "VARCHAR"), ("rank", "INTEGER"), ("world_size", "INTEGER"),
     ("file_name", "VARCHAR"), ("file_hash", "VARCHAR"), ("file_bytes", "BIGINT"),
@@ -254,11 +254,11 @@ _CATALOG_COLUMNS = (
 
 def create_catalog(con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]]) -> None:
     """A ``catalog`` table with one row per trace catalog row (``meta.json``)."""
-    cols = ", ".join(f"{name} {typ}" for name, typ in _CATALOG_COLUMNS)
+    cols = ", ".join(f"{name} {typ}" for name, typ in CATALOG_COLUMNS)
     con.execute(f"CREATE TEMP TABLE catalog ({cols})")
-    rows = [tuple(meta.get(name) for name, _ in _CATALOG_COLUMNS) for meta in metas]
+    rows = [tuple(meta.get(name) for name, _ in CATALOG_COLUMNS) for meta in metas]
     if rows:
-        marks = ", ".join("?" for _ in _CATALOG_COLUMNS)
+        marks = ", ".join("?" for _ in CATALOG_COLUMNS)
         con.executemany(f"INSERT INTO catalog VALUES ({marks})", rows)
 
 

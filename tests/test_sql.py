@@ -81,6 +81,19 @@ def test_select_over_tables(filled):
     assert ok.to_dict("records") == [{"u": "A", "n": 3, "s": 6}]
 
 
+def test_column_listing_matches_the_sandbox(filled):
+    from stallscope.sql import table_columns
+
+    frame = readonly_query(
+        filled,
+        "SELECT table_name AS t, list(column_name ORDER BY ordinal_position) AS c "
+        "FROM information_schema.columns GROUP BY 1 ORDER BY 1",
+    )
+    seen = [(t, list(c)) for t, c in zip(frame.t, frame.c, strict=True)]
+    assert table_columns(filled.traces()) == seen
+    assert dict(seen)["gpu"][:6] == ["trace_id", "device", "stream", "kind", "start_ns", "end_ns"]
+
+
 def test_scoped_to_some_traces(filled):
     (job,) = [j["job_id"] for j in filled.jobs() if j["name"] == "u.json"]
     frame = readonly_query(filled, "SELECT count(*) AS n FROM gpu", traces=filled.traces(job))
