@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -45,6 +46,7 @@ LOAD_MEMORY_BYTES = 1 << 30  # address space for reading the copies: this plus
 LOAD_EXPANSION = 8  # ... this many times their Parquet bytes (Arrow is larger than Parquet)
 THREADS = 2
 START_GRACE_S = 60.0  # the child's own start and load, on top of the query's timeout
+MAX_QUERY_CHARS = 100_000
 MAX_CONCURRENT = 2  # sandboxes at once per server process (each up to MEMORY_MB + its data)
 QUEUE_WAIT_S = 15.0  # how long a query waits for a free sandbox before "busy"
 
@@ -55,6 +57,7 @@ DENIED_PREFIXES = ("read_", "duckdb_", "pragma_")
 
 
 _SLOTS = threading.BoundedSemaphore(MAX_CONCURRENT)
+_log = logging.getLogger(__name__)
 
 
 class QueryError(StallscopeError):
@@ -179,7 +182,10 @@ def sandbox_query(
     text = sql.strip()
     if not text.rstrip(";").strip():
         raise QueryError("empty query")
-    check_query(_parser(), text)
+    if len(text) > MAX_QUERY_CHARS:
+        raise QueryError(f"query longer than {MAX_QUERY_CHARS:,} characters")
+    with _parser() as con:
+        check_query(con, text)
     plan = plan_load(store.traces() if traces is None else traces, load_cap_bytes)
     request = {
         "sql": text,
@@ -261,6 +267,8 @@ def check_query(con: duckdb.DuckDBPyConnection, sql: str) -> None:
                 )
         elif node.get("type") == "BASE_TABLE":
             _check_table(node, ctes)
+        elif node.get("type") == "SHOW_REF" and node.get("query") is None:
+            _check_show(node)
         elif node.get("class") == "FUNCTION":
             name = str(node.get("function_name", "")).lower()
             if name in DENIED_FUNCTIONS or name.startswith(DENIED_PREFIXES):
@@ -284,6 +292,18 @@ def _check_table(node: dict[str, Any], ctes: set[str]) -> None:
     raise QueryError(
         f"no table {shown!r} here: the tables are {', '.join((*TABLES, 'catalog'))}, "
         "information_schema.tables and .columns"
+    )
+
+
+def _check_show(node: dict[str, Any]) -> None:
+    """``DESCRIBE``/``SUMMARIZE`` of one of our tables; ``SHOW <setting>`` and
+    ``SHOW TABLES``-like listings are refused (a query inside is checked as a query)."""
+    name = str(node.get("table_name", "")).lower()
+    if name in TABLES or name == "catalog":
+        return
+    raise QueryError(
+        f"SHOW/DESCRIBE/SUMMARIZE of {name!r} is not available here: only of "
+        f"{', '.join((*TABLES, 'catalog'))} or of a query"
     )
 
 
@@ -326,14 +346,15 @@ def _run_child(
         [sys.executable, "-m", "stallscope.sql_child"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         cwd="/",
         # malloc, not jemalloc: it reserves far less address space under RLIMIT_AS
         env={**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"},
         start_new_session=True,
     )
     limit = None if max_bytes is None else 2 * max_bytes + (1 << 20)
-    out = _Collector(proc, limit)
+    out = _Collector(proc, proc.stdout, limit)
+    err = _Collector(proc, proc.stderr, 64 << 10, kill=False)
     try:
         assert proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
@@ -344,10 +365,18 @@ def _run_child(
         except subprocess.TimeoutExpired:
             raise QueryError(f"query stopped after {timeout_s:g} s") from None
         out.join()
+        err.join()
     finally:
         _kill(proc)
     if out.overflow:
         raise QueryError("query result too large")
+    if proc.returncode != 0 or err.size:
+        # for the server's log only: may name paths, never shown to the visitor
+        _log.warning(
+            "SQL sandbox exit status %s: %s",
+            proc.returncode,
+            err.data()[-2000:].decode(errors="replace"),
+        )
     return _parse_output(out.data(), proc.returncode, memory_mb)
 
 
@@ -369,11 +398,11 @@ def _parse_output(
 
 
 class _Collector:
-    """Reads a child's stdout in a thread, up to ``limit`` bytes (then kills the child and
-    flags ``overflow``)."""
+    """Reads one of a child's pipes in a thread, up to ``limit`` bytes, then flags
+    ``overflow`` and kills the child (``kill``) or drains and drops the rest."""
 
-    def __init__(self, proc: subprocess.Popen, limit: int | None):
-        self.proc, self.pipe, self.limit = proc, proc.stdout, limit
+    def __init__(self, proc: subprocess.Popen, pipe: Any, limit: int | None, kill: bool = True):
+        self.proc, self.pipe, self.limit, self.kill = proc, pipe, limit, kill
         self.chunks: list[bytes] = []
         self.size = 0
         self.overflow = False
@@ -385,7 +414,11 @@ class _Collector:
             self.size += len(chunk)
             if self.limit is not None and self.size > self.limit:
                 self.overflow = True
-                _kill_group(self.proc)
+                if self.kill:
+                    _kill_group(self.proc)
+                else:  # keep draining so the child never blocks on a full pipe
+                    while self.pipe.read(1 << 16):
+                        pass
                 return
             self.chunks.append(chunk)
 
@@ -405,7 +438,7 @@ def _kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         _kill_group(proc)
         proc.wait(timeout=30)
-    for pipe in (proc.stdin, proc.stdout):
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
             with contextlib.suppress(OSError):
                 pipe.close()

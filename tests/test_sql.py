@@ -79,6 +79,8 @@ def test_select_over_tables(filled):
         "(SELECT sum(range) FROM range(4)) AS s",
     )
     assert ok.to_dict("records") == [{"u": "A", "n": 3, "s": 6}]
+    assert "start_ns" in set(readonly_query(filled, "DESCRIBE gpu").column_name)
+    assert len(readonly_query(filled, "SUMMARIZE SELECT start_ns FROM gpu")) == 1
 
 
 def test_column_listing_matches_the_sandbox(filled):
@@ -170,6 +172,13 @@ def test_statements_other_than_one_select_are_refused(filled, query):
         "SELECT * FROM pg_settings, (WITH pg_settings AS (SELECT 1) SELECT 1)",
         "SELECT * FROM duckdb_databases",
         "SELECT * FROM information_schema.schemata",
+        "SHOW home_directory",
+        "SELECT * FROM (SHOW temp_directory)",
+        "SHOW ALL TABLES",
+        "SUMMARIZE SELECT * FROM read_text('/etc/passwd')",
+        "DESCRIBE pg_settings",
+        "SELECT 'temp_directory'.current_setting()",
+        "SELECT * FROM gpu, LATERAL read_text('/etc/passwd')",
         "SELECT getenv('HOME')",
     ],
 )
