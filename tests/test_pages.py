@@ -115,38 +115,6 @@ def test_sql_runs_and_refuses_files(app_store):
     assert at.error and "read_csv() is not available" in at.error[0].value
 
 
-def test_sql_page_survives_a_corrupt_parquet_file(app_store):
-    bad = job_id(app_store, "idle.pt.trace.json")
-    (ref,) = app_store.traces(bad)
-    ref.table_path("gpu").write_bytes(b"PAR1 garbage PAR1")
-    at = page("sql")
-    assert not at.exception and "gpu" in set(at.dataframe[0].value["table"])
-    at.text_area[0].set_value("SELECT count(*) AS n FROM catalog").run()
-    at.button[0].click().run()
-    assert not at.exception and not at.error
-    assert int(at.dataframe[-1].value["n"][0]) == 1
-    (warning,) = at.warning
-    assert f"job {bad} left out: {ref.trace_id}/gpu.parquet cannot be read" in warning.value
-
-
-def test_sql_page_shows_user_text_literally(app_store):
-    """A message that echoes the user's text is escaped, never rendered as Markdown/HTML
-    (tests/test_browser.py checks what Chromium shows)."""
-    at = page("sql")
-    at.text_area[0].set_value('SELECT * FROM "![x](http://127.0.0.1:9/x.png)<img src=x>"').run()
-    at.button[0].click().run()
-    (error,) = at.error
-    assert error.value.startswith("` no table '![x](http://127.0.0.1:9/x.png)<img src=x>'")
-    assert error.value.endswith(" `") and error.value.count("`") == 2
-
-
-def test_literal_is_one_code_span_whatever_the_backticks():
-    from stallscope.pages.sql import literal
-
-    assert literal("![x](http://h/i.png) <img>") == "` ![x](http://h/i.png) <img> `"
-    assert literal("a `b` ``c``\nd") == "``` a `b` ``c`` d ```"
-
-
 def _app():
     from stallscope.pages.main import main
 
