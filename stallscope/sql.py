@@ -239,10 +239,11 @@ def readonly_query(
     ).frame
 
 
-def check_query(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """Refuse anything but one ``SELECT`` over the canonical tables, ``range``-like
-    table functions and ordinary functions, judged on DuckDB's parse tree (so
-    comments, quoting and case cannot hide a name). ``con`` only parses.
+def check_query(con: duckdb.DuckDBPyConnection, sql: str) -> str:
+    """The one statement of ``sql`` (its text, as DuckDB split it), if it is a
+    ``SELECT`` over the canonical tables, ``range``-like table functions and
+    ordinary functions; else :class:`QueryError`. Judged on DuckDB's parse tree,
+    so comments, quoting and case cannot hide a name. ``con`` only parses.
     """
     try:
         statements = con.extract_statements(sql)
@@ -275,6 +276,7 @@ def check_query(con: duckdb.DuckDBPyConnection, sql: str) -> None:
                 raise QueryError(
                     f"{name}() is not available here (no settings, files or system state)"
                 )
+    return statement.query
 
 
 def _check_table(node: dict[str, Any], ctes: set[str]) -> None:

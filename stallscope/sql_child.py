@@ -154,7 +154,7 @@ def run_query(
     max_bytes: int | None,
 ) -> tuple[pa.Table, str | None]:
     """The capped result of ``sql`` and why it was cut (None when complete)."""
-    check_query(con, sql)
+    statement = check_query(con, sql)  # run exactly the statement that was checked
     stopped = threading.Event()
 
     def stop() -> None:
@@ -164,7 +164,7 @@ def run_query(
     timer = threading.Timer(timeout_s, stop)
     timer.start()
     try:
-        reader = con.sql(sql).to_arrow_reader(BATCH_ROWS)
+        reader = con.sql(statement).to_arrow_reader(BATCH_ROWS)
         return _capped(reader, max_rows, max_bytes)
     except Exception as exc:
         if stopped.is_set():

@@ -231,7 +231,8 @@ def test_check_query_reads_the_parse_tree_not_the_text():
     import duckdb
 
     con = duckdb.connect()
-    assert check_query(con, "SELECT 'read_text(''/etc/passwd'')' AS s -- glob('/')") is None
+    text = "SELECT 'read_text(''/etc/passwd'')' AS s -- glob('/')"
+    assert check_query(con, text + ";").startswith("SELECT 'read_text(")
     with pytest.raises(QueryError, match="read_text"):
         check_query(con, "SELECT * FROM READ_TEXT/**/('/etc/passwd')")
 
