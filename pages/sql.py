@@ -1,11 +1,30 @@
-"""SQL page: read-only queries over every trace in the store."""
+"""SQL page: read-only queries in a sandbox over copies of the stored traces.
+
+Every query runs in its own sandbox process (stallscope.sql): no file, setting
+or path is reachable, memory, time and the result are capped. Nothing a user
+or a trace controls is rendered as Markdown here: messages go through
+:func:`literal` (an inline code span), results through ``st.dataframe``
+(plain cells).
+"""
 
 from __future__ import annotations
 
+import re
+
+import pandas as pd
 import streamlit as st
 
 from stallscope.pages.state import get_store
-from stallscope.sql import QueryError, readonly_query
+from stallscope.sql import (
+    MAX_RESULT_BYTES,
+    MAX_ROWS,
+    MEMORY_MB,
+    TIMEOUT_S,
+    QueryError,
+    plan_load,
+    sandbox_query,
+    table_columns,
+)
 
 EXAMPLE = """SELECT n.name, count(*) AS launches, sum(g.end_ns - g.start_ns) / 1e6 AS gpu_ms
 FROM gpu g JOIN names n USING (trace_id, name_id)
@@ -13,36 +32,61 @@ WHERE g.kind = 'kernel'
 GROUP BY 1 ORDER BY gpu_ms DESC LIMIT 20"""
 
 
-COLUMNS = """SELECT table_name AS "table", string_agg(column_name, ', ' ORDER BY ordinal_position) AS columns
-FROM information_schema.columns GROUP BY 1 ORDER BY 1"""
+def literal(text: str) -> str:
+    """``text`` for a Markdown element, shown exactly as typed: one inline code span.
+
+    Code span content is never parsed: not ``![x](url)``, ``<img>``, emphasis or
+    ``$math$``, and not the bare ``http://`` autolinks that Streamlit's GFM adds
+    after parsing (escapes and character references cannot stop those). The
+    fence is one backtick longer than any backtick run in ``text``; the padding
+    spaces are dropped by CommonMark. Newlines become spaces (messages are one line).
+    """
+    line = " ".join(text.split("\n"))
+    fence = "`" * (max((len(run) for run in re.findall("`+", line)), default=0) + 1)
+    return f"{fence} {line} {fence}"
 
 
-def _columns():
-    return readonly_query(get_store(), COLUMNS)
+@st.cache_data(ttl=300, show_spinner=False)
+def _columns(trace_ids: tuple[str, ...]) -> pd.DataFrame:
+    """The tables and their columns (keyed by the traces loaded, so new uploads show)."""
+    wanted = set(trace_ids)
+    listing = table_columns([r for r in get_store().traces() if r.trace_id in wanted])
+    return pd.DataFrame(
+        [(table, ", ".join(columns)) for table, columns in listing], columns=["table", "columns"]
+    )
 
 
 def render() -> None:
     st.title("SQL")
+    store = get_store()
+    plan = plan_load(store.traces())
     st.caption(
-        "Read-only DuckDB over the canonical tables of every stored trace: gpu, host, ranges, collectives, names, kernel_metrics, "
-        "threads, devices, catalog (see docs/schema.md). One SELECT at a time; no file or network access; "
-        "30 s and 10,000 rows at most."
+        "Read-only DuckDB over copies of the canonical tables: gpu, host, ranges, collectives, names, "
+        "kernel_metrics, threads, devices, catalog (see docs/schema.md). One SELECT at a time, in a "
+        f"sandbox with no file, network, setting or path access; {TIMEOUT_S:g} s, {MEMORY_MB:,} MB of "
+        f"memory, {MAX_ROWS:,} rows and {MAX_RESULT_BYTES >> 20} MB of results at most (docs/security.md)."
     )
+    st.caption(f"Loaded: {plan.describe()}.")  # counts and sizes only: nothing user-controlled
     with st.expander("Tables and their columns"):
-        try:
-            st.dataframe(_columns(), width="stretch", hide_index=True)
-        except QueryError as exc:
-            st.caption(str(exc))
+        st.dataframe(
+            _columns(tuple(r.trace_id for r in plan.traces)), width="stretch", hide_index=True
+        )
         st.caption(
-            "Names are interned: join `names` on (trace_id, name_id) to read them, as the example does."
+            "Names are interned: join `names` on (trace_id, name_id) to read them, as the example "
+            "does. `catalog.file_name` is the uploaded file's base name."
         )
     st.session_state.setdefault("sql_query", EXAMPLE)
     query = st.text_area("Query", key="sql_query", height=160)
     if st.button("Run", type="primary"):
         try:
-            frame = readonly_query(get_store(), query)
+            result = sandbox_query(store, query, traces=plan.traces)
         except QueryError as exc:
-            st.error(str(exc))
+            st.error(literal(str(exc)))
             return
-        st.caption(f"{len(frame)} rows")
-        st.dataframe(frame, width="stretch", hide_index=True)
+        for note in result.notes:
+            st.warning(literal(note))
+        shown = f"{len(result.frame):,} rows"
+        if result.truncated:
+            shown += f": the {result.truncated}"
+        st.caption(shown)
+        st.dataframe(result.frame, width="stretch", hide_index=True)

@@ -135,7 +135,13 @@ class Job:
         from stallscope.sql import readonly_query
 
         return readonly_query(
-            self.store, query, timeout_s=timeout_s, max_rows=max_rows, traces=self.refs
+            self.store,
+            query,
+            timeout_s=timeout_s,
+            max_rows=max_rows,
+            max_bytes=None,
+            load_cap_bytes=None,
+            traces=self.refs,
         )
 
     def reanalyze(self, thresholds: dict[str, dict[str, float]] | None = None) -> Job:

@@ -222,12 +222,14 @@ class Store:
                     f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)"
                 )
             else:
-                con.execute(f"CREATE VIEW {table} AS SELECT * FROM {_EMPTY[table]} WHERE false")
-        _create_catalog(con, refs)
+                con.execute(
+                    f"CREATE VIEW {table} AS SELECT * FROM {EMPTY_TABLES[table]} WHERE false"
+                )
+        create_catalog(con, [r.meta for r in refs])
         return con
 
 
-_EMPTY = {
+EMPTY_TABLES = {
     "gpu": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER device, NULL::BIGINT stream, NULL::VARCHAR kind,"
     " NULL::BIGINT start_ns, NULL::BIGINT end_ns, NULL::INTEGER name_id, NULL::BOOLEAN is_comm)",
     "host": "(SELECT NULL::VARCHAR trace_id, NULL::BIGINT pid, NULL::BIGINT tid, NULL::VARCHAR kind,"
@@ -247,7 +249,7 @@ _EMPTY = {
     " NULL::BIGINT timeline_correlation, NULL::BIGINT timeline_start_ns, NULL::BIGINT timeline_end_ns)",
 }
 
-_CATALOG_COLUMNS = (
+CATALOG_COLUMNS = (
     ("trace_id", "VARCHAR"), ("job_id", "VARCHAR"), ("name", "VARCHAR"), ("source", "VARCHAR"),
     ("source_version", "VARCHAR"), ("rank", "INTEGER"), ("world_size", "INTEGER"),
     ("file_name", "VARCHAR"), ("file_hash", "VARCHAR"), ("file_bytes", "BIGINT"),
@@ -256,12 +258,13 @@ _CATALOG_COLUMNS = (
 )  # fmt: skip
 
 
-def _create_catalog(con: duckdb.DuckDBPyConnection, refs: list[TraceRef]) -> None:
-    cols = ", ".join(f"{name} {typ}" for name, typ in _CATALOG_COLUMNS)
+def create_catalog(con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]]) -> None:
+    """A ``catalog`` table with one row per trace catalog row (``meta.json``)."""
+    cols = ", ".join(f"{name} {typ}" for name, typ in CATALOG_COLUMNS)
     con.execute(f"CREATE TEMP TABLE catalog ({cols})")
-    rows = [tuple(r.meta.get(name) for name, _ in _CATALOG_COLUMNS) for r in refs]
+    rows = [tuple(meta.get(name) for name, _ in CATALOG_COLUMNS) for meta in metas]
     if rows:
-        marks = ", ".join("?" for _ in _CATALOG_COLUMNS)
+        marks = ", ".join("?" for _ in CATALOG_COLUMNS)
         con.executemany(f"INSERT INTO catalog VALUES ({marks})", rows)
 
 

@@ -76,3 +76,46 @@ def test_bad_upload_shows_one_line_and_keeps_the_store(server, tmp_path):
         page.get_by_text("PNG image, not a trace").wait_for(timeout=60_000)
         browser.close()
     assert Store(store).jobs() == []
+
+
+def test_sql_page_refuses_explain_analyze_copy_and_shows_text_literally(server, tmp_path):
+    """The reported escape, typed into the page: refused in one line, the store byte-identical."""
+    from playwright.sync_api import sync_playwright
+
+    from stallscope.ingest import ingest_paths
+    from tests.kineto_builder import KinetoTrace
+    from tests.test_sql import snapshot
+
+    url, store_dir = server
+    store = Store(store_dir).ensure()
+    trace = KinetoTrace()
+    trace.kernel("gemm", 0, 5_000)
+    (result,) = ingest_paths(store, [str(trace.write(tmp_path / "t.json"))])
+    target = store.jobs_dir.resolve() / result.job_id / "job.json"
+    before = snapshot(store)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{url}/sql")
+        wait_idle(page)
+
+        def run(query: str):
+            page.get_by_label("Query").fill(query)
+            page.get_by_label("Query").press("Control+Enter")
+            wait_idle(page)
+            page.get_by_role("button", name="Run").click()
+            wait_idle(page)
+            return page.locator("[data-testid='stAlert']")
+
+        alert = run(f"EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO '{target}' (FORMAT csv)")
+        assert "only SELECT queries are allowed (got EXPLAIN)" in alert.inner_text()
+        assert snapshot(store) == before and store.has_job(result.job_id)
+
+        alert = run('SELECT * FROM "![x](http://127.0.0.1:9/x.png)<img src=x>"')
+        assert "'![x](http://127.0.0.1:9/x.png)<img src=x>'" in alert.inner_text()
+        assert alert.locator("img, a").count() == 0  # shown as text, not rendered
+
+        run("SELECT count(*) AS kernels FROM gpu")
+        page.get_by_text("1 rows").wait_for(timeout=30_000)
+        browser.close()
+    assert snapshot(store) == before
