@@ -131,8 +131,11 @@ class Job:
         self, query: str, *, max_rows: int | None = None, timeout_s: float = 300.0
     ) -> pd.DataFrame:
         """One read-only ``SELECT`` over this job's tables (``gpu``, ``host``, ``ranges``,
-        ``collectives``, ``names``, ``threads``, ``devices``, ``kernel_metrics``, ``catalog``)."""
-        from stallscope.sql import readonly_query
+        ``collectives``, ``names``, ``threads``, ``devices``, ``kernel_metrics``, ``catalog``).
+
+        Runs in the same sandbox process as the dashboard's SQL page, without its row,
+        result-size and load caps, and with up to half the machine's memory."""
+        from stallscope.sql import MEMORY_MB, readonly_query
 
         return readonly_query(
             self.store,
@@ -141,9 +144,20 @@ class Job:
             max_rows=max_rows,
             max_bytes=None,
             load_cap_bytes=None,
+            memory_mb=max(MEMORY_MB, _physical_memory_mb() // 2),
             traces=self.refs,
         )
 
     def reanalyze(self, thresholds: dict[str, dict[str, float]] | None = None) -> Job:
         """The same traces analyzed with other thresholds (a new Job)."""
         return Job(self.store, self.refs, thresholds)
+
+
+def _physical_memory_mb() -> int:
+    """The machine's memory in MiB (0 where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+    except (ValueError, OSError, AttributeError):
+        return 0
