@@ -43,6 +43,7 @@ from stallscope.idle import CAUSES, attribute_idle, launch_threads, top_host_ops
 from stallscope.jobdata import JobData
 from stallscope.lateness import (
     CAUSE_TEXT,
+    critical_path_table,
     explain,
     host_ranges,
     lateness,
@@ -90,7 +91,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         if finding:
             result.findings.append(finding)
     if multi:
-        result.findings.append(_summary(match, parts, min_wait))
+        result.findings.append(_summary(job, match, parts, min_wait))
     return result
 
 
@@ -129,7 +130,12 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
     outside = _wait_outside(job, match, trace, device)
     outside_share = outside / int(waits.sum()) if waits.sum() else 0.0
     before_capture = outside_share >= 0.5
-    if before_capture and SEVERITY_RANK[severity] > SEVERITY_RANK["low"]:
+    saved = None if why is None or before_capture else why["what_if"]["saving_ns"]
+    # a straggler whose being on time would not shorten the step is not the fix to lead with
+    alone_not_enough = saved is not None and saved < max(
+        exposed / 10, params["min_impact_ms"] * 1e6
+    )
+    if (before_capture or alone_not_enough) and SEVERITY_RANK[severity] > SEVERITY_RANK["low"]:
         severity = "low"
     order = np.argsort(-waits, kind="stable")[:MAX_WINDOWS]
     top = np.argsort(-inst["max_wait_ns"][rows["inst"][waiting]], kind="stable")[:5]
@@ -155,15 +161,18 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
                 _outside_text(straggler, why, outside)
                 if before_capture
                 else _doing_text(straggler, doing, why)
+                + (_not_enough_text(straggler, saved, exposed) if alone_not_enough else "")
             )
         ),
         recommendation=(
             _outside_recommendation(straggler)
             if before_capture
+            else _several_recommendation(straggler)
+            if alone_not_enough
             else _recommendation(straggler, why)
         ),
         impact_ns=exposed,
-        saving_ns=None if before_capture or why is None else why["what_if"]["saving_ns"],
+        saving_ns=saved,
         evidence={
             "straggler_rank": straggler,
             "straggler_ranks": {str(r): ns for r, ns in sorted(by_rank.items())},
@@ -359,6 +368,21 @@ def _outside_text(rank: int, why: dict | None, outside: int) -> str:
     )
 
 
+def _not_enough_text(rank: int, saved: int, exposed: int) -> str:
+    return (
+        f" So rank {rank} alone does not set the step time: other ranks arrive nearly as late, or the step's end "
+        f"is set elsewhere (see the critical path in the `collectives` finding); of this rank's {_ms(exposed)} "
+        f"of exposed wait, making rank {rank} on time recovers {_ms(saved)}."
+    )
+
+
+def _several_recommendation(rank: int) -> str:
+    return (
+        f"Rank {rank} is not the only late rank: follow the critical path of the step (the `collectives` finding, "
+        "Distributed page) to the ranks and work that set its end, and fix those first."
+    )
+
+
 def _outside_recommendation(rank: int) -> str:
     return (
         f"Capture what comes before this step on rank {rank}: profile more steps (a longer `active` in the "
@@ -422,7 +446,7 @@ def _recommendation(rank: int, why: dict | None) -> str:
     )
 
 
-def _summary(match: CollectiveMatch, parts, min_wait: int) -> Finding:
+def _summary(job, match: CollectiveMatch, parts, min_wait: int) -> Finding:
     inst, rows = match.instances, match.rows
     n = inst["op"].size
     material = inst["max_wait_ns"] >= min_wait
@@ -469,6 +493,7 @@ def _summary(match: CollectiveMatch, parts, min_wait: int) -> Finding:
             "ops": ops,
             "collectives": [_instance_dict(inst, i) for i in range(min(n, MAX_INSTANCES))],
             "data_quality": match.warnings,
+            "critical_path": critical_path_table(job, _lateness_of(job, match)[0]) if n else [],
         },
         windows=[
             [int(inst["start_ns"][i]), int(inst["last_ns"][i])]

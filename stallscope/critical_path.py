@@ -278,7 +278,9 @@ def saving(ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression]) -> d
     }
 
 
-def critical_path(g: pd.DataFrame, step: int, label_gap=None) -> pd.DataFrame:
+def critical_path(
+    g: pd.DataFrame, step: int, label_gap=None, capture_start: dict[int, int] | None = None
+) -> pd.DataFrame:
     """The chain of segments that set step ``step``'s end, earliest first.
 
     ``g`` is :func:`dependencies`' table (observed times). The walk starts at
@@ -287,7 +289,8 @@ def critical_path(g: pd.DataFrame, step: int, label_gap=None) -> pd.DataFrame:
     Columns: ``rank, part, what, start_ns, end_ns, duration_ns``; ``what`` is
     ``kernel``/``collective <op>``/``idle: <cause>``/``gap``. Consecutive
     kernels of one rank are merged (``kernels (N): <longest>``).
-    ``label_gap(part, start, end)`` names a GPU-idle gap (default ``idle``).
+    ``label_gap(part, start, end)`` names a GPU-idle gap (default ``idle``);
+    the part of a gap before ``capture_start[part]`` is ``before capture``.
     """
     cols = ["rank", "part", "what", "start_ns", "end_ns", "duration_ns"]
     mine = g.index[g["step"] == step]
@@ -335,9 +338,21 @@ def critical_path(g: pd.DataFrame, step: int, label_gap=None) -> pd.DataFrame:
             earlier = np.flatnonzero((part == part[i]) & (end <= s))
             nxt = int(earlier[np.argmax(end[earlier])]) if earlier.size else -1
             lo = max(int(end[nxt]), floor) if nxt >= 0 else floor
+            cs = (capture_start or {}).get(int(part[i]), lo)
             if s > lo:
-                name = label_gap(int(part[i]), lo, s) if label_gap else "idle"
-                segs.append((int(part[i]), "idle", lo, s, name))
+                if lo < cs:  # the part of the gap before this rank's capture began
+                    segs.append(
+                        (
+                            int(part[i]),
+                            "idle",
+                            max(cs, lo),
+                            s,
+                            _label(label_gap, part[i], max(cs, lo), s),
+                        )
+                    )
+                    segs.append((int(part[i]), "idle", lo, min(cs, s), "before capture"))
+                else:
+                    segs.append((int(part[i]), "idle", lo, s, _label(label_gap, part[i], lo, s)))
         elif nxt >= 0 and s > end[nxt]:
             segs.append((int(part[i]), "gap", int(end[nxt]), s, "gap"))
         if nxt < 0 or end[nxt] <= floor:
@@ -347,17 +362,31 @@ def critical_path(g: pd.DataFrame, step: int, label_gap=None) -> pd.DataFrame:
     return _merge(segs[::-1], rank_of, floor, cols)
 
 
+def _label(label_gap, part, a: int, b: int) -> str:
+    return label_gap(int(part), int(a), int(b)) if label_gap else "idle"
+
+
+SHORT_IDLE_NS = 100_000  # idle gaps shorter than this stay inside a run of kernels
+
+
 def _merge(segs, rank_of, floor, cols) -> pd.DataFrame:
+    """Segments clipped to the step; a rank's consecutive kernels, with the short idle gaps
+    between them, become one ``kernels (N): <longest>`` segment."""
     rows: list[dict] = []
     for p, kind, s, e, name in segs:
         s = max(s, floor)
         if e <= s:
             continue
-        if kind == "kernel" and rows and rows[-1]["part"] == p and rows[-1]["_kind"] == "kernel":
-            r = rows[-1]
-            r["end_ns"], r["_n"] = e, r["_n"] + 1
-            if e - s > r["_longest"][0]:
-                r["_longest"] = (e - s, name)
+        short = kind in ("idle", "gap") and e - s < SHORT_IDLE_NS
+        run = rows[-1] if rows and rows[-1]["part"] == p and rows[-1]["_kind"] == "kernel" else None
+        if run is not None and (kind == "kernel" or short):
+            run["end_ns"] = e
+            if kind == "kernel":
+                run["_n"] += 1
+                if e - s > run["_longest"][0]:
+                    run["_longest"] = (e - s, name)
+            continue
+        if short and kind == "gap":
             continue
         what = {"collective": f"collective {name}", "idle": name, "gap": "gap"}.get(kind, name)
         rows.append(

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.collectives import CollectiveMatch, covered_length
-from stallscope.critical_path import Compression, dependencies, saving
+from stallscope.critical_path import Compression, critical_path, dependencies, saving, step_times
 from stallscope.idle import CAUSES, DATALOADER_REGEX, SYNC_API_REGEX, attribute_idle, launch_threads
 from stallscope.jobdata import JobData
 
@@ -454,3 +454,45 @@ def host_ranges(job: JobData, tl: Timeline, part: int, windows: list[list[int]],
     )
     ops = [{"name": r[0], "kind": r[1], "overlap_ns": int(r[2]), "count": int(r[3])} for r in rows]
     return ops, covered
+
+
+MAX_PATH_STEPS = 20
+MAX_PATH_SEGMENTS = 200
+
+
+def critical_path_table(job: JobData, tl: Timeline) -> list[dict]:
+    """The cross-rank critical path of each step (first :data:`MAX_PATH_STEPS` steps).
+
+    Per step: ``{step, time_ns, segments: [{rank, what, start_ns, end_ns,
+    duration_ns}]}`` (common clock, earliest first, at most
+    :data:`MAX_PATH_SEGMENTS`). GPU idle on the path is named by its main
+    cause (``idle: dataloader`` …), or ``before capture`` where it lies before
+    that rank's first captured event.
+    """
+    g = graph(tl)
+    times = step_times(g)
+    capture_start = {
+        p: min([v for (q, _), v in tl.step_start.items() if q == p] or [int(t)])
+        for p, t in g.groupby("part")["start_ns"].min().items()
+    }
+
+    def label(part: int, a: int, b: int) -> str:
+        causes = _idle_by_cause(job, tl, part, a, b)
+        main = max(causes, key=lambda c: causes[c])
+        return f"idle: {main}" if causes[main] > 0 else "idle"
+
+    out = []
+    for step in times.index[:MAX_PATH_STEPS]:
+        path = critical_path(g, int(step), label_gap=label, capture_start=capture_start)
+        segs = path.drop(columns=["part"]).head(MAX_PATH_SEGMENTS)
+        out.append(
+            {
+                "step": int(step),
+                "time_ns": int(times[step]),
+                "segments": [
+                    {k: (int(v) if k != "what" else str(v)) for k, v in row.items()}
+                    for row in segs.to_dict("records")
+                ],
+            }
+        )
+    return out
