@@ -34,9 +34,10 @@ waited for is done in the replay (or, if that op had ended before the call,
 after the call's own duration). Replaying with no compression reproduces the
 observed times exactly.
 
-**Step time** (:func:`step_times`): per step, each participant's window runs
-from its first op of the step to its first op of the next step (the last
-step: to its last op's end); the job's step time is the longest window.
+**Step time** (:func:`step_times`): a step ends when the last of its ops on
+any rank ends; its time runs from the previous step's end (the first step:
+from its earliest op). Summed over steps, that is the captured steps'
+makespan, which a rank's host starting its next step early cannot shorten.
 """
 
 from __future__ import annotations
@@ -242,15 +243,19 @@ def _awaited_ops(part, end, sync_part, s_a, s_b) -> np.ndarray:
 
 
 def step_times(ops: pd.DataFrame, start: str = "start_ns", end: str = "end_ns") -> pd.Series:
-    """Job step time per step (ns): the longest participant window (see module docstring)."""
+    """Job step time per step (ns), from the steps' ends (see the module docstring).
+
+    A step ends when its last op on any rank ends (``E_k``); its time is
+    ``E_k − E_{k−1}``, the first step's ``E_0 −`` the earliest start of its ops.
+    The sum over steps is the captured steps' makespan.
+    """
     mine = ops[ops["step"] >= 0]
     if mine.empty:
         return pd.Series(dtype=np.int64)
-    agg = mine.groupby(["part", "step"]).agg(lo=(start, "min"), hi=(end, "max")).reset_index()
-    agg = agg.sort_values(["part", "step"])
-    nxt = agg.groupby("part")["lo"].shift(-1)
-    agg["window"] = np.where(nxt.isna(), agg["hi"], nxt) - agg["lo"]
-    return agg.groupby("step")["window"].max().astype(np.int64)
+    ends = mine.groupby("step")[end].max().sort_index()
+    first = int(mine.loc[mine["step"] == ends.index[0], start].min())
+    prev = np.r_[first, ends.to_numpy()[:-1]]
+    return pd.Series(ends.to_numpy() - prev, index=ends.index).astype(np.int64)
 
 
 def saving(ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression]) -> dict:

@@ -383,7 +383,7 @@ def _kernel_excess(tl: Timeline, part: int, ref: int, step: int, b: int, rb: int
         )
 
     s, r = window(part, b), window(ref, rb)
-    both = s.join(r, how="left", lsuffix="_s", rsuffix="_r").fillna(
+    both = s.add_suffix("_s").join(r.add_suffix("_r"), how="left").fillna(
         {"n_r": 0, "t_r": 0, "grid_r": -1}
     )
     mean_s = both["t_s"] / both["n_s"]
