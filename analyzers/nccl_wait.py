@@ -128,8 +128,10 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
         activity[key] = _straggler_story(job, match, s_trace, s_device)
     doing, why = activity[key]
     outside = _wait_outside(job, match, trace, device)
-    outside_share = outside / int(waits.sum()) if waits.sum() else 0.0
-    before_capture = outside_share >= 0.5
+    # the wait comes from before the straggler's capture when that part outweighs what the
+    # straggler's own captured timeline explains (later waits are then knock-on of it)
+    explained = 0 if why is None else why["explained_ns"]
+    before_capture = outside >= min_wait and outside >= explained
     saved = None if why is None or before_capture else why["what_if"]["saving_ns"]
     # a straggler whose being on time would not shorten the step is not the fix to lead with
     alone_not_enough = saved is not None and saved < max(
@@ -273,6 +275,13 @@ def _straggler_story(
         causes["dataloader"] = causes.get("dataloader", 0) + moved
         causes = {c: v for c, v in causes.items() if v > 0}
     main = max(causes, key=lambda c: causes[c]) if causes else None
+    # a user range (record_function, NVTX) on its process that spans most of the unrecorded time names it
+    named = next((r for r in ranges if r["kind"] in ("annotation", "nvtx")), None)
+    covering = (
+        named["name"]
+        if main == "unknown" and named and named["overlap_ns"] >= causes["unknown"] / 2
+        else None
+    )
     refs = sorted(
         {
             int(r)
@@ -290,6 +299,7 @@ def _straggler_story(
         "kernels": ex.kernels,
         "host_ranges": ranges,
         "dataloader_range_ns": loader_ns,
+        "covering_range": covering,
         "what_if": saving_if_on_time(tl, ex.cuts),
     }
     return doing, why
@@ -337,7 +347,7 @@ def _doing_text(rank: int, doing: dict, why: dict | None) -> str:
         )
     causes = ", ".join(f"{CAUSE_TEXT[c]} {_ms(ns)}" for c, ns in list(why["causes_ns"].items())[:3])
     ranges = ", ".join(r["name"] for r in why["host_ranges"][:3])
-    unrecorded = why["main_cause"] == "unknown"
+    unrecorded = why["main_cause"] == "unknown" and not why.get("covering_range")
     return (
         f"Aligned at the previous collective (or the step start), rank {rank} took {_ms(why['late_ns'])} longer "
         f"in all than the next-latest rank to arrive (its GPU busy {doing['gpu_busy_pct']:.0f}% in those "
@@ -414,6 +424,11 @@ def _recommendation(rank: int, why: dict | None) -> str:
             "(logging, metrics, checkpointing, evaluation) off the step or to a background thread; check garbage "
             "collection and whether that rank's CPU cores are oversubscribed (OMP_NUM_THREADS, pinning)."
             + tail
+        )
+    if main == "unknown" and why.get("covering_range"):
+        return (
+            f"Rank {rank}'s host was inside `{why['covering_range']}` while it fell behind (no GPU work, no recorded "
+            "operator): shorten or remove that work on that rank, or move it off the step." + tail
         )
     if main == "unknown":
         return (

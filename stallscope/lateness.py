@@ -72,6 +72,8 @@ WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver')
        OR regexp_matches(n.name, '^(cudaMemcpy|hipMemcpy|cuMemcpyDtoH)$'))
 """
 
+STEP_NAME_REGEX = r"^(ProfilerStep#[0-9]+|[Ss]tep[ _#]?[0-9]+)$"
+
 _STEPS_SQL = """
 SELECT pid, step, min(start_ns) AS start_ns FROM ranges WHERE trace_id = ? AND kind = 'step' GROUP BY ALL
 """
@@ -383,8 +385,10 @@ def _kernel_excess(tl: Timeline, part: int, ref: int, step: int, b: int, rb: int
         )
 
     s, r = window(part, b), window(ref, rb)
-    both = s.add_suffix("_s").join(r.add_suffix("_r"), how="left").fillna(
-        {"n_r": 0, "t_r": 0, "grid_r": -1}
+    both = (
+        s.add_suffix("_s")
+        .join(r.add_suffix("_r"), how="left")
+        .fillna({"n_r": 0, "t_r": 0, "grid_r": -1})
     )
     mean_s = both["t_s"] / both["n_s"]
     mean_r = np.where(both["n_r"] > 0, both["t_r"] / np.maximum(both["n_r"], 1), mean_s)
@@ -436,7 +440,7 @@ def host_ranges(job: JobData, tl: Timeline, part: int, windows: list[list[int]],
            FROM host h JOIN _lw w ON h.start_ns < w.we AND h.end_ns > w.ws
            JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
            WHERE h.trace_id = ? {pid_filter} AND h.kind IN ('annotation', 'python', 'cpu_op', 'osrt')
-             AND NOT regexp_matches(n.name, '^ProfilerStep#')
+             AND NOT regexp_matches(n.name, '{STEP_NAME_REGEX}')
            GROUP BY 1, 2 ORDER BY overlap DESC LIMIT ?""",
         [trace, limit],
     ).fetchall()
