@@ -64,6 +64,7 @@ THRESHOLDS = (
 )  # fmt: skip
 MAX_WINDOWS = 20
 MAX_INSTANCES = 100
+MAX_INTERVALS = 200  # lateness intervals listed in evidence
 
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
@@ -295,7 +296,7 @@ def _straggler_story(
         "causes_ns": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
         "main_cause": main,
         "reference_ranks": [tl.parts[r][0] for r in refs],
-        "intervals": [[a + skew, b + skew] for a, b in ex.intervals[:MAX_WINDOWS]],
+        "intervals": [[a + skew, b + skew] for a, b in ex.intervals[:MAX_INTERVALS]],
         "kernels": ex.kernels,
         "host_ranges": ranges,
         "dataloader_range_ns": loader_ns,
