@@ -179,11 +179,11 @@ def replay(
 
     new_start = np.zeros(n, dtype=np.int64)
     new_end = np.zeros(n, dtype=np.int64)
-    events = sorted(
-        [(int(s_b[j]), 0, j) for j in range(s_b.size)]
-        + [(int(start[i]), 1 if comm[i] else 2, i) for i in range(n)]
-    )
-    for _, kind, i in events:
+    times = np.r_[s_b, start]
+    kinds = np.r_[np.zeros(s_b.size, dtype=np.int64), np.where(comm, 1, 2)]
+    index = np.r_[np.arange(s_b.size), np.arange(n)]
+    order = np.lexsort((index, kinds, times))
+    for kind, i in zip(kinds[order].tolist(), index[order].tolist(), strict=True):
         if kind == 0:  # a sync returns
             p = int(sync_part[i])
             a_new = host(p, int(s_a[i]), int(c_sa[i]))
@@ -265,9 +265,8 @@ def saving(ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression]) -> d
     ``{step, before_ns, after_ns}``.
     """
     g = dependencies(ops)
-    base = replay(g, syncs)
     what_if = replay(g, syncs, cuts)
-    before = step_times(base, "new_start_ns", "new_end_ns")
+    before = step_times(g)  # replaying without cuts reproduces the observed times
     after = step_times(what_if, "new_start_ns", "new_end_ns")
     steps = [
         {"step": int(s), "before_ns": int(before[s]), "after_ns": int(after.get(s, before[s]))}
@@ -284,7 +283,11 @@ def saving(ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression]) -> d
 
 
 def critical_path(
-    g: pd.DataFrame, step: int, label_gap=None, capture_start: dict[int, int] | None = None
+    g: pd.DataFrame,
+    step: int,
+    label_gap=None,
+    capture_start: dict[int, int] | None = None,
+    index=None,
 ) -> pd.DataFrame:
     """The chain of segments that set step ``step``'s end, earliest first.
 
@@ -295,7 +298,8 @@ def critical_path(
     ``kernel``/``collective <op>``/``idle: <cause>``/``gap``. Consecutive
     kernels of one rank are merged (``kernels (N): <longest>``).
     ``label_gap(part, start, end)`` names a GPU-idle gap (default ``idle``);
-    the part of a gap before ``capture_start[part]`` is ``before capture``.
+    the part of a gap before ``capture_start[part]`` is ``before capture``;
+    ``index`` is :func:`path_index` of ``g`` (computed when not given).
     """
     cols = ["rank", "part", "what", "start_ns", "end_ns", "duration_ns"]
     mine = g.index[g["step"] == step]
@@ -307,9 +311,9 @@ def critical_path(
     inst = g["inst"].to_numpy(np.int64)
     part = g["part"].to_numpy(np.int64)
     is_comm = g["is_comm"].to_numpy(bool)
-    comm_rows: dict[int, list[int]] = {}
-    for i in np.flatnonzero(inst >= 0).tolist():
-        comm_rows.setdefault(int(inst[i]), []).append(i)
+    names, bindings = g["name"].to_numpy(), g["binding"].to_numpy()
+    prevs, deps = g["prev"].to_numpy(np.int64), g["dep"].to_numpy(np.int64)
+    comm_rows, ends_of = index if index is not None else path_index(g)
     segs: list[tuple[int, str, int, int, str]] = []  # part, kind, start, end, name
     i = int(mine[np.argmax(end[mine])])
     seen = 0
@@ -320,13 +324,13 @@ def critical_path(
             rows = comm_rows[int(inst[i])]
             last = max(rows, key=lambda j: (start[j], -part[j]))
             if start[last] > s:  # this rank waited: the path runs through the last arrival
-                segs.append((int(part[i]), "collective", int(start[last]), e, str(g.at[i, "name"])))
+                segs.append((int(part[i]), "collective", int(start[last]), e, str(names[i])))
                 i = last
                 s = e = int(start[last])
                 if s <= floor:
                     break
             else:
-                segs.append((int(part[i]), "collective", s, e, str(g.at[i, "name"])))
+                segs.append((int(part[i]), "collective", s, e, str(names[i])))
         else:
             segs.append(
                 (
@@ -334,14 +338,15 @@ def critical_path(
                     "kernel" if not is_comm[i] else "collective",
                     s,
                     e,
-                    str(g.at[i, "name"]),
+                    str(names[i]),
                 )
             )
-        b = g.at[i, "binding"]
-        nxt = int(g.at[i, "prev"]) if b == STREAM else int(g.at[i, "dep"]) if b == DEP else -1
+        b = bindings[i]
+        nxt = int(prevs[i]) if b == STREAM else int(deps[i]) if b == DEP else -1
         if b == LAUNCH or (b == NONE and s > floor):
-            earlier = np.flatnonzero((part == part[i]) & (end <= s))
-            nxt = int(earlier[np.argmax(end[earlier])]) if earlier.size else -1
+            by_end = ends_of.get(int(part[i]))
+            k = int(np.searchsorted(end[by_end], s, side="right")) - 1 if by_end is not None else -1
+            nxt = int(by_end[k]) if k >= 0 else -1
             lo = max(int(end[nxt]), floor) if nxt >= 0 else floor
             cs = (capture_start or {}).get(int(part[i]), lo)
             if s > lo:
@@ -365,6 +370,21 @@ def critical_path(
         i = nxt
     rank_of = g.groupby("part")["rank"].first().to_dict()
     return _merge(segs[::-1], rank_of, floor, cols)
+
+
+def path_index(g: pd.DataFrame) -> tuple[dict[int, list[int]], dict[int, np.ndarray]]:
+    """For :func:`critical_path` over many steps: the rows of each collective instance, and per
+    part its op indices sorted by end."""
+    inst, part = g["inst"].to_numpy(np.int64), g["part"].to_numpy(np.int64)
+    end = g["end_ns"].to_numpy(np.int64)
+    comm_rows: dict[int, list[int]] = {}
+    for i in np.flatnonzero(inst >= 0).tolist():
+        comm_rows.setdefault(int(inst[i]), []).append(i)
+    ends_of = {}
+    for p in np.unique(part):  # per participant
+        idx = np.flatnonzero(part == p)
+        ends_of[int(p)] = idx[np.argsort(end[idx], kind="stable")]
+    return comm_rows, ends_of
 
 
 def _label(label_gap, part, a: int, b: int) -> str:

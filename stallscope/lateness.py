@@ -35,13 +35,20 @@ dependency graph; the saving is the drop in summed step time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from stallscope.collectives import CollectiveMatch, covered_length
-from stallscope.critical_path import Compression, critical_path, dependencies, saving, step_times
+from stallscope.critical_path import (
+    Compression,
+    critical_path,
+    dependencies,
+    path_index,
+    saving,
+    step_times,
+)
 from stallscope.idle import CAUSES, DATALOADER_REGEX, SYNC_API_REGEX, attribute_idle, launch_threads
 from stallscope.jobdata import JobData
 
@@ -97,6 +104,8 @@ class Timeline:
     step_start: dict[tuple[int, int], int]
     first_step: dict[int, int]
     skew: dict[int, int]
+    kernel_names: list[str] = field(default_factory=list)
+    kernels: dict = field(default_factory=dict)  # (part, step) -> sorted kernel arrays (cache)
 
 
 def timeline(job: JobData, match: CollectiveMatch) -> Timeline:
@@ -147,6 +156,8 @@ def _timeline(job: JobData, match: CollectiveMatch) -> Timeline:
     for c in ("part", "rank", "stream", "inst", "transfer_ns", "step", "grid", "launch_ns"):
         ops[c] = ops[c].astype(np.int64)
     ops["is_comm"] = ops["inst"] >= 0
+    codes, names = pd.factorize(ops["name"])
+    ops["name_code"] = codes.astype(np.int64)
     return Timeline(
         ops=ops,
         syncs=pd.concat(syncs, ignore_index=True).astype(np.int64),
@@ -155,6 +166,7 @@ def _timeline(job: JobData, match: CollectiveMatch) -> Timeline:
         step_start=step_start,
         first_step=first_step,
         skew=skew,
+        kernel_names=[str(n) for n in names],
     )
 
 
@@ -217,9 +229,8 @@ def lateness(match: CollectiveMatch, tl: Timeline) -> pd.DataFrame:
     inst_a, end_a = df["inst"].to_numpy(np.int64), df["end_ns"].to_numpy(np.int64)
     df["prev_inst"] = np.where(same, np.r_[-1, inst_a[:-1]], -1)
     df["prev_end"] = np.where(same, np.r_[-1, end_a[:-1]], -1)
-    shared = df.groupby("inst")["prev_inst"].transform(
-        lambda s: s.nunique() == 1 and s.iloc[0] >= 0
-    )
+    prev = df.groupby("inst")["prev_inst"]
+    shared = (prev.transform("min") == prev.transform("max")) & (prev.transform("min") >= 0)
     first_op = tl.ops.groupby("part")["start_ns"].min()
     step_start = np.array(
         [
@@ -304,10 +315,16 @@ def explain(job: JobData, tl: Timeline, late: pd.DataFrame, straggler: int) -> E
     prev_excess: dict[tuple[int, int], dict] = {}
     kernels_total: dict[str, dict] = {}
     last_end = np.iinfo(np.int64).min
+    wanted = late[late["inst"].isin(mine["inst"])]
+    by_key = {
+        (int(i), int(p)): (int(a), int(s))
+        for i, p, a, s in zip(
+            wanted["inst"], wanted["part"], wanted["align_ns"], wanted["start_ns"], strict=True
+        )
+    }
     for row in mine.itertuples():
-        ref = late[(late["inst"] == row.inst) & (late["part"] == row.ref)].iloc[0]
         a, b = int(row.align_ns), int(row.start_ns)
-        ra, rb = int(ref["align_ns"]), int(ref["start_ns"])
+        ra, rb = by_key[(int(row.inst), int(row.ref))]
         idle_s = _idle_by_cause(job, tl, straggler, a, b)
         idle_r = _idle_by_cause(job, tl, int(row.ref), ra, rb)
         diff = {c: max(0, idle_s[c] - idle_r[c]) for c in CAUSES}
@@ -354,9 +371,11 @@ def _idle_by_cause(job: JobData, tl: Timeline, part: int, a: int, b: int) -> dic
     if not idle.per_gap.size:
         return out
     s = tl.skew[part]
-    gs, ge = idle.gap_starts - s, idle.gap_ends - s
+    lo = max(0, int(np.searchsorted(idle.gap_ends - s, a, side="right")))
+    hi = int(np.searchsorted(idle.gap_starts - s, b, side="left"))
+    gs, ge = idle.gap_starts[lo:hi] - s, idle.gap_ends[lo:hi] - s
     share = covered_length((np.array([a]), np.array([b])), gs, ge) / np.maximum(ge - gs, 1)
-    sums = (idle.per_gap * share[:, None]).sum(axis=0)
+    sums = (idle.per_gap[lo:hi] * share[:, None]).sum(axis=0)
     out.update({c: int(sums[i]) for i, c in enumerate(CAUSES)})
     # idle before the device's measured span (e.g. before its first step's GPU work)
     head = max(0, min(b, int(idle.span_start) - s) - a)
@@ -371,45 +390,74 @@ def _kernel_excess(tl: Timeline, part: int, ref: int, step: int, b: int, rb: int
     Per kernel name: ``more`` = extra launches × the straggler's mean duration;
     ``longer`` = matched launches × the mean's excess, counted as extra compute
     when the name's most common grid differs between the ranks (other shapes),
-    as a slower GPU when it is the same.
+    as a slower GPU when it is the same. Columnar (numpy) over the step's kernels.
     """
-    ops = tl.ops
-
-    def window(p: int, end: int) -> pd.DataFrame:
-        o = ops[(ops["part"] == p) & ops["is_kernel"] & ~ops["is_comm"] & (ops["step"] == step)]
-        o = o[o["start_ns"] < end]
-        return (
-            o.assign(dur=o["end_ns"] - o["start_ns"])
-            .groupby("name")
-            .agg(n=("dur", "size"), t=("dur", "sum"), grid=("grid", lambda g: g.mode().iloc[0]))
-        )
-
-    s, r = window(part, b), window(ref, rb)
-    both = (
-        s.add_suffix("_s")
-        .join(r.add_suffix("_r"), how="left")
-        .fillna({"n_r": 0, "t_r": 0, "grid_r": -1})
-    )
-    mean_s = both["t_s"] / both["n_s"]
-    mean_r = np.where(both["n_r"] > 0, both["t_r"] / np.maximum(both["n_r"], 1), mean_s)
-    more = np.maximum(0, both["n_s"] - both["n_r"]) * mean_s
-    longer = np.minimum(both["n_s"], both["n_r"]) * np.maximum(0, mean_s - mean_r)
-    same_grid = both["grid_s"] == both["grid_r"]
+    s_code, s_dur, s_grid = _kernels_before(tl, part, step, b)
+    r_code, r_dur, r_grid = _kernels_before(tl, ref, step, rb)
+    names = tl.kernel_names
+    size = len(names)
+    n_s, t_s = np.bincount(s_code, minlength=size), np.bincount(s_code, s_dur, minlength=size)
+    n_r, t_r = np.bincount(r_code, minlength=size), np.bincount(r_code, r_dur, minlength=size)
+    used = np.flatnonzero(n_s > 0)
+    mean_s = t_s[used] / n_s[used]
+    mean_r = np.where(n_r[used] > 0, t_r[used] / np.maximum(n_r[used], 1), mean_s)
+    more = np.maximum(0, n_s[used] - n_r[used]) * mean_s
+    longer = np.minimum(n_s[used], n_r[used]) * np.maximum(0, mean_s - mean_r)
+    same_grid = _mode_grid(s_code, s_grid, used) == _mode_grid(r_code, r_grid, used)
     extra = more + np.where(same_grid, 0, longer)
     slower = np.where(same_grid, longer, 0)
     rows = [
         {
-            "name": str(name),
-            "count": int(both.at[name, "n_s"]),
-            "ref_count": int(both.at[name, "n_r"]),
-            "mean_ns": int(mean_s[name]),
+            "name": names[c],
+            "count": int(n_s[c]),
+            "ref_count": int(n_r[c]),
+            "mean_ns": int(mean_s[i]),
             "ref_mean_ns": int(mean_r[i]),
-            "same_grid": bool(same_grid.iloc[i]),
-            "excess_ns": int(extra.iloc[i] + slower[i]),
+            "same_grid": bool(same_grid[i]),
+            "excess_ns": int(extra[i] + slower[i]),
         }
-        for i, name in enumerate(both.index)
+        for i, c in enumerate(used.tolist())
+        if extra[i] + slower[i] > 0
     ]
     return {"extra_compute": int(extra.sum()), "slower_gpu": int(slower.sum()), "rows": rows}
+
+
+def _kernels_before(tl: Timeline, part: int, step: int, end: int):
+    """(name code, duration, grid) of ``part``'s compute kernels of ``step`` starting before ``end``."""
+    if not tl.kernels:  # group the compute kernels by (part, step) once, columnar
+        o = tl.ops[tl.ops["is_kernel"] & ~tl.ops["is_comm"]]
+        p_, st_ = o["part"].to_numpy(np.int64), o["step"].to_numpy(np.int64)
+        start_ = o["start_ns"].to_numpy(np.int64)
+        order = np.lexsort((start_, st_, p_))
+        p_, st_, start_ = p_[order], st_[order], start_[order]
+        code_ = o["name_code"].to_numpy(np.int64)[order]
+        dur_ = (o["end_ns"].to_numpy(np.int64) - o["start_ns"].to_numpy(np.int64))[order]
+        grid_ = o["grid"].to_numpy(np.int64)[order]
+        cut = np.flatnonzero(np.r_[True, (p_[1:] != p_[:-1]) | (st_[1:] != st_[:-1]), True])
+        for lo, hi in zip(cut[:-1], cut[1:], strict=True):  # per (part, step)
+            tl.kernels[(int(p_[lo]), int(st_[lo]))] = (
+                start_[lo:hi],
+                code_[lo:hi],
+                dur_[lo:hi],
+                grid_[lo:hi],
+            )
+        tl.kernels[None] = True
+    empty = np.zeros(0, dtype=np.int64)
+    start, code, dur, grid = tl.kernels.get((part, step), (empty, empty, empty, empty))
+    k = int(np.searchsorted(start, end, side="left"))
+    return code[:k], dur[:k], grid[:k]
+
+
+def _mode_grid(code: np.ndarray, grid: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """Most common grid per name code in ``used`` (−1 where the name has no kernel)."""
+    out = np.full(used.size, -1, dtype=np.int64)
+    if code.size == 0:
+        return out
+    pairs, counts = np.unique(np.stack([code, grid]), axis=1, return_counts=True)
+    order = np.lexsort((-counts, pairs[0]))  # per code, the most frequent grid first
+    first = order[np.r_[True, pairs[0][order][1:] != pairs[0][order][:-1]]]
+    best = dict(zip(pairs[0][first].tolist(), pairs[1][first].tolist(), strict=True))
+    return np.array([best.get(c, -1) for c in used.tolist()], dtype=np.int64)
 
 
 def saving_if_on_time(tl: Timeline, cuts: list[Compression]) -> dict:
@@ -485,9 +533,11 @@ def critical_path_table(job: JobData, tl: Timeline) -> list[dict]:
         main = max(causes, key=lambda c: causes[c])
         return f"idle: {main}" if causes[main] > 0 else "idle"
 
-    out = []
+    out, index = [], path_index(g)
     for step in times.index[:MAX_PATH_STEPS]:
-        path = critical_path(g, int(step), label_gap=label, capture_start=capture_start)
+        path = critical_path(
+            g, int(step), label_gap=label, capture_start=capture_start, index=index
+        )
         segs = path.drop(columns=["part"]).head(MAX_PATH_SEGMENTS)
         out.append(
             {
