@@ -434,6 +434,7 @@ def _kernels_before(tl: Timeline, part: int, step: int, end: int):
         dur_ = (o["end_ns"].to_numpy(np.int64) - o["start_ns"].to_numpy(np.int64))[order]
         grid_ = o["grid"].to_numpy(np.int64)[order]
         cut = np.flatnonzero(np.r_[True, (p_[1:] != p_[:-1]) | (st_[1:] != st_[:-1]), True])
+        cut = cut if p_.size else cut[:0]  # no compute kernels at all
         for lo, hi in zip(cut[:-1], cut[1:], strict=True):  # per (part, step)
             tl.kernels[(int(p_[lo]), int(st_[lo]))] = (
                 start_[lo:hi],

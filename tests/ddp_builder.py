@@ -28,11 +28,14 @@ LOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
 @dataclass(frozen=True)
 class Plan:
-    """A rank's fault: ``stall_ns`` more data loading per step, compute ``scale``d (with the
+    """A rank's fault: ``stall_ns`` more data loading per step; ``syncs`` rounds of rank-only
+    metric logging before the forward (a small kernel, ``.item()`` blocking until it is done,
+    1 ms of Python); compute ``scale``d (with the
     launch grid ``grid_scale``d: a larger batch; same grid: a slower GPU), or its first captured
     step starting ``first_delay_ns`` late (a delay before the capture)."""
 
     stall_ns: int = 0
+    syncs: int = 0
     scale: float = 1.0
     grid_scale: float = 1.0
     first_delay_ns: int = 0
@@ -65,6 +68,8 @@ def ddp_job(plans: list[Plan], steps: int = 3) -> tuple[list[KinetoTrace], list[
             data_end = start + LOAD + p.stall_ns
             t.cpu_op(LOADER, start, data_end - start)
             w = _Rank(t, r, data_end, p)
+            for _ in range(p.syncs):
+                w.log_metric()
             for _ in range(FWD_KERNELS):
                 w.compute("fwd_gemm", FWD_NS)
             bucket_ready = []
@@ -118,6 +123,17 @@ class _Rank:
         start = max(self.gpu, at + LATENCY)
         self.t.kernel(name, start, dur, device=self.rank, corr=corr, grid=(grid, 1, 1))
         self.gpu = start + dur
+
+    def log_metric(self) -> None:
+        """A small kernel, then the host blocks in ``.item()`` until it is done, then Python."""
+        self.compute("metric_reduce", 50 * US, scaled=False)
+        linked_sync(
+            self.t, "cudaStreamSynchronize", "stream_sync", self.host, self.gpu + 5 * US - self.host,
+            self.host, self.gpu + 5 * US - self.host, device=self.rank,
+        )  # fmt: skip
+        self.host = self.gpu + 5 * US
+        self.t.cpu_op("log_metrics", self.host, 1 * MS)
+        self.host += 1 * MS
 
     def allreduce(self, start: int, end: int, seq: int) -> None:
         corr, _ = self._launch()

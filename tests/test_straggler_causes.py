@@ -37,6 +37,7 @@ def straggler_findings(result):
 CASES = [
     # (name, faulty plan, main cause, words in the recommendation)
     ("dataloader stall 50 ms", Plan(stall_ns=50 * MS), "dataloader", "DataLoader workers"),
+    ("20 syncs", Plan(syncs=20), "host_sync", "syncs"),
     ("1.5x batch", Plan(scale=1.5, grid_scale=1.5), "extra_compute", "unequal work"),
     ("slower GPU", Plan(scale=1.3), "slower_gpu", "clocks"),
 ]
