@@ -5,9 +5,16 @@ Collectives are matched across ranks by :mod:`stallscope.collectives`
 skew estimated from completion times). For each matched collective and rank:
 ``wait = max(0, min(end, last_arrival) − start)`` and ``transfer = end −
 max(start, last_arrival)``, in ns. The straggler is the rank that arrived
-last. What the straggler did instead is read from its own trace in the
-windows [its previous collective's end, its arrival]: GPU busy share, idle
-time by cause (:mod:`stallscope.idle`) and the host operations there.
+last. Why it was late is read from its own trace over its *lateness
+intervals* (:mod:`stallscope.lateness`: aligned with the other ranks at the
+previous shared collective's end or the step start, the extra time it took):
+its GPU idle time by cause (:mod:`stallscope.idle`), its kernels against the
+other ranks' (extra compute, slower GPU), its host ranges. ``saving_ns`` is a
+what-if on the job's dependency graph (:mod:`stallscope.critical_path`): the
+drop in summed step time if the straggler had kept the others' pace. A wait
+that comes from before the straggler's first captured step is said to lie
+outside the capture, graded low, with no saving. The job summary carries the
+cross-rank critical path of each step.
 
 Metrics per trace and device: ``nccl_wait_ns`` (sum of waits; multi-rank jobs
 only) and ``collective_count`` (communication kernels). The time lost (a
