@@ -217,7 +217,9 @@ def lateness(match: CollectiveMatch, tl: Timeline) -> pd.DataFrame:
         }
     )
     if df.empty:
-        return df
+        extra = ("group", "prev_inst", "prev_end", "align_ns", "aligned_on", "offset_ns",
+                 "straggler", "ref", "late_ns", "wait_outside_ns")  # fmt: skip
+        return df.assign(**{c: pd.Series(dtype=np.int64) for c in extra})
     shift = df["part"].map(tl.skew)
     df["start_ns"] -= shift
     df["end_ns"] -= shift

@@ -322,3 +322,14 @@ def test_dlrm_8_ranks_all_collectives_matched(store):
     assert all(abs(s) <= 2_000 for s in summary.evidence["clock_skew_ns"].values())  # one host
     assert summary.evidence["straggler_tally"]["7"] == 5  # rank 7 arrives last in 5 of 8
     job.close()
+
+
+def test_no_matched_collective_leaves_no_straggler(store, tmp_path):
+    """Two ranks whose only collectives are in different groups: nothing matched, no crash."""
+    r0, r1 = KinetoTrace(rank=0, world_size=2), KinetoTrace(rank=1, world_size=2)
+    r0.kernel(ALLREDUCE, 0, 4 * MS, stream=20, extra=meta(pg="a", ranks="[0, 2]"))
+    r1.kernel(ALLREDUCE, 1 * MS, 3 * MS, device=1, stream=20, extra=meta(pg="b", ranks="[1, 3]"))
+    job, result = analyze(store, tmp_path, [r0, r1])
+    assert [f.severity for f in result.findings] == ["info"]
+    assert result.findings[0].evidence["critical_path"] == []
+    job.close()
