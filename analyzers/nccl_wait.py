@@ -5,9 +5,16 @@ Collectives are matched across ranks by :mod:`stallscope.collectives`
 skew estimated from completion times). For each matched collective and rank:
 ``wait = max(0, min(end, last_arrival) − start)`` and ``transfer = end −
 max(start, last_arrival)``, in ns. The straggler is the rank that arrived
-last. What the straggler did instead is read from its own trace in the
-windows [its previous collective's end, its arrival]: GPU busy share, idle
-time by cause (:mod:`stallscope.idle`) and the host operations there.
+last. Why it was late is read from its own trace over its *lateness
+intervals* (:mod:`stallscope.lateness`: aligned with the other ranks at the
+previous shared collective's end or the step start, the extra time it took):
+its GPU idle time by cause (:mod:`stallscope.idle`), its kernels against the
+other ranks' (extra compute, slower GPU), its host ranges. ``saving_ns`` is a
+what-if on the job's dependency graph (:mod:`stallscope.critical_path`): the
+drop in summed step time if the straggler had kept the others' pace. A wait
+that comes from before the straggler's first captured step is said to lie
+outside the capture, graded low, with no saving. The job summary carries the
+cross-rank critical path of each step.
 
 Metrics per trace and device: ``nccl_wait_ns`` (sum of waits; multi-rank jobs
 only) and ``collective_count`` (communication kernels). The time lost (a
@@ -23,6 +30,7 @@ import numpy as np
 
 from stallscope import intervals
 from stallscope.analyzers.base import (
+    SEVERITY_RANK,
     AnalyzerResult,
     AnalyzerSpec,
     Finding,
@@ -40,6 +48,15 @@ from stallscope.collectives import (
 )
 from stallscope.idle import CAUSES, attribute_idle, launch_threads, top_host_ops
 from stallscope.jobdata import JobData
+from stallscope.lateness import (
+    CAUSE_TEXT,
+    critical_path_table,
+    explain,
+    host_ranges,
+    lateness,
+    saving_if_on_time,
+    timeline,
+)
 
 THRESHOLDS = (
     *graded_thresholds('exposed wait / span', 'exposed wait below which nothing is reported'),
@@ -54,6 +71,7 @@ THRESHOLDS = (
 )  # fmt: skip
 MAX_WINDOWS = 20
 MAX_INSTANCES = 100
+MAX_INTERVALS = 200  # lateness intervals listed in evidence
 
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
@@ -81,7 +99,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         if finding:
             result.findings.append(finding)
     if multi:
-        result.findings.append(_summary(match, parts, min_wait))
+        result.findings.append(_summary(job, match, parts, min_wait))
     return result
 
 
@@ -115,8 +133,20 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
     s_trace, s_device = _participant_of(inst, straggler)
     key = (s_trace, s_device)
     if key not in activity:
-        activity[key] = _straggler_activity(job, match, s_trace, s_device, min_wait)
-    doing = activity[key]
+        activity[key] = _straggler_story(job, match, s_trace, s_device)
+    doing, why = activity[key]
+    outside = _wait_outside(job, match, trace, device)
+    # the wait comes from before the straggler's capture when that part outweighs what the
+    # straggler's own captured timeline explains (later waits are then knock-on of it)
+    explained = 0 if why is None else why["explained_ns"]
+    before_capture = outside >= min_wait and outside >= explained
+    saved = None if why is None or before_capture else why["what_if"]["saving_ns"]
+    # a straggler whose being on time would not shorten the step is not the fix to lead with
+    alone_not_enough = saved is not None and saved < max(
+        exposed / 10, params["min_impact_ms"] * 1e6
+    )
+    if (before_capture or alone_not_enough) and SEVERITY_RANK[severity] > SEVERITY_RANK["low"]:
+        severity = "low"
     order = np.argsort(-waits, kind="stable")[:MAX_WINDOWS]
     top = np.argsort(-inst["max_wait_ns"][rows["inst"][waiting]], kind="stable")[:5]
     consistency = f"{main_in}/{len(steps)} steps" if steps and steps[0]["step"] is not None else ""
@@ -136,10 +166,23 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
             f"Rank {straggler} arrived last in {last_in} of the {int(material.sum())} collectives with a wait of "
             f"at least {min_wait / 1000:.0f} µs"
             + (f" and caused most of the wait in {consistency}" if consistency else "")
-            + f". {_doing_text(straggler, doing)}"
+            + ". "
+            + (
+                _outside_text(straggler, why, outside)
+                if before_capture
+                else _doing_text(straggler, doing, why)
+                + (_not_enough_text(straggler, saved, exposed) if alone_not_enough else "")
+            )
         ),
-        recommendation=_recommendation(straggler, doing),
+        recommendation=(
+            _outside_recommendation(straggler)
+            if before_capture
+            else _several_recommendation(straggler)
+            if alone_not_enough
+            else _recommendation(straggler, why)
+        ),
         impact_ns=exposed,
+        saving_ns=saved,
         evidence={
             "straggler_rank": straggler,
             "straggler_ranks": {str(r): ns for r, ns in sorted(by_rank.items())},
@@ -151,6 +194,9 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
             "steps": steps,
             "top_waits": [_instance_dict(inst, int(i)) for i in rows["inst"][waiting][top]],
             "straggler_activity": doing,
+            "lateness": None if why is None else {k: v for k, v in why.items() if k != "what_if"},
+            "wait_outside_capture_ns": outside,
+            "what_if": None if why is None or before_capture else why["what_if"],
             "clock_skew_ns": match.skew_ns.get((trace, device), 0),
             "data_quality": match.warnings,
         },
@@ -190,21 +236,90 @@ def _participant_of(inst, rank: int) -> tuple[str, int]:
     return str(inst["straggler_trace"][i]), int(inst["straggler_device"][i])
 
 
-def _straggler_activity(
-    job, match: CollectiveMatch, trace: str, device: int, min_wait: int
-) -> dict:
-    """What the straggler did in [its previous collective's end, its arrival] when others waited."""
-    rows, inst = match.rows, match.instances
-    mine = np.flatnonzero((rows["trace_id"] == trace) & (rows["device"] == device))
+def _lateness_of(job, match: CollectiveMatch):
+    """The job's timeline and per-(instance, rank) lateness table (cached on the job)."""
+    key = ("lateness", id(match))
+    if key not in job.cache:
+        tl = timeline(job, match)
+        job.cache[key] = (tl, lateness(match, tl))
+    return job.cache[key]
+
+
+def _part_of(tl, trace: str, device: int) -> int:
+    return next(p for p, (_, t, d) in enumerate(tl.parts) if t == trace and d == device)
+
+
+def _wait_outside(job, match: CollectiveMatch, trace: str, device: int) -> int:
+    """The part of this rank's in-step wait due to stragglers whose first captured step started later."""
+    tl, late = _lateness_of(job, match)
+    mine = late[late["part"] == _part_of(tl, trace, device)]
+    if (mine["step"] >= 0).any():
+        mine = mine[mine["step"] >= 0]
+    return int(mine["wait_outside_ns"].sum())
+
+
+def _straggler_story(
+    job, match: CollectiveMatch, trace: str, device: int
+) -> tuple[dict, dict | None]:
+    """What the straggler did in its lateness intervals, why it was late, and the what-if saving.
+
+    Returns (``straggler_activity``, ``lateness`` with ``what_if``), see docs/analyzers/nccl_wait.md.
+    """
+    tl, late = _lateness_of(job, match)
+    part = _part_of(tl, trace, device)
+    late = late[late["step"] >= 0] if (late["step"] >= 0).any() else late
+    ex = explain(job, tl, late, part)
+    if not ex.intervals:
+        return {"window_ns": 0}, None
+    skew = tl.skew[part]
+    own = [[a + skew, b + skew] for a, b in ex.intervals if b > a]
+    doing = _activity(job, trace, device, own)
+    ranges, loader_ns = host_ranges(job, tl, part, ex.intervals)
+    causes = dict(ex.causes_ns)
+    if causes.get("unknown", 0) and loader_ns >= causes["unknown"] / 2:
+        # a data-loading range on another thread of its process covers the unrecorded time
+        moved = min(loader_ns, causes["unknown"])
+        causes["unknown"] -= moved
+        causes["dataloader"] = causes.get("dataloader", 0) + moved
+        causes = {c: v for c, v in causes.items() if v > 0}
+    main = max(causes, key=lambda c: causes[c]) if causes else None
+    # a user range (record_function, NVTX) on its process that spans most of the unrecorded time names it
+    named = next((r for r in ranges if r["kind"] in ("annotation", "nvtx")), None)
+    covering = (
+        named["name"]
+        if main == "unknown" and named and named["overlap_ns"] >= causes["unknown"] / 2
+        else None
+    )
+    refs = sorted(
+        {
+            int(r)
+            for r in late.loc[late["last"] & (late["part"] == part) & (late["late_ns"] > 0), "ref"]
+        }
+    )
+    why = {
+        "late_ns": ex.late_ns,
+        "explained_ns": ex.removable_ns,
+        "knock_on_ns": ex.knock_on_ns,
+        "causes_ns": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
+        "main_cause": main,
+        "reference_ranks": [tl.parts[r][0] for r in refs],
+        "intervals": [[a + skew, b + skew] for a, b in ex.intervals[:MAX_INTERVALS]],
+        "kernels": ex.kernels,
+        "host_ranges": ranges,
+        "dataloader_range_ns": loader_ns,
+        "covering_range": covering,
+        "what_if": saving_if_on_time(tl, ex.cuts),
+    }
+    return doing, why
+
+
+def _activity(job, trace: str, device: int, windows: list[list[int]]) -> dict:
+    """GPU busy and compute share, idle by cause and host operations over ``windows`` (own clock)."""
     ops = gpu_activity(job)[(trace, device)]
-    lo = int(ops["start_ns"].min())
-    prev_end = np.r_[lo, rows["end_ns"][mine][:-1]]
-    ids = rows["inst"][mine]
-    hit = rows["last"][mine] & (ids >= 0) & (inst["max_wait_ns"][np.maximum(ids, 0)] >= min_wait)
-    hit &= _in_steps(rows, np.isin(np.arange(rows["step"].size), mine))[mine]
-    a, b = prev_end[hit], rows["start_ns"][mine][hit]
-    keep = b > a
-    union = intervals.union(a[keep], b[keep])
+    union = intervals.union(
+        np.array([w[0] for w in windows], dtype=np.int64),
+        np.array([w[1] for w in windows], dtype=np.int64),
+    )
     window = int((union[1] - union[0]).sum())
     if window == 0:
         return {"window_ns": 0}
@@ -217,59 +332,144 @@ def _straggler_activity(
         share = covered_length(union, idle.gap_starts, idle.gap_ends) / gap_len
         sums = (idle.per_gap * share[:, None]).sum(axis=0)
         by_cause = {c: int(sums[i]) for i, c in enumerate(CAUSES) if sums[i] >= 1}
-    windows = [[int(s), int(e)] for s, e in zip(*union, strict=True)]
+    merged = [[int(s), int(e)] for s, e in zip(*union, strict=True)]
     return {
         "window_ns": window,
-        "windows": len(windows),
+        "windows": len(merged),
         "gpu_busy_pct": round(100.0 * busy / window, 1),
         "compute_pct": round(100.0 * comp / window, 1),
         "idle_by_cause_ns": by_cause,
-        "top_host_ops": top_host_ops(job, trace, launch_threads(job, trace, device), windows),
+        "top_host_ops": top_host_ops(job, trace, launch_threads(job, trace, device), merged),
     }
 
 
-def _doing_text(rank: int, doing: dict) -> str:
-    if not doing.get("window_ns"):
-        return ""
-    causes = sorted(doing["idle_by_cause_ns"].items(), key=lambda kv: -kv[1])[:2]
-    note = " (its host recorded no operation then: sleep, I/O or a blocking call)"
-    idle = ", ".join(
-        f"{c} {ns / 1e6:.1f} ms" + (note if c == "unknown" else "") for c, ns in causes
-    )
-    ops = ", ".join(o["name"] for o in doing["top_host_ops"][:3])
-    # When the idle time is mostly unrecorded, the recorded operations are what the host did
-    # around it, not the delay itself: say so rather than blame them.
-    unrecorded = bool(causes) and causes[0][0] == "unknown"
-    ops_text = (
-        f"; its recorded host work in that time (around the unrecorded delay): {ops}"
-        if unrecorded
-        else f"; its host was in: {ops}"
-    )
-    return (
-        f"Before arriving, rank {rank}'s GPU was busy {doing['gpu_busy_pct']:.0f}% of "
-        f"{doing['window_ns'] / 1e6:.1f} ms (compute {doing['compute_pct']:.0f}%)"
-        + (f"; its idle time by cause: {idle}" if idle else "")
-        + (ops_text if ops else "")
-        + "."
-    )
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:.1f} ms"
 
 
-def _recommendation(rank: int, doing: dict) -> str:
-    if doing.get("window_ns") and doing["gpu_busy_pct"] < 50:
+def _doing_text(rank: int, doing: dict, why: dict | None) -> str:
+    if why is None or not doing.get("window_ns"):
         return (
-            f"Rank {rank}'s GPU sat idle waiting for its host before it joined: remove the host-side delay on that "
-            "rank (data loading: more DataLoader workers, pinned memory, prefetch; rank-specific work such as "
-            "logging, checkpointing or evaluation; Python garbage collection; a slow or oversubscribed CPU). "
-            "Every other rank waits for the slowest one at each collective."
+            f"Rank {rank} took no longer than the other ranks to reach these collectives from a common point "
+            "(the previous collective or the step start): the capture does not show why it was last."
+        )
+    causes = ", ".join(f"{CAUSE_TEXT[c]} {_ms(ns)}" for c, ns in list(why["causes_ns"].items())[:3])
+    ranges = ", ".join(r["name"] for r in why["host_ranges"][:3])
+    unrecorded = why["main_cause"] == "unknown" and not why.get("covering_range")
+    return (
+        f"Aligned at the previous collective (or the step start), rank {rank} took {_ms(why['late_ns'])} longer "
+        f"in all than the next-latest rank to arrive (its GPU busy {doing['gpu_busy_pct']:.0f}% in those "
+        f"{_ms(doing['window_ns'])}); its own trace accounts for {_ms(why['explained_ns'])} of it"
+        + (f": {causes}" if causes else "")
+        + (
+            f"; {_ms(why['knock_on_ns'])} is knock-on (kernels the other ranks had already run while they waited)"
+            if why["knock_on_ns"] >= 1e5
+            else ""
+        )
+        + (
+            f". Its host ranges then (around the unrecorded time, not its cause): {ranges}"
+            if ranges and unrecorded
+            else f". Its host was in: {ranges}"
+            if ranges
+            else ""
+        )
+        + f". Were rank {rank} on time, the captured steps would take {_ms(why['what_if']['saving_ns'])} less in "
+        "all (a what-if on the job's dependency graph)."
+    )
+
+
+def _outside_text(rank: int, why: dict | None, outside: int) -> str:
+    return (
+        f"{_ms(outside)} of this wait is rank {rank}'s first captured step starting later than this rank's: "
+        f"counted from their own step starts, the ranks reached the collective at about the same offset. "
+        f"The delay lies before rank {rank}'s capture begins; the trace cannot show what rank {rank} did then."
+    )
+
+
+def _not_enough_text(rank: int, saved: int, exposed: int) -> str:
+    return (
+        f" So rank {rank} alone does not set the step time: other ranks arrive nearly as late, or the step's end "
+        f"is set elsewhere (see the critical path in the `collectives` finding); of this rank's {_ms(exposed)} "
+        f"of exposed wait, making rank {rank} on time recovers {_ms(saved)}."
+    )
+
+
+def _several_recommendation(rank: int) -> str:
+    return (
+        f"Rank {rank} is not the only late rank: follow the critical path of the step (the `collectives` finding, "
+        "Distributed page) to the ranks and work that set its end, and fix those first."
+    )
+
+
+def _outside_recommendation(rank: int) -> str:
+    return (
+        f"Capture what comes before this step on rank {rank}: profile more steps (a longer `active` in the "
+        "profiler schedule, so the gap between steps is inside the capture) and start the profilers on every "
+        "rank at the same step. Then see what rank "
+        f"{rank} does before its step starts (data loading, checkpointing, rank-specific work). Until then "
+        "this trace cannot name the cause."
+    )
+
+
+def _recommendation(rank: int, why: dict | None) -> str:
+    main = None if why is None else why["main_cause"]
+    tail = " Every other rank waits for the slowest one at each collective."
+    if main == "dataloader":
+        return (
+            f"Rank {rank} was late because it waited for its input data: speed up its data loading (more DataLoader "
+            "workers, pin_memory=True, a larger prefetch_factor, persistent_workers; decode and augment ahead of "
+            "time; check that rank's storage and CPU)." + tail
+        )
+    if main == "host_sync":
+        return (
+            f"Rank {rank} blocked its host on GPU syncs the other ranks did not make (`.item()`, `.cpu()`, "
+            "`torch.cuda.synchronize()`, often rank-0-only logging or metrics): remove or defer them."
+            + tail
+        )
+    if main in ("cpu", "launch", "memcpy"):
+        return (
+            f"Rank {rank}'s host spent longer in Python/CPU work than the others: move rank-specific work "
+            "(logging, metrics, checkpointing, evaluation) off the step or to a background thread; check garbage "
+            "collection and whether that rank's CPU cores are oversubscribed (OMP_NUM_THREADS, pinning)."
+            + tail
+        )
+    if main == "unknown" and why.get("covering_range"):
+        return (
+            f"Rank {rank}'s host was inside `{why['covering_range']}` while it fell behind (no GPU work, no recorded "
+            "operator): shorten or remove that work on that rank, or move it off the step." + tail
+        )
+    if main == "unknown":
+        return (
+            f"Rank {rank}'s host recorded nothing while it fell behind (a sleep, I/O, a blocking call, garbage "
+            "collection, or another thread holding the GIL): the trace cannot name it. Wrap that rank's data "
+            "loading and per-step extras in `torch.profiler.record_function` (or NVTX) ranges, or capture it with "
+            "Nsight Systems OS-runtime tracing (`-t osrt`) or py-spy, then remove the delay on that rank."
+            + tail
+        )
+    if main == "extra_compute":
+        return (
+            f"Rank {rank} ran more or larger kernels than the others: the ranks have unequal work. Balance it "
+            "(even batch and sequence lengths per rank, balanced shards, pipeline stages or expert routing)."
+            + tail
+        )
+    if main == "slower_gpu":
+        return (
+            f"Rank {rank}'s GPU ran the same kernels, at the same launch grid, slower than the others: check its "
+            "clocks, power and thermal throttling (`nvidia-smi -q -d PERFORMANCE,CLOCK`), other processes on that "
+            "GPU, and its PCIe/NVLink path." + tail
+        )
+    if main == "queued":
+        return (
+            f"Rank {rank}'s GPU waited on its own other streams before it joined: look at the cross-stream "
+            "dependencies on that rank." + tail
         )
     return (
-        f"Rank {rank} was still computing: the ranks have unequal work. Balance it (even batch and sequence "
-        "lengths, balanced pipeline stages, shards or expert routing), or check whether that GPU is slower "
-        "(clocks, thermal throttling, a worse PCIe/NVLink path)."
+        f"Rank {rank} arrived last, but from a common point it did the same work as the others in the same time: "
+        "the capture does not show why. Capture more steps on every rank to find where its lateness begins."
     )
 
 
-def _summary(match: CollectiveMatch, parts, min_wait: int) -> Finding:
+def _summary(job, match: CollectiveMatch, parts, min_wait: int) -> Finding:
     inst, rows = match.instances, match.rows
     n = inst["op"].size
     material = inst["max_wait_ns"] >= min_wait
@@ -316,6 +516,7 @@ def _summary(match: CollectiveMatch, parts, min_wait: int) -> Finding:
             "ops": ops,
             "collectives": [_instance_dict(inst, i) for i in range(min(n, MAX_INSTANCES))],
             "data_quality": match.warnings,
+            "critical_path": critical_path_table(job, _lateness_of(job, match)[0]) if n else [],
         },
         windows=[
             [int(inst["start_ns"][i]), int(inst["last_ns"][i])]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from stallscope.charts import wait_heatmap
+from stallscope.charts import critical_path_figure, wait_heatmap
 from stallscope.humanize import records_table
 from stallscope.pages.state import get_store, report_for, selected_job
 from stallscope.pages.text import literal
@@ -70,7 +70,30 @@ def render() -> None:
         )
         st.plotly_chart(wait_heatmap(waits), width="stretch")
     for f in findings_of(report, "nccl_wait", key="collectives"):
+        _critical_path(f["evidence"].get("critical_path") or [])
         ops = pd.DataFrame(f["evidence"].get("ops", []))
         if not ops.empty:
             st.subheader("Collectives by type")
             st.dataframe(records_table(ops.to_dict("records")), width="stretch", hide_index=True)
+
+
+def _critical_path(steps: list[dict]) -> None:
+    """The chosen step's cross-rank critical path: a chart and its table."""
+    if not steps:
+        return
+    st.subheader("Critical path")
+    st.caption(
+        "The chain of work, waits and idle time that set the step's end, across ranks: shortening "
+        "anything off this path does not shorten the step."
+    )
+    labels = {f"step {s['step']} ({s['time_ns'] / 1e6:.1f} ms)": s for s in steps}
+    picked = labels[st.selectbox("Step", list(labels))]
+    segments = pd.DataFrame(picked["segments"])
+    if segments.empty:
+        return
+    st.plotly_chart(critical_path_figure(segments), width="stretch")
+    table = segments.assign(
+        start_ms=(segments["start_ns"] - segments["start_ns"].min()) / 1e6,
+        ms=segments["duration_ns"] / 1e6,
+    )[["rank", "what", "start_ms", "ms"]]
+    st.dataframe(table.round(3), width="stretch", hide_index=True)

@@ -180,3 +180,53 @@ def wait_heatmap(frame: pd.DataFrame) -> go.Figure:
         xaxis_title="collective (in time order)",
     )
     return fig
+
+
+def _path_kind(what: str) -> str:
+    """Colour class of a critical-path segment: kernels, collective, an idle cause, before capture."""
+    if what.startswith("collective"):
+        return "comm"
+    if what.startswith("idle: "):
+        return what[len("idle: ") :]
+    if what in ("idle", "gap"):
+        return "unknown"
+    if what == "before capture":
+        return "before capture"
+    return "compute"
+
+
+def critical_path_figure(segments: pd.DataFrame) -> go.Figure:
+    """One step's cross-rank critical path as bars per rank (x in ms from the step's start).
+
+    ``segments``: ``rank, what, start_ns, end_ns, duration_ns`` (the ``critical_path``
+    evidence of the ``collectives`` finding), earliest first.
+    """
+    fig = go.Figure()
+    if segments.empty:
+        return fig
+    t0 = int(segments["start_ns"].min())
+    frame = segments.assign(
+        lane=[f"rank {r}" for r in segments["rank"]],
+        kind=[_path_kind(w) for w in segments["what"]],
+    )
+    for kind, part in frame.groupby("kind", sort=False):
+        fig.add_bar(
+            y=part["lane"],
+            base=(part["start_ns"] - t0) / 1e6,
+            x=(part["duration_ns"]).clip(lower=1) / 1e6,
+            orientation="h",
+            name=str(kind),
+            marker={"color": CAUSE_COLORS.get(str(kind), "#e0e0e0")},
+            customdata=part[["what"]].to_numpy(),
+            hovertemplate="%{customdata[0]}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>",
+        )
+    lanes = sorted(frame["lane"].unique(), key=lambda lane: int(lane.split()[1]))
+    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(lanes)))
+    fig.update_layout(
+        barmode="overlay",
+        height=140 + 30 * len(lanes),
+        margin={"l": 10, "r": 10, "t": 20, "b": 10},
+        xaxis_title="ms from the step's start",
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+    )
+    return fig

@@ -175,7 +175,11 @@ def test_distributed_page_names_the_straggler(ddp_store):
     at = page("distributed")
     assert not at.exception
     assert any("rank 1" in e.value for e in at.error)
-    assert len(at.get("plotly_chart")) == 1
+    assert len(at.get("plotly_chart")) == 2  # the wait heatmap and the critical path
+    assert any(s.label == "Step" for s in at.selectbox)
+    path = at.dataframe[-2].value if len(at.dataframe) > 2 else at.dataframe[-1].value
+    assert {"rank", "what", "start_ms", "ms"} <= set(path.columns)
+    assert (path["rank"] == 1).any()  # the straggler's sleep sets the step's end
 
 
 def test_occupancy_page(ddp_store):

@@ -1,0 +1,427 @@
+"""What-if replay of a multi-rank job on its own dependency graph, and its critical path.
+
+Pure functions over pandas tables; every time is an int64 ns on one common
+clock (the ranks' clocks after skew correction).
+
+**Ops** (:data:`OP_COLUMNS`): one row per GPU operation (kernel, memcpy,
+memset) of every participant (``part``: a rank's device). ``launch_ns`` is the
+start of the host call that launched it (−1 unknown); ``inst`` the matched
+collective instance of a communication kernel (−1 otherwise); ``transfer_ns``
+its transfer time after the last rank arrived.
+
+**Syncs** (:data:`SYNC_COLUMNS`): host calls that block until the GPU is done
+(``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, a blocking copy).
+
+**The graph** (:func:`dependencies`), read from the observed times. An op
+starts no earlier than
+
+* the end of the previous op on its stream (``stream``);
+* its host launch (``launch``), the host being shifted by how much earlier the
+  syncs before it returned;
+* when it started later than both, the op of its participant (other stream)
+  that ended last before it started (``dep``: an event wait such as DDP's
+  gradient-ready or all-reduce-done);
+
+and a collective ends no earlier than its last rank's arrival (``join``) +
+its own transfer time. The *binding* constraint is the latest of these; its
+observed gap (e.g. a launch latency) is kept, the others are lower bounds.
+
+**Replay** (:func:`replay`): the same graph re-timed after compressing given
+intervals of a participant's timeline (:class:`Compression`: host and GPU
+times inside ``[start, end)`` are mapped linearly onto ``new_len_ns``, times
+after it move earlier by the difference). A sync returns when the op it
+waited for is done in the replay (or, if that op had ended before the call,
+after the call's own duration). Replaying with no compression reproduces the
+observed times exactly.
+
+**Step time** (:func:`step_times`): a step ends when the last of its ops on
+any rank ends; its time runs from the previous step's end (the first step:
+from its earliest op). Summed over steps, that is the captured steps'
+makespan, which a rank's host starting its next step early cannot shorten.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+OP_COLUMNS = (
+    "part", "rank", "stream", "start_ns", "end_ns", "launch_ns", "inst", "transfer_ns",
+    "step", "is_comm", "name",
+)  # fmt: skip
+SYNC_COLUMNS = ("part", "start_ns", "end_ns")
+GAP_TOLERANCE_NS = 2_000  # an op starting this close after its known constraints is bound by them
+NONE, STREAM, LAUNCH, DEP, JOIN = "start", "stream", "launch", "dep", "join"
+
+
+@dataclass(frozen=True)
+class Compression:
+    """Replay ``[start_ns, end_ns)`` of participant ``part``'s timeline in ``new_len_ns``."""
+
+    part: int
+    start_ns: int
+    end_ns: int
+    new_len_ns: int
+
+
+def dependencies(ops: pd.DataFrame) -> pd.DataFrame:
+    """``ops`` sorted by (part, start), with each op's binding constraint.
+
+    Adds ``prev`` (row index of the previous op on its stream, −1), ``dep``
+    (the participant's op that ended last at or before this one's start, −1),
+    ``binding`` (``stream``/``launch``/``dep``/``start``) and ``gap_ns``
+    (start − the binding constraint's time). Vectorized; no per-op Python.
+    """
+    ops = ops.sort_values(["part", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+    n = len(ops)
+    start = ops["start_ns"].to_numpy(np.int64)
+    end = ops["end_ns"].to_numpy(np.int64)
+    part = ops["part"].to_numpy(np.int64)
+    key = part * (1 << 32) + ops["stream"].to_numpy(np.int64)
+    order = np.lexsort((start, key))
+    prev = np.full(n, -1, dtype=np.int64)
+    same = np.r_[False, key[order][1:] == key[order][:-1]]
+    prev[order[same]] = order[np.flatnonzero(same) - 1]
+    lo = np.iinfo(np.int64).min // 4
+    p_val = np.where(prev >= 0, end[np.maximum(prev, 0)], lo)
+    launch = ops["launch_ns"].to_numpy(np.int64)
+    l_val = np.where(launch >= 0, launch, lo)
+    dep = _latest_end_before(part, start, end)
+    d_val = np.where(dep >= 0, end[np.maximum(dep, 0)], lo)
+    known = np.maximum(p_val, l_val)
+    use_dep = (start - known > GAP_TOLERANCE_NS) & (d_val > known) & (dep != prev)
+    binding = np.where(
+        use_dep, DEP, np.where(p_val >= l_val, np.where(prev >= 0, STREAM, NONE), LAUNCH)
+    )
+    binding = np.where((prev < 0) & (launch < 0) & ~use_dep, NONE, binding)
+    bound = np.where(use_dep, d_val, known)
+    ops["prev"] = prev
+    ops["dep"] = np.where(use_dep, dep, -1)
+    ops["binding"] = binding
+    ops["gap_ns"] = np.where(binding == NONE, 0, start - bound)
+    return ops
+
+
+def _latest_end_before(part: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per op: index of the same participant's op with the latest end <= its start (−1)."""
+    out = np.full(part.size, -1, dtype=np.int64)
+    for p in np.unique(part):  # per participant
+        idx = np.flatnonzero(part == p)
+        by_end = idx[np.argsort(end[idx], kind="stable")]
+        pos = np.searchsorted(end[by_end], start[idx], side="right") - 1
+        out[idx] = np.where(pos >= 0, by_end[np.maximum(pos, 0)], -1)
+    return out
+
+
+def compress_times(times: np.ndarray, parts: np.ndarray, cuts: list[Compression]) -> np.ndarray:
+    """Map each time of ``parts`` through that participant's compressions (vectorized)."""
+    out = np.asarray(times, dtype=np.int64).copy()
+    for c in sorted(cuts, key=lambda c: (c.part, c.start_ns)):
+        length = c.end_ns - c.start_ns
+        if length <= 0:
+            continue
+        mine = (parts == c.part) & (times >= 0)
+        t = np.asarray(times, dtype=np.int64)
+        inside = mine & (t > c.start_ns) & (t < c.end_ns)
+        after = mine & (t >= c.end_ns)
+        removed = length - c.new_len_ns
+        out[after] -= removed
+        frac = (t[inside] - c.start_ns) / length
+        out[inside] -= (t[inside] - c.start_ns) - np.round(frac * c.new_len_ns).astype(np.int64)
+    return out
+
+
+def replay(
+    ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression] | None = None
+) -> pd.DataFrame:
+    """Re-time ``dependencies(ops)`` after ``cuts``; adds ``new_start_ns`` and ``new_end_ns``.
+
+    A sweep in observed-time order (syncs returning before ops starting at the
+    same time, collective arrivals before other ops): one Python step per op.
+    """
+    cuts = cuts or []
+    g = ops if "binding" in ops else dependencies(ops)
+    n = len(g)
+    part = g["part"].to_numpy(np.int64)
+    start = g["start_ns"].to_numpy(np.int64)
+    end = g["end_ns"].to_numpy(np.int64)
+    c_start = compress_times(start, part, cuts)
+    c_end = compress_times(end, part, cuts)
+    launch = g["launch_ns"].to_numpy(np.int64)
+    c_launch = compress_times(launch, part, cuts)
+    inst = g["inst"].to_numpy(np.int64)
+    transfer = g["transfer_ns"].to_numpy(np.int64)
+    prev, dep = g["prev"].to_numpy(np.int64), g["dep"].to_numpy(np.int64)
+    binding, gap = g["binding"].to_numpy(), g["gap_ns"].to_numpy(np.int64)
+    comm = inst >= 0
+    members: dict[int, list[int]] = {}
+    for i in np.flatnonzero(comm).tolist():
+        members.setdefault(int(inst[i]), []).append(i)
+    arrived = dict.fromkeys(members, 0)
+
+    sync_part = syncs["part"].to_numpy(np.int64)
+    s_a, s_b = syncs["start_ns"].to_numpy(np.int64), syncs["end_ns"].to_numpy(np.int64)
+    c_sa, c_sb = compress_times(s_a, sync_part, cuts), compress_times(s_b, sync_part, cuts)
+    awaited = _awaited_ops(part, end, sync_part, s_a, s_b)
+    # per participant: sorted sync return times (observed) and the host offset after each
+    sync_ends: dict[int, list[int]] = {}
+    sync_offsets: dict[int, list[int]] = {}
+
+    def host(p: int, t: int, ct: int) -> int:
+        ends = sync_ends.get(p)
+        if not ends:
+            return ct
+        k = bisect.bisect_right(ends, t) - 1
+        return ct if k < 0 else ct + sync_offsets[p][k]
+
+    new_start = np.zeros(n, dtype=np.int64)
+    new_end = np.zeros(n, dtype=np.int64)
+    times = np.r_[s_b, start]
+    kinds = np.r_[np.zeros(s_b.size, dtype=np.int64), np.where(comm, 1, 2)]
+    index = np.r_[np.arange(s_b.size), np.arange(n)]
+    order = np.lexsort((index, kinds, times))
+    for kind, i in zip(kinds[order].tolist(), index[order].tolist(), strict=True):
+        if kind == 0:  # a sync returns
+            p = int(sync_part[i])
+            a_new = host(p, int(s_a[i]), int(c_sa[i]))
+            w = awaited[i]
+            b_new = (
+                max(a_new, int(new_end[w]) + int(s_b[i] - end[w]))
+                if w >= 0
+                else a_new + int(c_sb[i] - c_sa[i])
+            )
+            sync_ends.setdefault(p, []).append(int(s_b[i]))
+            sync_offsets.setdefault(p, []).append(b_new - int(c_sb[i]))
+            continue
+        p = int(part[i])
+        t = -(1 << 62)
+        if prev[i] >= 0:
+            t = max(t, int(new_end[prev[i]]) + (int(gap[i]) if binding[i] == STREAM else 0))
+        if launch[i] >= 0:
+            t = max(
+                t,
+                host(p, int(launch[i]), int(c_launch[i]))
+                + (int(gap[i]) if binding[i] == LAUNCH else 0),
+            )
+        if dep[i] >= 0:
+            t = max(t, int(new_end[dep[i]]) + int(gap[i]))
+        if t == -(1 << 62):  # nothing recorded before it: where the cuts put it
+            t = int(c_start[i])
+        new_start[i] = t
+        new_end[i] = t + int(c_end[i] - c_start[i])
+        if comm[i]:
+            k = int(inst[i])
+            arrived[k] += 1
+            if arrived[k] == len(members[k]):  # last arrival: every rank's end is known
+                last = max(int(new_start[j]) for j in members[k])
+                for j in members[k]:
+                    new_end[j] = max(int(new_start[j]), last) + int(transfer[j])
+    out = g.copy()
+    out["new_start_ns"] = new_start
+    out["new_end_ns"] = new_end
+    return out
+
+
+def _awaited_ops(part, end, sync_part, s_a, s_b) -> np.ndarray:
+    """Per sync: the participant's op that ended last while the call was blocked (−1: none)."""
+    out = np.full(s_a.size, -1, dtype=np.int64)
+    for p in np.unique(sync_part):  # per participant
+        idx = np.flatnonzero(part == p)
+        if idx.size == 0:
+            continue
+        by_end = idx[np.argsort(end[idx], kind="stable")]
+        mine = np.flatnonzero(sync_part == p)
+        pos = np.searchsorted(end[by_end], s_b[mine], side="right") - 1
+        ok = pos >= 0
+        cand = np.where(ok, by_end[np.maximum(pos, 0)], -1)
+        ok &= end[np.maximum(cand, 0)] > s_a[mine]
+        out[mine] = np.where(ok, cand, -1)
+    return out
+
+
+def step_times(ops: pd.DataFrame, start: str = "start_ns", end: str = "end_ns") -> pd.Series:
+    """Job step time per step (ns), from the steps' ends (see the module docstring).
+
+    A step ends when its last op on any rank ends (``E_k``); its time is
+    ``E_k − E_{k−1}``, the first step's ``E_0 −`` the earliest start of its ops.
+    The sum over steps is the captured steps' makespan.
+    """
+    mine = ops[ops["step"] >= 0]
+    if mine.empty:
+        return pd.Series(dtype=np.int64)
+    ends = mine.groupby("step")[end].max().sort_index()
+    first = int(mine.loc[mine["step"] == ends.index[0], start].min())
+    prev = np.r_[first, ends.to_numpy()[:-1]]
+    return pd.Series(ends.to_numpy() - prev, index=ends.index).astype(np.int64)
+
+
+def saving(ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression]) -> dict:
+    """Step times before and after ``cuts``: ``{before_ns, after_ns, saving_ns, steps}``.
+
+    ``saving_ns`` = Σ steps (before − after), never negative; ``steps`` lists
+    ``{step, before_ns, after_ns}``.
+    """
+    g = dependencies(ops)
+    what_if = replay(g, syncs, cuts)
+    before = step_times(g)  # replaying without cuts reproduces the observed times
+    after = step_times(what_if, "new_start_ns", "new_end_ns")
+    steps = [
+        {"step": int(s), "before_ns": int(before[s]), "after_ns": int(after.get(s, before[s]))}
+        for s in before.index
+    ]
+    total_before = sum(s["before_ns"] for s in steps)
+    total_after = sum(s["after_ns"] for s in steps)
+    return {
+        "before_ns": total_before,
+        "after_ns": total_after,
+        "saving_ns": max(0, total_before - total_after),
+        "steps": steps,
+    }
+
+
+def critical_path(
+    g: pd.DataFrame,
+    step: int,
+    label_gap=None,
+    capture_start: dict[int, int] | None = None,
+    index=None,
+) -> pd.DataFrame:
+    """The chain of segments that set step ``step``'s end, earliest first.
+
+    ``g`` is :func:`dependencies`' table (observed times). The walk starts at
+    the op of the step that ends last and follows binding constraints back;
+    at a collective whose rank waited, it jumps to the rank that arrived last.
+    Columns: ``rank, part, what, start_ns, end_ns, duration_ns``; ``what`` is
+    ``kernel``/``collective <op>``/``idle: <cause>``/``gap``. Consecutive
+    kernels of one rank are merged (``kernels (N): <longest>``).
+    ``label_gap(part, start, end)`` names a GPU-idle gap (default ``idle``);
+    the part of a gap before ``capture_start[part]`` is ``before capture``;
+    ``index`` is :func:`path_index` of ``g`` (computed when not given).
+    """
+    cols = ["rank", "part", "what", "start_ns", "end_ns", "duration_ns"]
+    mine = g.index[g["step"] == step]
+    if mine.empty:
+        return pd.DataFrame(columns=cols)
+    floor = int(g.loc[mine, "start_ns"].min())
+    start = g["start_ns"].to_numpy(np.int64)
+    end = g["end_ns"].to_numpy(np.int64)
+    inst = g["inst"].to_numpy(np.int64)
+    part = g["part"].to_numpy(np.int64)
+    is_comm = g["is_comm"].to_numpy(bool)
+    names, bindings = g["name"].to_numpy(), g["binding"].to_numpy()
+    prevs, deps = g["prev"].to_numpy(np.int64), g["dep"].to_numpy(np.int64)
+    comm_rows, ends_of = index if index is not None else path_index(g)
+    segs: list[tuple[int, str, int, int, str]] = []  # part, kind, start, end, name
+    i = int(mine[np.argmax(end[mine])])
+    seen = 0
+    while i >= 0 and seen < 100_000:
+        seen += 1
+        s, e = int(start[i]), int(end[i])
+        if inst[i] >= 0:
+            rows = comm_rows[int(inst[i])]
+            last = max(rows, key=lambda j: (start[j], -part[j]))
+            if start[last] > s:  # this rank waited: the path runs through the last arrival
+                segs.append((int(part[i]), "collective", int(start[last]), e, str(names[i])))
+                i = last
+                s = e = int(start[last])
+                if s <= floor:
+                    break
+            else:
+                segs.append((int(part[i]), "collective", s, e, str(names[i])))
+        else:
+            segs.append(
+                (
+                    int(part[i]),
+                    "kernel" if not is_comm[i] else "collective",
+                    s,
+                    e,
+                    str(names[i]),
+                )
+            )
+        b = bindings[i]
+        nxt = int(prevs[i]) if b == STREAM else int(deps[i]) if b == DEP else -1
+        if b == LAUNCH or (b == NONE and s > floor):
+            by_end = ends_of.get(int(part[i]))
+            k = int(np.searchsorted(end[by_end], s, side="right")) - 1 if by_end is not None else -1
+            nxt = int(by_end[k]) if k >= 0 else -1
+            lo = max(int(end[nxt]), floor) if nxt >= 0 else floor
+            cs = (capture_start or {}).get(int(part[i]), lo)
+            if s > lo:
+                if lo < cs:  # the part of the gap before this rank's capture began
+                    segs.append(
+                        (
+                            int(part[i]),
+                            "idle",
+                            max(cs, lo),
+                            s,
+                            _label(label_gap, part[i], max(cs, lo), s),
+                        )
+                    )
+                    segs.append((int(part[i]), "idle", lo, min(cs, s), "before capture"))
+                else:
+                    segs.append((int(part[i]), "idle", lo, s, _label(label_gap, part[i], lo, s)))
+        elif nxt >= 0 and s > end[nxt]:
+            segs.append((int(part[i]), "gap", int(end[nxt]), s, "gap"))
+        if nxt < 0 or end[nxt] <= floor:
+            break
+        i = nxt
+    rank_of = g.groupby("part")["rank"].first().to_dict()
+    return _merge(segs[::-1], rank_of, floor, cols)
+
+
+def path_index(g: pd.DataFrame) -> tuple[dict[int, list[int]], dict[int, np.ndarray]]:
+    """For :func:`critical_path` over many steps: the rows of each collective instance, and per
+    part its op indices sorted by end."""
+    inst, part = g["inst"].to_numpy(np.int64), g["part"].to_numpy(np.int64)
+    end = g["end_ns"].to_numpy(np.int64)
+    comm_rows: dict[int, list[int]] = {}
+    for i in np.flatnonzero(inst >= 0).tolist():
+        comm_rows.setdefault(int(inst[i]), []).append(i)
+    ends_of = {}
+    for p in np.unique(part):  # per participant
+        idx = np.flatnonzero(part == p)
+        ends_of[int(p)] = idx[np.argsort(end[idx], kind="stable")]
+    return comm_rows, ends_of
+
+
+def _label(label_gap, part, a: int, b: int) -> str:
+    return label_gap(int(part), int(a), int(b)) if label_gap else "idle"
+
+
+SHORT_IDLE_NS = 100_000  # idle gaps shorter than this stay inside a run of kernels
+
+
+def _merge(segs, rank_of, floor, cols) -> pd.DataFrame:
+    """Segments clipped to the step; a rank's consecutive kernels, with the short idle gaps
+    between them, become one ``kernels (N): <longest>`` segment."""
+    rows: list[dict] = []
+    for p, kind, s, e, name in segs:
+        s = max(s, floor)
+        if e <= s:
+            continue
+        short = kind in ("idle", "gap") and e - s < SHORT_IDLE_NS
+        run = rows[-1] if rows and rows[-1]["part"] == p and rows[-1]["_kind"] == "kernel" else None
+        if run is not None and (kind == "kernel" or short):
+            run["end_ns"] = e
+            if kind == "kernel":
+                run["_n"] += 1
+                if e - s > run["_longest"][0]:
+                    run["_longest"] = (e - s, name)
+            continue
+        if short and kind == "gap":
+            continue
+        what = {"collective": f"collective {name}", "idle": name, "gap": "gap"}.get(kind, name)
+        rows.append(
+            {"rank": rank_of[p], "part": p, "what": what, "start_ns": s, "end_ns": e,
+             "_kind": kind, "_n": 1, "_longest": (e - s, name)}
+        )  # fmt: skip
+    for r in rows:
+        if r["_kind"] == "kernel":
+            r["what"] = (
+                f"kernels ({r['_n']}): {r['_longest'][1]}" if r["_n"] > 1 else r["_longest"][1]
+            )
+        r["duration_ns"] = r["end_ns"] - r["start_ns"]
+    return pd.DataFrame([{c: r[c] for c in cols} for r in rows], columns=cols)

@@ -1,0 +1,555 @@
+"""How late each straggler was, why, and what it would save to be on time.
+
+Built on :mod:`stallscope.collectives` (matched instances) and
+:mod:`stallscope.critical_path` (the what-if replay). Times are int64 ns.
+
+**Lateness interval.** For each matched instance, every rank is aligned at a
+common earlier point: the end of the previous instance they all shared (a
+collective ends at about the same moment everywhere), else each rank's step
+start (its first captured GPU operation when there are no steps). A rank's
+*offset* is its arrival minus its alignment point. The straggler (last
+arrival) is compared with the *reference*: the other rank with the largest
+offset. ``late_ns = offset(straggler) − offset(reference)`` is the extra time
+the straggler took inside the capture; its interval ``[align, arrival]`` is
+where to look for why.
+
+**Outside the capture.** Aligned at step starts, a wait can come from the
+straggler's step starting later than the others': its wait is then partly
+``align(straggler) − align(waiting rank)``. When that is the straggler's
+first captured step, the trace holds nothing of what delayed it.
+
+**Why** (:func:`explain`). Over the straggler's interval and the
+reference's: the GPU idle time by cause (:func:`stallscope.idle.attribute_idle`,
+prorated per gap) and, from each rank's step start to its arrival, per
+kernel name the count and time (extra kernels, the same kernels longer at a
+different launch grid = extra compute, at the same grid = a slower GPU).
+The straggler's excess over the reference, per cause, explains its lateness.
+Busy time the straggler spent on kernels the reference had already run (it
+ran ahead while waiting at an earlier collective) is *knock-on*: not a cause,
+and not removed in the what-if.
+
+**What-if** (:func:`saving_if_on_time`): each interval of the straggler is
+replayed shorter by its explained (removable) lateness, on the job's
+dependency graph; the saving is the drop in summed step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from stallscope.collectives import CollectiveMatch, covered_length
+from stallscope.critical_path import (
+    Compression,
+    critical_path,
+    dependencies,
+    path_index,
+    saving,
+    step_times,
+)
+from stallscope.idle import CAUSES, DATALOADER_REGEX, SYNC_API_REGEX, attribute_idle, launch_threads
+from stallscope.jobdata import JobData
+
+_OPS_SQL = """
+WITH launch AS (
+  SELECT correlation, min(start_ns) AS launch_ns FROM host
+  WHERE trace_id = $trace AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1
+), steps AS (
+  SELECT step, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE trace_id = $trace AND kind = 'step'
+), ops AS (
+  SELECT g.device, g.stream, g.kind = 'kernel' AS is_kernel, g.is_comm, g.start_ns, g.end_ns,
+         coalesce(n.name, g.kind) AS name,
+         coalesce(g.grid_x, 0)::BIGINT * 1000000 + coalesce(g.grid_y, 0)::BIGINT * 1000 + coalesce(g.grid_z, 0) AS grid,
+         coalesce(l.launch_ns, -1) AS launch_ns, coalesce(l.launch_ns, g.start_ns) AS anchor_ns
+  FROM gpu g LEFT JOIN launch l USING (correlation)
+  LEFT JOIN names n ON n.trace_id = g.trace_id AND n.name_id = g.name_id
+  WHERE g.trace_id = $trace AND g.kind IN ('kernel', 'memcpy', 'memset')
+)
+SELECT ops.* EXCLUDE (anchor_ns), coalesce(CASE WHEN ops.anchor_ns < s.step_end THEN s.step END, -1) AS step
+FROM ops ASOF LEFT JOIN steps s ON ops.anchor_ns >= s.step_start
+ORDER BY device, start_ns, end_ns
+"""
+
+_SYNCS_SQL = f"""
+SELECT h.pid, h.start_ns, h.end_ns FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver')
+  AND (regexp_matches(regexp_replace(n.name, '_v[0-9]+$', ''), '{SYNC_API_REGEX}')
+       OR regexp_matches(n.name, '^(cudaMemcpy|hipMemcpy|cuMemcpyDtoH)$'))
+"""
+
+STEP_NAME_REGEX = r"^(ProfilerStep#[0-9]+|[Ss]tep[ _#]?[0-9]+)$"
+
+_STEPS_SQL = """
+SELECT pid, step, min(start_ns) AS start_ns FROM ranges WHERE trace_id = ? AND kind = 'step' GROUP BY ALL
+"""
+
+
+@dataclass
+class Timeline:
+    """The job's GPU operations and blocking host calls on one clock, per participant.
+
+    ``ops``: :data:`stallscope.critical_path.OP_COLUMNS` plus ``is_kernel``
+    and ``grid``; ``syncs``: ``part, start_ns, end_ns``; ``parts``: (rank,
+    trace_id, device) per participant index; ``pids``: its host processes;
+    ``step_start``: {(part, step): host step start}; ``first_step``: {part:
+    its first captured step}; ``skew``: {part: ns subtracted from its clock}.
+    """
+
+    ops: pd.DataFrame
+    syncs: pd.DataFrame
+    parts: list[tuple[int, str, int]]
+    pids: dict[int, list[int]]
+    step_start: dict[tuple[int, int], int]
+    first_step: dict[int, int]
+    skew: dict[int, int]
+    kernel_names: list[str] = field(default_factory=list)
+    kernels: dict = field(default_factory=dict)  # (part, step) -> sorted kernel arrays (cache)
+
+
+def timeline(job: JobData, match: CollectiveMatch) -> Timeline:
+    """The :class:`Timeline` of the job (cached on the JobData)."""
+    key = ("timeline", id(match))
+    if key not in job.cache:
+        job.cache[key] = _timeline(job, match)
+    return job.cache[key]
+
+
+def _timeline(job: JobData, match: CollectiveMatch) -> Timeline:
+    rows = match.rows
+    trace, device = rows["trace_id"], rows["device"]
+    first = np.flatnonzero(np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])])
+    parts = [(int(rows["rank"][i]), str(trace[i]), int(device[i])) for i in first]
+    frames, syncs, pids, step_start, first_step, skew = [], [], {}, {}, {}, {}
+    by_trace: dict[str, dict] = {}
+    for p, (rank, tid, dev) in enumerate(parts):
+        if tid not in by_trace:
+            by_trace[tid] = job.con.execute(_OPS_SQL, {"trace": tid}).df()
+        cols = by_trace[tid]
+        ops = cols[cols["device"] == dev].copy()
+        s = match.skew_ns.get((tid, dev), 0) if match.skew_corrected.get((tid, dev)) else 0
+        skew[p] = int(s)
+        ops["part"], ops["rank"] = p, rank
+        ops = _tag_collectives(ops, rows, tid, dev)
+        for c in ("start_ns", "end_ns"):
+            ops[c] = ops[c].astype(np.int64) - s
+        ops["launch_ns"] = np.where(ops["launch_ns"] >= 0, ops["launch_ns"] - s, -1)
+        frames.append(ops)
+        threads = launch_threads(job, tid, dev)
+        pids[p] = sorted({pid for pid, _ in threads})
+        sy = job.sql(_SYNCS_SQL, [tid]).df()
+        if pids[p]:
+            sy = sy[sy["pid"].isin(pids[p])]
+        syncs.append(
+            pd.DataFrame({"part": p, "start_ns": sy["start_ns"] - s, "end_ns": sy["end_ns"] - s})
+        )
+        st = job.sql(_STEPS_SQL, [tid]).df()
+        if pids[p] and st["pid"].isin(pids[p]).any():
+            st = st[st["pid"].isin(pids[p])]
+        for step, start in st.groupby("step")["start_ns"].min().items():
+            step_start[(p, int(step))] = int(start) - s
+        own = ops["step"][ops["step"] >= 0]
+        if not own.empty:
+            first_step[p] = int(own.min())
+    ops = pd.concat(frames, ignore_index=True)
+    for c in ("part", "rank", "stream", "inst", "transfer_ns", "step", "grid", "launch_ns"):
+        ops[c] = ops[c].astype(np.int64)
+    ops["is_comm"] = ops["inst"] >= 0
+    codes, names = pd.factorize(ops["name"])
+    ops["name_code"] = codes.astype(np.int64)
+    return Timeline(
+        ops=ops,
+        syncs=pd.concat(syncs, ignore_index=True).astype(np.int64),
+        parts=parts,
+        pids=pids,
+        step_start=step_start,
+        first_step=first_step,
+        skew=skew,
+        kernel_names=[str(n) for n in names],
+    )
+
+
+def _tag_collectives(ops: pd.DataFrame, rows: dict, trace: str, device: int) -> pd.DataFrame:
+    """``inst`` and ``transfer_ns`` of the matched communication kernels (−1/0 elsewhere)."""
+    mine = (rows["trace_id"] == trace) & (rows["device"] == device) & (rows["inst"] >= 0)
+    tags = pd.DataFrame(
+        {
+            "start_ns": rows["start_ns"][mine],
+            "end_ns": rows["end_ns"][mine],
+            "inst": rows["inst"][mine],
+            "transfer_ns": rows["transfer_ns"][mine],
+        }
+    ).drop_duplicates(["start_ns", "end_ns"])
+    ops = ops.merge(tags, on=["start_ns", "end_ns"], how="left")
+    ops["inst"] = ops["inst"].fillna(-1).astype(np.int64)
+    ops["transfer_ns"] = ops["transfer_ns"].fillna(0).astype(np.int64)
+    return ops
+
+
+def lateness(match: CollectiveMatch, tl: Timeline) -> pd.DataFrame:
+    """One row per (matched instance, rank): its alignment point, offset and wait split.
+
+    Columns: ``inst, part, rank, step, start_ns`` (common clock), ``align_ns``,
+    ``aligned_on`` (``collective``/``step``/``capture``), ``offset_ns``,
+    ``straggler`` (part of the last arrival), ``ref`` (the other part with
+    the largest offset), ``late_ns`` (straggler offset − reference offset,
+    ≥ 0; on the straggler's row, else 0), ``wait_ns``, ``wait_outside_ns``
+    (the part of this rank's wait due to the straggler's first captured step
+    starting later than this rank's: before the capture).
+    """
+    rows = match.rows
+    part_of = {(t, d): p for p, (_, t, d) in enumerate(tl.parts)}
+    ok = rows["inst"] >= 0
+    df = pd.DataFrame(
+        {
+            "inst": rows["inst"][ok],
+            "part": [
+                part_of[(t, int(d))]
+                for t, d in zip(rows["trace_id"][ok], rows["device"][ok], strict=True)
+            ],
+            "rank": rows["rank"][ok],
+            "step": rows["step"][ok],
+            "start_ns": rows["start_ns"][ok],
+            "end_ns": rows["end_ns"][ok],
+            "wait_ns": rows["wait_ns"][ok],
+            "last": rows["last"][ok],
+        }
+    )
+    if df.empty:
+        extra = ("group", "prev_inst", "prev_end", "align_ns", "aligned_on", "offset_ns",
+                 "straggler", "ref", "late_ns", "wait_outside_ns")  # fmt: skip
+        return df.assign(**{c: pd.Series(dtype=np.int64) for c in extra})
+    shift = df["part"].map(tl.skew)
+    df["start_ns"] -= shift
+    df["end_ns"] -= shift
+    group = match.instances["group"]
+    df["group"] = group[df["inst"].to_numpy()]
+    df = df.sort_values(["part", "start_ns"], kind="stable").reset_index(drop=True)
+    part_a, group_a = df["part"].to_numpy(), df["group"].to_numpy()
+    same = np.r_[False, (part_a[1:] == part_a[:-1]) & (group_a[1:] == group_a[:-1])]
+    inst_a, end_a = df["inst"].to_numpy(np.int64), df["end_ns"].to_numpy(np.int64)
+    df["prev_inst"] = np.where(same, np.r_[-1, inst_a[:-1]], -1)
+    df["prev_end"] = np.where(same, np.r_[-1, end_a[:-1]], -1)
+    prev = df.groupby("inst")["prev_inst"]
+    shared = (prev.transform("min") == prev.transform("max")) & (prev.transform("min") >= 0)
+    first_op = tl.ops.groupby("part")["start_ns"].min()
+    step_start = np.array(
+        [
+            tl.step_start.get((p, s), first_op[p])
+            for p, s in zip(df["part"], df["step"], strict=True)
+        ],
+        dtype=np.int64,
+    )
+    has_step = np.array(
+        [(p, s) in tl.step_start for p, s in zip(df["part"], df["step"], strict=True)]
+    )
+    df["align_ns"] = np.where(shared, df["prev_end"], step_start)
+    df["aligned_on"] = np.where(shared, "collective", np.where(has_step, "step", "capture"))
+    df["offset_ns"] = df["start_ns"] - df["align_ns"]
+    strag = df[df["last"]].set_index("inst")
+    df["straggler"] = df["inst"].map(strag["part"])
+    others = df[df["part"] != df["straggler"]]
+    ref = others.loc[others.groupby("inst")["offset_ns"].idxmax()].set_index("inst")
+    df["ref"] = df["inst"].map(ref["part"]).fillna(-1).astype(np.int64)
+    s_off = df["inst"].map(strag["offset_ns"])
+    s_align = df["inst"].map(strag["align_ns"])
+    df["late_ns"] = np.where(
+        df["last"], np.maximum(0, s_off - df["inst"].map(ref["offset_ns"]).fillna(s_off)), 0
+    ).astype(np.int64)
+    # the straggler's own first captured step (or capture) started after this rank's
+    s_first = (
+        df["inst"]
+        .map(
+            strag.apply(
+                lambda r: (
+                    r["aligned_on"] == "capture"
+                    or (
+                        r["aligned_on"] == "step"
+                        and tl.first_step.get(int(r["part"])) == int(r["step"])
+                    )
+                ),
+                axis=1,
+            )
+        )
+        .astype(bool)
+    )
+    before = np.clip(s_align - df["align_ns"], 0, None)
+    df["wait_outside_ns"] = np.where(
+        s_first & (df["aligned_on"] != "collective"), np.minimum(df["wait_ns"], before), 0
+    ).astype(np.int64)
+    return df
+
+
+@dataclass
+class Explanation:
+    """Why one straggler was late, over its lateness intervals (ns)."""
+
+    late_ns: int
+    removable_ns: int
+    causes_ns: dict[str, int]
+    knock_on_ns: int
+    intervals: list[list[int]]
+    ref_intervals: list[list[int]]
+    kernels: list[dict]
+    cuts: list[Compression]
+
+
+CAUSE_TEXT = {
+    "dataloader": "data loading",
+    "host_sync": "host syncs",
+    "memcpy": "synchronous copies",
+    "launch": "Python/CPU work (launching kernels)",
+    "cpu": "Python/CPU work",
+    "queued": "waiting on other GPU streams",
+    "unknown": "unrecorded host time (sleep, I/O or a blocking call)",
+    "extra_compute": "extra compute (more or larger kernels than the other ranks)",
+    "slower_gpu": "a slower GPU (the same kernels at the same launch grid took longer)",
+}
+
+
+def explain(job: JobData, tl: Timeline, late: pd.DataFrame, straggler: int) -> Explanation:
+    """Why participant ``straggler`` was late (see the module docstring), with the what-if cuts."""
+    mine = late[(late["part"] == straggler) & late["last"] & (late["late_ns"] > 0)]
+    mine = mine.sort_values("start_ns")
+    causes = dict.fromkeys([*CAUSES, "extra_compute", "slower_gpu"], 0)
+    cuts, ivals, refs, knock, removable = [], [], [], 0, 0
+    prev_excess: dict[tuple[int, int], dict] = {}
+    kernels_total: dict[str, dict] = {}
+    last_end = np.iinfo(np.int64).min
+    wanted = late[late["inst"].isin(mine["inst"])]
+    by_key = {
+        (int(i), int(p)): (int(a), int(s))
+        for i, p, a, s in zip(
+            wanted["inst"], wanted["part"], wanted["align_ns"], wanted["start_ns"], strict=True
+        )
+    }
+    for row in mine.itertuples():
+        a, b = int(row.align_ns), int(row.start_ns)
+        ra, rb = by_key[(int(row.inst), int(row.ref))]
+        idle_s = _idle_by_cause(job, tl, straggler, a, b)
+        idle_r = _idle_by_cause(job, tl, int(row.ref), ra, rb)
+        diff = {c: max(0, idle_s[c] - idle_r[c]) for c in CAUSES}
+        key = (int(row.step), int(row.ref))
+        comp = _kernel_excess(tl, straggler, int(row.ref), int(row.step), b, rb)
+        before = prev_excess.get(key, {"extra_compute": 0, "slower_gpu": 0})
+        inc = {k: max(0, comp[k] - before[k]) for k in ("extra_compute", "slower_gpu")}
+        prev_excess[key] = comp
+        explained = sum(diff.values()) + sum(inc.values())
+        take = min(int(row.late_ns), explained)
+        scale = take / explained if explained else 0.0
+        for c, v in {**diff, **inc}.items():
+            causes[c] += int(round(v * scale))
+        knock += int(row.late_ns) - take
+        removable += take
+        for k in comp["rows"]:
+            kernels_total[k["name"]] = k
+        a = max(a, last_end)
+        if take > 0 and b > a:
+            cuts.append(Compression(straggler, a, b, max(0, b - a - take)))
+            last_end = b
+        ivals.append([a, b])
+        refs.append([ra, rb])
+    ranked = sorted(kernels_total.values(), key=lambda k: -abs(k["excess_ns"]))[:5]
+    return Explanation(
+        late_ns=int(mine["late_ns"].sum()),
+        removable_ns=removable,
+        causes_ns={c: v for c, v in causes.items() if v > 0},
+        knock_on_ns=knock,
+        intervals=ivals,
+        ref_intervals=refs,
+        kernels=[k for k in ranked if k["excess_ns"] > 0],
+        cuts=cuts,
+    )
+
+
+def _idle_by_cause(job: JobData, tl: Timeline, part: int, a: int, b: int) -> dict[str, int]:
+    """GPU idle time of ``part`` in [a, b) (common clock) by cause, prorated per gap."""
+    out = dict.fromkeys(CAUSES, 0)
+    if b <= a:
+        return out
+    _, trace, device = tl.parts[part]
+    idle = attribute_idle(job, trace, device)
+    if not idle.per_gap.size:
+        return out
+    s = tl.skew[part]
+    lo = max(0, int(np.searchsorted(idle.gap_ends - s, a, side="right")))
+    hi = int(np.searchsorted(idle.gap_starts - s, b, side="left"))
+    gs, ge = idle.gap_starts[lo:hi] - s, idle.gap_ends[lo:hi] - s
+    share = covered_length((np.array([a]), np.array([b])), gs, ge) / np.maximum(ge - gs, 1)
+    sums = (idle.per_gap[lo:hi] * share[:, None]).sum(axis=0)
+    out.update({c: int(sums[i]) for i, c in enumerate(CAUSES)})
+    # idle before the device's measured span (e.g. before its first step's GPU work)
+    head = max(0, min(b, int(idle.span_start) - s) - a)
+    if head:
+        out["unknown"] += head
+    return out
+
+
+def _kernel_excess(tl: Timeline, part: int, ref: int, step: int, b: int, rb: int) -> dict:
+    """Compute kernels of ``part`` vs ``ref`` from their step start to their arrivals.
+
+    Per kernel name: ``more`` = extra launches × the straggler's mean duration;
+    ``longer`` = matched launches × the mean's excess, counted as extra compute
+    when the name's most common grid differs between the ranks (other shapes),
+    as a slower GPU when it is the same. Columnar (numpy) over the step's kernels.
+    """
+    s_code, s_dur, s_grid = _kernels_before(tl, part, step, b)
+    r_code, r_dur, r_grid = _kernels_before(tl, ref, step, rb)
+    names = tl.kernel_names
+    size = len(names)
+    n_s, t_s = np.bincount(s_code, minlength=size), np.bincount(s_code, s_dur, minlength=size)
+    n_r, t_r = np.bincount(r_code, minlength=size), np.bincount(r_code, r_dur, minlength=size)
+    used = np.flatnonzero(n_s > 0)
+    mean_s = t_s[used] / n_s[used]
+    mean_r = np.where(n_r[used] > 0, t_r[used] / np.maximum(n_r[used], 1), mean_s)
+    more = np.maximum(0, n_s[used] - n_r[used]) * mean_s
+    longer = np.minimum(n_s[used], n_r[used]) * np.maximum(0, mean_s - mean_r)
+    same_grid = _mode_grid(s_code, s_grid, used) == _mode_grid(r_code, r_grid, used)
+    extra = more + np.where(same_grid, 0, longer)
+    slower = np.where(same_grid, longer, 0)
+    rows = [
+        {
+            "name": names[c],
+            "count": int(n_s[c]),
+            "ref_count": int(n_r[c]),
+            "mean_ns": int(mean_s[i]),
+            "ref_mean_ns": int(mean_r[i]),
+            "same_grid": bool(same_grid[i]),
+            "excess_ns": int(extra[i] + slower[i]),
+        }
+        for i, c in enumerate(used.tolist())
+        if extra[i] + slower[i] > 0
+    ]
+    return {"extra_compute": int(extra.sum()), "slower_gpu": int(slower.sum()), "rows": rows}
+
+
+def _kernels_before(tl: Timeline, part: int, step: int, end: int):
+    """(name code, duration, grid) of ``part``'s compute kernels of ``step`` starting before ``end``."""
+    if not tl.kernels:  # group the compute kernels by (part, step) once, columnar
+        o = tl.ops[tl.ops["is_kernel"] & ~tl.ops["is_comm"]]
+        p_, st_ = o["part"].to_numpy(np.int64), o["step"].to_numpy(np.int64)
+        start_ = o["start_ns"].to_numpy(np.int64)
+        order = np.lexsort((start_, st_, p_))
+        p_, st_, start_ = p_[order], st_[order], start_[order]
+        code_ = o["name_code"].to_numpy(np.int64)[order]
+        dur_ = (o["end_ns"].to_numpy(np.int64) - o["start_ns"].to_numpy(np.int64))[order]
+        grid_ = o["grid"].to_numpy(np.int64)[order]
+        cut = np.flatnonzero(np.r_[True, (p_[1:] != p_[:-1]) | (st_[1:] != st_[:-1]), True])
+        cut = cut if p_.size else cut[:0]  # no compute kernels at all
+        for lo, hi in zip(cut[:-1], cut[1:], strict=True):  # per (part, step)
+            tl.kernels[(int(p_[lo]), int(st_[lo]))] = (
+                start_[lo:hi],
+                code_[lo:hi],
+                dur_[lo:hi],
+                grid_[lo:hi],
+            )
+        tl.kernels[None] = True
+    empty = np.zeros(0, dtype=np.int64)
+    start, code, dur, grid = tl.kernels.get((part, step), (empty, empty, empty, empty))
+    k = int(np.searchsorted(start, end, side="left"))
+    return code[:k], dur[:k], grid[:k]
+
+
+def _mode_grid(code: np.ndarray, grid: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """Most common grid per name code in ``used`` (−1 where the name has no kernel)."""
+    out = np.full(used.size, -1, dtype=np.int64)
+    if code.size == 0:
+        return out
+    pairs, counts = np.unique(np.stack([code, grid]), axis=1, return_counts=True)
+    order = np.lexsort((-counts, pairs[0]))  # per code, the most frequent grid first
+    first = order[np.r_[True, pairs[0][order][1:] != pairs[0][order][:-1]]]
+    best = dict(zip(pairs[0][first].tolist(), pairs[1][first].tolist(), strict=True))
+    return np.array([best.get(c, -1) for c in used.tolist()], dtype=np.int64)
+
+
+def saving_if_on_time(tl: Timeline, cuts: list[Compression]) -> dict:
+    """:func:`stallscope.critical_path.saving` of the job with ``cuts`` (cached per cut set)."""
+    return saving(tl.ops, tl.syncs, cuts)
+
+
+def graph(tl: Timeline) -> pd.DataFrame:
+    """The job's dependency table (:func:`stallscope.critical_path.dependencies`)."""
+    return dependencies(tl.ops)
+
+
+def host_ranges(job: JobData, tl: Timeline, part: int, windows: list[list[int]], limit: int = 5):
+    """Host ranges (record_function, NVTX, Python, operators) on any thread of the part's
+    processes that overlap ``windows`` (common clock) most: [{name, kind, overlap_ns, count}];
+    ``dataloader_ns``: how much of the windows a data-loading range covers."""
+    _, trace, _ = tl.parts[part]
+    if not windows:
+        return [], 0
+    s = tl.skew[part]
+    con = job.con
+    con.execute("CREATE OR REPLACE TEMP TABLE _lw (ws BIGINT, we BIGINT)")
+    con.executemany("INSERT INTO _lw VALUES (?, ?)", [(a + s, b + s) for a, b in windows if b > a])
+    pids = tl.pids.get(part) or []
+    pid_filter = f"AND h.pid IN ({', '.join(str(int(p)) for p in pids)})" if pids else ""
+    rows = con.execute(
+        f"""SELECT n.name, h.kind, sum(least(h.end_ns, w.we) - greatest(h.start_ns, w.ws)) AS overlap, count(*)
+           FROM host h JOIN _lw w ON h.start_ns < w.we AND h.end_ns > w.ws
+           JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+           WHERE h.trace_id = ? {pid_filter} AND h.kind IN ('annotation', 'python', 'cpu_op', 'osrt')
+             AND NOT regexp_matches(n.name, '{STEP_NAME_REGEX}')
+           GROUP BY 1, 2 ORDER BY overlap DESC LIMIT ?""",
+        [trace, limit],
+    ).fetchall()
+    loader = con.execute(
+        f"""SELECT h.start_ns, h.end_ns FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+           WHERE h.trace_id = ? {pid_filter} AND regexp_matches(n.name, '{DATALOADER_REGEX}')""",
+        [trace],
+    ).fetchnumpy()
+    from stallscope import intervals
+
+    ws = np.array([a + s for a, b in windows if b > a], dtype=np.int64)
+    we = np.array([b + s for a, b in windows if b > a], dtype=np.int64)
+    covered = int(
+        covered_length(intervals.union(loader["start_ns"], loader["end_ns"]), ws, we).sum()
+    )
+    ops = [{"name": r[0], "kind": r[1], "overlap_ns": int(r[2]), "count": int(r[3])} for r in rows]
+    return ops, covered
+
+
+MAX_PATH_STEPS = 20
+MAX_PATH_SEGMENTS = 200
+
+
+def critical_path_table(job: JobData, tl: Timeline) -> list[dict]:
+    """The cross-rank critical path of each step (first :data:`MAX_PATH_STEPS` steps).
+
+    Per step: ``{step, time_ns, segments: [{rank, what, start_ns, end_ns,
+    duration_ns}]}`` (common clock, earliest first, at most
+    :data:`MAX_PATH_SEGMENTS`). GPU idle on the path is named by its main
+    cause (``idle: dataloader`` …), or ``before capture`` where it lies before
+    that rank's first captured event.
+    """
+    g = graph(tl)
+    times = step_times(g)
+    capture_start = {
+        p: min([v for (q, _), v in tl.step_start.items() if q == p] or [int(t)])
+        for p, t in g.groupby("part")["start_ns"].min().items()
+    }
+
+    def label(part: int, a: int, b: int) -> str:
+        causes = _idle_by_cause(job, tl, part, a, b)
+        main = max(causes, key=lambda c: causes[c])
+        return f"idle: {main}" if causes[main] > 0 else "idle"
+
+    out, index = [], path_index(g)
+    for step in times.index[:MAX_PATH_STEPS]:
+        path = critical_path(
+            g, int(step), label_gap=label, capture_start=capture_start, index=index
+        )
+        segs = path.drop(columns=["part"]).head(MAX_PATH_SEGMENTS)
+        out.append(
+            {
+                "step": int(step),
+                "time_ns": int(times[step]),
+                "segments": [
+                    {k: (int(v) if k != "what" else str(v)) for k, v in row.items()}
+                    for row in segs.to_dict("records")
+                ],
+            }
+        )
+    return out
