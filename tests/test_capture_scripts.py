@@ -50,16 +50,33 @@ def tt():
 
 def test_defaults_give_a_model_of_at_least_200m_params(r2):
     a = r2.resolve_args(["--scenario", "baseline", "--out", "x"])
-    assert (a.d_model, a.layers, a.heads, a.seq, a.vocab, a.batch) == (1024, 16, 16, 1024, 32768, 16)
-    assert (a.device, a.backend, a.profiler, a.measure, a.active) == ("cuda", "nccl", "kineto", 24, 5)
+    assert (a.d_model, a.layers, a.heads, a.seq, a.vocab, a.batch) == (
+        1024,
+        16,
+        16,
+        1024,
+        32768,
+        16,
+    )
+    assert (a.device, a.backend, a.profiler, a.measure, a.active) == (
+        "cuda",
+        "nccl",
+        "kineto",
+        24,
+        5,
+    )
     # 32768*1024 + 1024*1024 + 16*(12*1024^2 + 13*1024) + 2*1024, by hand
     assert r2.param_count(1024, 16, 32768, 1024) == 236_144_640
 
 
 def test_tiny_cpu_and_size_flags(r2):
-    a = r2.resolve_args(["--scenario", "fsdp_no_prefetch", "--out", "x", "--device", "cpu", "--tiny"])
+    a = r2.resolve_args(
+        ["--scenario", "fsdp_no_prefetch", "--out", "x", "--device", "cpu", "--tiny"]
+    )
     assert (a.d_model, a.layers, a.batch, a.backend, a.measure) == (64, 2, 2, "gloo", 4)
-    b = r2.resolve_args(["--scenario", "no_overlap", "--out", "x", "--d-model", "512", "--layers", "4"])
+    b = r2.resolve_args(
+        ["--scenario", "no_overlap", "--out", "x", "--d-model", "512", "--layers", "4"]
+    )
     assert (b.d_model, b.layers, b.seq) == (512, 4, 1024)
     n = r2.resolve_args(["--scenario", "baseline", "--out", "x", "--profiler", "none"])
     assert n.measure == 0  # the nsys run takes its unprofiled numbers from the Kineto run
@@ -89,7 +106,14 @@ def test_list_and_help_run_without_torch():
         text=True,
         check=True,
     ).stdout
-    for s in ("baseline", "loader_stall", "compute_straggler", "no_overlap", "fsdp_prefetch", "fsdp_no_prefetch"):
+    for s in (
+        "baseline",
+        "loader_stall",
+        "compute_straggler",
+        "no_overlap",
+        "fsdp_prefetch",
+        "fsdp_no_prefetch",
+    ):
         assert s in out
     h = subprocess.run(
         [sys.executable, str(CAPTURE / "realistic_2gpu.py"), "--help"],
@@ -102,12 +126,31 @@ def test_list_and_help_run_without_torch():
 
 def test_helpers_by_hand(r2):
     assert r2.stall_seconds(0.060, 0.40) == pytest.approx(0.040)  # 40 / (60 + 40) = 40 %
-    assert r2.interleave_order(["s", "r"], 5, 2) == ["s", "s", "r", "r", "s", "s", "r", "r", "s", "r"]
+    assert r2.interleave_order(["s", "r"], 5, 2) == [
+        "s",
+        "s",
+        "r",
+        "r",
+        "s",
+        "s",
+        "r",
+        "r",
+        "s",
+        "r",
+    ]
     assert r2.job_steps_ns([[10, 30, 20], [15, 25, 20]]) == [15, 30, 20]
     s = r2.summarize_ns(list(range(1, 11)))  # 1..10
-    assert (s["median_ns"], s["p90_ns"], s["min_ns"], s["max_ns"]) == (6, 9, 1, 10)  # 5.5->6, 9.1->9
+    assert (s["median_ns"], s["p90_ns"], s["min_ns"], s["max_ns"]) == (
+        6,
+        9,
+        1,
+        10,
+    )  # 5.5->6, 9.1->9
     p = r2.pair_summary([140, 150, 160], [100, 100, 100], 5)
-    assert (p["expected_saving_ns_per_step"], p["expected_saving_ns_over_profiled_steps"]) == (50, 250)
+    assert (p["expected_saving_ns_per_step"], p["expected_saving_ns_over_profiled_steps"]) == (
+        50,
+        250,
+    )
     assert r2.pair_summary([1, 2], None, 5) is None
 
 
@@ -129,8 +172,13 @@ def test_truth_file_fields(r2, tmp_path):
             "extra_batch_rows": 16,
         },
     ]
-    baseline = {"scenario": "baseline", "measured": {"job_step_ns": {"scenario": {"median_ns": 58}}}}
-    t = r2.build_truth("loader_stall", a, {"params": 1}, per_rank, [{"kind": "k"}], {"torch": "x"}, baseline)
+    baseline = {
+        "scenario": "baseline",
+        "measured": {"job_step_ns": {"scenario": {"median_ns": 58}}},
+    }
+    t = r2.build_truth(
+        "loader_stall", a, {"params": 1}, per_rank, [{"kind": "k"}], {"torch": "x"}, baseline
+    )
     # job = slowest rank per step: scenario [102, 101, 99] -> 101, reference [60, 63, 62] -> 62
     assert t["pair"]["scenario_median_ns"] == 101
     assert t["pair"]["reference_median_ns"] == 62
@@ -141,7 +189,10 @@ def test_truth_file_fields(r2, tmp_path):
     assert t["capture"]["profiled_steps"] == [f"ProfilerStep#{i}" for i in range(3, 8)]
     assert t["measured"]["job_step_ns"]["reference"]["p90_ns"] == 63
     r1 = t["measured"]["per_rank"][1]
-    assert r1["step_ns"]["scenario"]["median_ns"] == 100 and r1["loader_ns"]["scenario"]["median_ns"] == 40
+    assert (
+        r1["step_ns"]["scenario"]["median_ns"] == 100
+        and r1["loader_ns"]["scenario"]["median_ns"] == 40
+    )
     assert r1["profiled_phase_step_ns"]["n"] == 5 and r1["extra_batch_rows"] == 16
     for key in ("schema", "planted", "expected_findings", "model", "environment", "gpu_busy"):
         assert key in t
@@ -155,7 +206,9 @@ def test_fsdp2_guard_explains_a_missing_api(r2):
     with pytest.raises(SystemExit, match="FSDP2"):
         r2.check_fsdp_prefetch_api(object())
     # import_fsdp2 on a torch without the modules: a clear exit, not a traceback
-    saved = {k: sys.modules.get(k) for k in ("torch", "torch.distributed", "torch.distributed.fsdp")}
+    saved = {
+        k: sys.modules.get(k) for k in ("torch", "torch.distributed", "torch.distributed.fsdp")
+    }
     try:
         for k in saved:
             sys.modules[k] = None  # makes `from k import ...` raise ImportError
@@ -214,7 +267,9 @@ def test_trim_keeps_exactly_the_chosen_steps(tt):
 
 def test_trim_refuses_a_trace_without_steps(tt):
     with pytest.raises(ValueError, match="ProfilerStep"):
-        tt.trim_kineto({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1}]})
+        tt.trim_kineto(
+            {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1}]}
+        )
     with pytest.raises(ValueError, match="traceEvents"):
         tt.trim_kineto({})
 
@@ -239,9 +294,13 @@ def test_process_fills_busy_idle_from_the_sample(tt, tmp_path):
             assert isinstance(s["busy_ns"], int) and s["busy_ns"] + s["idle_ns"] == s["window_ns"]
     assert gb["min_busy_frac_median"] == ranks[1]["busy_frac_median"]
     assert gb["all_ranks_busy_at_least_70pct"] is False
-    assert t["trimmed"]["rank0.pt.trace.json.gz"]["kept_steps"] == truth["capture"]["profiled_steps"]
+    assert (
+        t["trimmed"]["rank0.pt.trace.json.gz"]["kept_steps"] == truth["capture"]["profiled_steps"]
+    )
     rewritten = _gz_json(d / "rank0.pt.trace.json.gz")
-    assert {w[0] for w in tt.step_windows(rewritten["traceEvents"])} == set(truth["capture"]["profiled_steps"])
+    assert {w[0] for w in tt.step_windows(rewritten["traceEvents"])} == set(
+        truth["capture"]["profiled_steps"]
+    )
     # processing again is stable (idempotent trim)
     assert tt.main(["process", str(tmp_path / "cap")]) == 0
     again = json.loads((d / "ddp_straggler.truth.json").read_text())
@@ -253,9 +312,15 @@ def test_process_writes_a_minimal_truth_and_installs(tt, tmp_path):
     d.mkdir(parents=True)
     shutil.copy(STRAGGLER / "rank0.pt.trace.json.gz", d / "rank0.pt.trace.json.gz")
     root = tmp_path / "samples"
-    assert tt.main(["process", str(tmp_path / "cap"), "--install", str(root), "--prefix", "r2_"]) == 0
-    t = json.loads((root / "kineto" / "r2_ddp_straggler" / "r2_ddp_straggler.truth.json").read_text())
-    assert t["scenario"] == "ddp_straggler" and t["gpu_busy"]["all_ranks_busy_at_least_70pct"] is True
+    assert (
+        tt.main(["process", str(tmp_path / "cap"), "--install", str(root), "--prefix", "r2_"]) == 0
+    )
+    t = json.loads(
+        (root / "kineto" / "r2_ddp_straggler" / "r2_ddp_straggler.truth.json").read_text()
+    )
+    assert (
+        t["scenario"] == "ddp_straggler" and t["gpu_busy"]["all_ranks_busy_at_least_70pct"] is True
+    )
     assert (root / "kineto" / "r2_ddp_straggler" / "rank0.pt.trace.json.gz").is_file()
 
 
@@ -265,11 +330,21 @@ def test_process_reads_nsys_ranks_by_device(tt, tmp_path):
     n = tmp_path / "cap" / "nsys"
     n.mkdir(parents=True)
     shutil.copy(NSYS_STRAGGLER, n / "ddp_straggler.sqlite.gz")
+    review = load("review_traces")
+    untrimmed = review.nsys_review(str(NSYS_STRAGGLER))["processes"]
     tt.main(["process", str(tmp_path / "cap")])
     t = json.loads((n / "ddp_straggler.nsys.truth.json").read_text())
     ranks = {r["rank"]: r for r in t["gpu_busy"]["per_rank"]}
     assert ranks[0]["busy_frac_median"] > 0.95 and ranks[1]["busy_frac_median"] < 0.25
     assert ranks[0]["steps"] == 5
+    # trimmed to the NVTX steps: 5 steps x 109 kernels x 2 ranks (the sample's truth),
+    # setup copies before step 0 gone, and the steps read exactly as before
+    assert t["trimmed"]["rows_after"]["CUPTI_ACTIVITY_KIND_KERNEL"] == 5 * 109 * 2
+    rows = t["trimmed"]["rows_after"]["CUPTI_ACTIVITY_KIND_MEMCPY"]
+    assert rows < t["trimmed"]["rows_before"]["CUPTI_ACTIVITY_KIND_MEMCPY"]
+    assert [p["per_step"] for p in t["trace_review"]["processes"]] == [
+        p["per_step"] for p in untrimmed
+    ]
 
 
 def test_process_missing_folder_is_one_line(tt, tmp_path):

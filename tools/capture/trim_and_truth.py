@@ -14,7 +14,7 @@ per-rank GPU busy/idle per step from the trimmed traces (union of kernels,
 memcpys and memsets inside each step window) into the truth file's
 ``gpu_busy`` and ``trace_review``.  For every DIR/nsys/<scenario>.sqlite.gz it
 does the same from the NVTX ``step N`` windows (a process maps to its rank by
-its CUDA device id) into ``<scenario>.nsys.truth.json``, and copies the
+its CUDA device id), after dropping the activity rows outside those steps into ``<scenario>.nsys.truth.json``, and copies the
 unprofiled measurements of the Kineto run of the same scenario into it
 (``unprofiled_from_kineto_run``).  A trace without a truth file gets a minimal
 one.  --install copies the results into a sample_traces-like ROOT as
@@ -40,8 +40,10 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import sys
 import tarfile
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import review_traces  # noqa: E402  (same folder, stdlib only)
@@ -260,7 +262,70 @@ def process_kineto_dir(d: str, trim: bool = True) -> str | None:
     return tp
 
 
-def process_nsys_file(path: str, kineto_root: str | None) -> str:
+NSYS_TIMED_TABLES = (
+    "CUPTI_ACTIVITY_KIND_KERNEL",
+    "CUPTI_ACTIVITY_KIND_MEMCPY",
+    "CUPTI_ACTIVITY_KIND_MEMSET",
+    "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+    "NVTX_EVENTS",
+    "OSRT_API",
+    "PROFILER_OVERHEAD",
+)
+NSYS_STEP_RE = re.compile(r"^step \d+$")
+
+
+def trim_nsys(path: str) -> dict:
+    """Drop the rows of an nsys SQLite (.sqlite.gz, rewritten in place) that end
+    before the first NVTX 'step N' range or start after the last one, in the
+    timed activity tables only (kernels, copies, memsets, runtime calls,
+    synchronizations, NVTX, OS runtime, profiler overhead); metadata tables
+    stay.  Returns row counts before/after.  ValueError without step ranges."""
+    tmp = tempfile.mkdtemp()
+    try:
+        db = os.path.join(tmp, "t.sqlite")
+        with gzip.open(path, "rb") as fi, open(db, "wb") as fo:
+            shutil.copyfileobj(fi, fo)
+        con = sqlite3.connect(db)
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+        strings = (
+            dict(con.execute("select id, value from StringIds")) if "StringIds" in tables else {}
+        )
+        spans = [
+            (s, e)
+            for s, e, text, tid in con.execute(
+                "select start, end, text, textId from NVTX_EVENTS where end is not null"
+            )
+            if NSYS_STEP_RE.match((text if text is not None else strings.get(tid)) or "")
+        ]
+        if not spans:
+            con.close()
+            raise ValueError(f"{os.path.basename(path)}: no NVTX 'step N' range to keep")
+        lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+        before, after = {}, {}
+        for t in NSYS_TIMED_TABLES:
+            if t not in tables:
+                continue
+            before[t] = con.execute(f"select count(*) from {t}").fetchone()[0]
+            con.execute(f"delete from {t} where coalesce(end, start) < ? or start > ?", (lo, hi))
+            after[t] = con.execute(f"select count(*) from {t}").fetchone()[0]
+        con.commit()
+        con.execute("vacuum")
+        con.close()
+        with open(db, "rb") as fi, gzip.open(path + ".tmp", "wb", compresslevel=9) as fo:
+            shutil.copyfileobj(fi, fo)
+        os.replace(path + ".tmp", path)
+        return {
+            "rows_before": before,
+            "rows_after": after,
+            "window_ns": [lo, hi],
+            "bytes_gz": os.path.getsize(path),
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def process_nsys_file(path: str, kineto_root: str | None, trim: bool = True) -> str:
     """Fill <scenario>.nsys.truth.json next to an nsys <scenario>.sqlite.gz."""
     d, f = os.path.split(path)
     scenario = f[: -len(".sqlite.gz")]
@@ -268,6 +333,8 @@ def process_nsys_file(path: str, kineto_root: str | None) -> str:
     if not os.path.exists(tp) and os.path.exists(os.path.join(d, f"{scenario}.truth.json")):
         tp = os.path.join(d, f"{scenario}.truth.json")
     truth = review_traces._load_json(tp) if os.path.exists(tp) else minimal_truth(scenario)
+    if trim:
+        truth["trimmed"] = trim_nsys(path)
     rv = review_traces.nsys_review(path)
     per_rank = []
     for p in rv["processes"]:
@@ -338,7 +405,9 @@ def process(cap: str, trim: bool = True) -> list[str]:
         for f in sorted(os.listdir(ns)):
             if f.endswith(".sqlite.gz"):
                 out.append(
-                    process_nsys_file(os.path.join(ns, f), kin if os.path.isdir(kin) else None)
+                    process_nsys_file(
+                        os.path.join(ns, f), kin if os.path.isdir(kin) else None, trim=trim
+                    )
                 )
     return out
 
