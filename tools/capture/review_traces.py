@@ -149,6 +149,11 @@ def review_steps(windows, kernels, copies, syncs, launches, loaders):
 def kineto_review(path):
     with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
         tr = json.load(f)
+    return kineto_review_trace(tr)
+
+
+def kineto_review_trace(tr):
+    """Per-step review of a loaded Kineto trace (dict with traceEvents)."""
     ev = tr["traceEvents"]
     windows, kernels, copies, syncs, launches, loaders = [], [], [], [], [], []
     for e in ev:
