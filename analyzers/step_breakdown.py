@@ -105,10 +105,14 @@ def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
     in the row of the step that launched it.
     """
     gpu = job.numpy(
-        """SELECT g.device, g.kind, g.is_comm, g.start_ns, g.end_ns, h.start_ns AS launch_ns
-           FROM gpu g LEFT JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation
-             AND h.kind IN ('runtime', 'driver')
-           WHERE g.trace_id = ? AND g.kind IN ('kernel', 'memcpy', 'memset') ORDER BY g.device, g.start_ns""",
+        """WITH launch AS (
+             SELECT correlation, min(start_ns) AS launch_ns FROM host
+             WHERE trace_id = $1 AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL
+             GROUP BY correlation)
+           SELECT g.device, g.kind, g.is_comm, g.start_ns, g.end_ns,
+                  coalesce(l.launch_ns, g.start_ns) AS launch_ns
+           FROM gpu g LEFT JOIN launch l ON l.correlation = g.correlation
+           WHERE g.trace_id = $1 AND g.kind IN ('kernel', 'memcpy', 'memset') ORDER BY g.device, g.start_ns""",
         [trace],
     )
     rows = []
@@ -137,11 +141,9 @@ def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
 
 def _launch_step(dev: dict, steps: dict) -> np.ndarray:
     """Index of the step whose host range holds each operation's launch call (its own
-    start without a launch record); -1 outside every step."""
-    anchor = np.where(
-        np.isnan(dev["launch_ns"].astype(float)), dev["start_ns"], dev["launch_ns"]
-    ).astype(np.int64)
-    return _host_step(steps, anchor)
+    start without a launch record: the query's coalesce, since numpy drops SQL NULLs'
+    masks); -1 outside every step."""
+    return _host_step(steps, dev["launch_ns"].astype(np.int64))
 
 
 def _host_step(steps: dict, times: np.ndarray) -> np.ndarray:

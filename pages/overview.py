@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from stallscope.charts import device_time_table, time_by_cause_figure
+from stallscope.charts import (
+    device_time_table,
+    step_rows,
+    step_stack_figure,
+    time_by_cause_figure,
+)
 from stallscope.humanize import evidence_tables
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import literal
@@ -27,6 +32,7 @@ def render() -> None:
     job, traces = picked
     report = report_for(job["job_id"], traces, threshold_overrides())
     _headline(job, report)
+    _steps(report)
     _findings(report)
 
 
@@ -110,6 +116,24 @@ def _findings(report: dict) -> None:
                 )
             with st.popover("Evidence"):
                 _evidence(f["evidence"])
+
+
+def _steps(report: dict) -> None:
+    """Per-step stacked bar of one GPU (the slowest rank's first by default)."""
+    rows = step_rows(report)
+    if rows.empty:
+        return
+    st.subheader("Where each step's time goes")
+    keys = rows.groupby(["rank", "device"])["step_ms"].median().sort_values(ascending=False)
+    labels = {f"rank {r} · GPU {d}": (r, d) for r, d in keys.index}
+    chosen = next(iter(labels))
+    if len(labels) > 1:
+        chosen = st.selectbox(
+            "GPU", list(labels), help="Ordered by median step time: the slowest first"
+        )
+    rank, device = labels[chosen]
+    one = rows[(rows["rank"] == rank) & (rows["device"] == device)].sort_values("step")
+    st.plotly_chart(step_stack_figure(one), width="stretch")
 
 
 def _evidence(evidence: dict) -> None:

@@ -230,3 +230,64 @@ def critical_path_figure(segments: pd.DataFrame) -> go.Figure:
         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
     )
     return fig
+
+
+def step_rows(report: dict[str, Any]) -> pd.DataFrame:
+    """One row per (trace, rank, device, step) from the step_breakdown findings' evidence, in ms:
+    ``compute_ms``; ``exposed_ms`` = busy − compute (communication and copies with no compute
+    beside them); ``idle_<cause>_ms``; ``step_ms`` (the host step) and ``window_ms`` (the GPU
+    work launched in the step and the idle time charged to it), which the parts sum to."""
+    rows = []
+    for f in report["findings"]:
+        if f["analyzer"] != "step_breakdown":
+            continue
+        for s in f["evidence"].get("steps", []):
+            row = {
+                "trace": f["trace"],
+                "rank": f["rank"],
+                "device": s.get("device"),
+                "step": s["step"],
+            }
+            row["step_ms"] = s.get("step_ms", 0.0)
+            row["window_ms"] = s.get("window_ns", 0) / 1e6
+            row["compute_ms"] = s.get("compute_ns", 0) / 1e6
+            row["exposed_ms"] = max(0, s.get("busy_ns", 0) - s.get("compute_ns", 0)) / 1e6
+            row["comm_ms"] = s.get("comm_ns", 0) / 1e6
+            row["memcpy_ms"] = s.get("memcpy_ns", 0) / 1e6
+            for cause in IDLE_CAUSES:
+                row[f"idle_{cause}_ms"] = s.get(f"idle_{cause}_ns", 0) / 1e6
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def step_stack_figure(rows: pd.DataFrame) -> go.Figure:
+    """TensorBoard-plugin-style stacked bar per step of one GPU: compute, communication and
+    copies with no compute beside them, idle by cause (ms); the bar's height is the GPU time the
+    step launched plus the idle time charged to it (``window_ms``, close to the step's length)."""
+    fig = go.Figure()
+    if rows.empty:
+        return fig
+    steps = [f"step {s}" for s in rows["step"]]
+    parts = [("compute", "compute_ms", CAUSE_COLORS["compute"]),
+             ("communication/copies, no compute beside", "exposed_ms", CAUSE_COLORS["comm"])]  # fmt: skip
+    parts += [(f"idle: {c}", f"idle_{c}_ms", CAUSE_COLORS[c]) for c in IDLE_CAUSES]
+    for name, column, color in parts:
+        if rows[column].sum() > 0:
+            fig.add_bar(
+                x=steps,
+                y=rows[column],
+                name=name,
+                marker_color=color,
+                customdata=rows[["comm_ms", "memcpy_ms", "step_ms"]].to_numpy(),
+                hovertemplate=f"{name}: %{{y:.2f}} ms<br>step %{{customdata[2]:.2f}} ms "
+                "(communication %{customdata[0]:.2f} ms, copies %{customdata[1]:.2f} ms in all)"
+                "<extra></extra>",
+            )
+    fig.update_layout(
+        barmode="stack",
+        height=360,
+        margin={"l": 10, "r": 10, "t": 60, "b": 10},
+        yaxis_title="ms",
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+    )
+    return fig

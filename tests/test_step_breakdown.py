@@ -110,3 +110,21 @@ def test_jitter_is_one_finding_per_job_naming_the_other_ranks(store, tmp_path):
     assert jitter.evidence["other_ranks"] == [{"rank": 1, "p90_over_median": 2.2}]
     assert "The same shows on rank(s) 1 (2.20x)" in jitter.detail
     assert len([f for f in result.findings if f.severity == "info"]) == 2  # a table per rank
+
+
+def test_operations_without_a_launch_record_count_where_they_start(store, tmp_path):
+    """No runtime events: each kernel belongs to the step its own start falls in (SQL NULL
+    launch times must not read as 0, which put every kernel in no step or the first)."""
+    from tests.kineto_builder import KinetoTrace
+
+    t = KinetoTrace(base_ns=1_700_000_000_000_000_000)
+    for n in range(3):
+        t.step(n, n * 10_000_000, 10_000_000)
+        t.kernel("k", n * 10_000_000 + 1_000_000, (n + 1) * 1_000_000)
+    (res,) = ingest_paths(store, [str(t.write(tmp_path / "t.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    result = step_breakdown.run(job, step_breakdown.SPEC.params())
+    job.close()
+    (table,) = [f for f in result.findings if f.evidence.get("key") == "table"]
+    busy = {row["step"]: row["busy_ns"] for row in table.evidence["steps"]}
+    assert busy == {0: 1_000_000, 1: 2_000_000, 2: 3_000_000}
