@@ -251,9 +251,15 @@ def step_rows(report: dict[str, Any]) -> pd.DataFrame:
             row["step_ms"] = s.get("step_ms", 0.0)
             row["window_ms"] = s.get("window_ns", 0) / 1e6
             row["compute_ms"] = s.get("compute_ns", 0) / 1e6
-            row["exposed_ms"] = max(0, s.get("busy_ns", 0) - s.get("compute_ns", 0)) / 1e6
+            exposed = max(0, s.get("busy_ns", 0) - s.get("compute_ns", 0)) / 1e6
+            row["exposed_ms"] = exposed
             row["comm_ms"] = s.get("comm_ns", 0) / 1e6
             row["memcpy_ms"] = s.get("memcpy_ns", 0) / 1e6
+            # named apart when only one of them ran in the step; else one combined part
+            only_copies, only_comm = row["comm_ms"] == 0, row["memcpy_ms"] == 0
+            row["exposed_copies_ms"] = exposed if only_copies else 0.0
+            row["exposed_comm_ms"] = exposed if only_comm and not only_copies else 0.0
+            row["exposed_both_ms"] = exposed - row["exposed_copies_ms"] - row["exposed_comm_ms"]
             for cause in IDLE_CAUSES:
                 row[f"idle_{cause}_ms"] = s.get(f"idle_{cause}_ns", 0) / 1e6
             rows.append(row)
@@ -269,7 +275,9 @@ def step_stack_figure(rows: pd.DataFrame) -> go.Figure:
         return fig
     steps = [f"step {s}" for s in rows["step"]]
     parts = [("compute", "compute_ms", CAUSE_COLORS["compute"]),
-             ("communication/copies, no compute beside", "exposed_ms", CAUSE_COLORS["comm"])]  # fmt: skip
+             ("communication, no compute beside", "exposed_comm_ms", CAUSE_COLORS["comm"]),
+             ("copies, no kernel beside", "exposed_copies_ms", CAUSE_COLORS["memcpy_busy"]),
+             ("communication and copies, no compute beside", "exposed_both_ms", CAUSE_COLORS["comm_wait"])]  # fmt: skip
     parts += [(f"idle: {c}", f"idle_{c}_ms", CAUSE_COLORS[c]) for c in IDLE_CAUSES]
     for name, column, color in parts:
         if rows[column].sum() > 0:
