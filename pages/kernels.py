@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from stallscope.humanize import short_kernel_names
+from stallscope.humanize import records_table, short_kernel_names
 from stallscope.pages.state import report_for, selected_job
 from stallscope.pages.text import literal
 from stallscope.views import findings_of
@@ -61,4 +61,7 @@ def render() -> None:
     ops = pd.DataFrame(evidence.get("top_ops", []))
     if not ops.empty:
         st.subheader("CPU operators by the GPU time they launched")
-        st.dataframe(ops, width="stretch", hide_index=True)
+        table = records_table(ops.to_dict("records"))
+        st.dataframe(
+            table.drop(columns=["full name"], errors="ignore"), width="stretch", hide_index=True
+        )
