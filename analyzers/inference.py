@@ -27,7 +27,7 @@ from stallscope.analyzers.base import (
     graded_thresholds,
     pct,
 )
-from stallscope.decode_periods import DecodePeriods, measure_periods
+from stallscope.decode_periods import HOST_WORK, DecodePeriods, measure_periods
 from stallscope.iterations import Iterations, find_iterations
 from stallscope.jobdata import JobData
 
@@ -50,7 +50,6 @@ THRESHOLDS = (
         "sequences per decode iteration when the trace's names do not say (0: unknown)",
     ),
 )
-HOST_CAUSES = ("sync", "cpu", "unknown")  # host work between iterations (not launching them)
 MAX_ROWS = 2000
 MAX_WINDOWS = 20
 
@@ -129,7 +128,7 @@ def _host_overhead(periods: DecodePeriods) -> dict:
     ``prof.step()``); ``estimate_ns`` = that × the decode iterations.
     """
     per_period = sum(
-        (periods.idle[c] for c in HOST_CAUSES), np.zeros(periods.start.size, dtype=np.int64)
+        (periods.idle[c] for c in HOST_WORK), np.zeros(periods.start.size, dtype=np.int64)
     )
     inner = per_period[~periods.step_boundary] if (~periods.step_boundary).any() else per_period
     per_token = float(np.median(inner))

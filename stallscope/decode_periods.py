@@ -20,7 +20,8 @@ queued early) the host period is shorter and is not it.
   Python, runtime calls, and unrecorded time inside a user range), and
   ``unknown`` (nothing recorded).
 
-Each idle nanosecond is also charged to the innermost user range covering it
+Each idle nanosecond of host work (``sync``, ``cpu``, ``unknown``) is also
+charged to the innermost user range covering it
 that is neither an iteration nor ``ProfilerStep#N`` (``sample_and_schedule``,
 a scheduler or detokenizer range): the cause is named by the range that owns
 it. Periods that cross a ``ProfilerStep`` boundary are flagged: their idle
@@ -39,6 +40,7 @@ from stallscope.iterations import ITERATION_NAME_REGEX, Iterations
 from stallscope.jobdata import JobData
 
 IDLE_CAUSES = ("sync", "graph_launch", "launch", "cpu", "queued", "unknown")
+HOST_WORK = ("sync", "cpu", "unknown")  # host work between iterations: not launching, not queued
 KV_COPY_MIN_BYTES = 1 << 20  # a host<->device copy this large on the decode path is KV traffic
 
 _HOST_SQL = f"""
@@ -217,6 +219,7 @@ def _sum_segments(segs: dict, starts, ends, decode) -> DecodePeriods:
     label[unknown & flags["user"]] = IDLE_CAUSES.index("cpu")  # Python inside a user range
     issuing = (unknown | (label == IDLE_CAUSES.index("cpu"))) & ~flags["user"] & flags["iteration"]
     label[issuing] = IDLE_CAUSES.index("launch")  # the iteration's own issue path
+    segs["final"] = label
     return DecodePeriods(
         start=starts,
         end=ends,
@@ -267,8 +270,10 @@ def _queued_gaps(gpu: dict, busy: tuple[np.ndarray, np.ndarray]) -> tuple[np.nda
 
 
 def _charge_user_ranges(periods: DecodePeriods, segs: dict, user: dict) -> None:
-    """Charge each idle segment to the innermost user range covering it (``by_range``)."""
-    idle = ~segs["flags"]["busy"]
+    """Charge each idle segment of host work (:data:`HOST_WORK`) to the innermost user range
+    covering it (``by_range``)."""
+    host = np.isin(segs["final"], [IDLE_CAUSES.index(c) for c in HOST_WORK])
+    idle = ~segs["flags"]["busy"] & host
     period = np.searchsorted(periods.start, segs["start"], side="right") - 1
     owner = np.full(segs["start"].size, -1, dtype=np.int64)
     names = [str(x) for x in user["name"]]
