@@ -15,6 +15,9 @@ Documented in docs/analyzers/inference.md.
 
 from __future__ import annotations
 
+import os
+import re
+
 import numpy as np
 
 from stallscope.analyzers.base import (
@@ -28,6 +31,7 @@ from stallscope.analyzers.base import (
     pct,
 )
 from stallscope.decode_periods import HOST_WORK, DecodePeriods, measure_periods
+from stallscope.errors import UsageError
 from stallscope.iterations import Iterations, find_iterations
 from stallscope.jobdata import JobData
 
@@ -50,16 +54,18 @@ THRESHOLDS = (
         "sequences per decode iteration when the trace's names do not say (0: unknown)",
     ),
 )
+ITERATION_RANGE_ENV = "STALLSCOPE_ITERATION_RANGE"  # a regex naming the iteration ranges
 MAX_ROWS = 2000
 MAX_WINDOWS = 20
 
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
+    name_regex = iteration_range()
     for ref in job.traces:
         rank = int(ref.meta.get("rank", 0))
         for device in job.devices(ref.trace_id):
-            its = find_iterations(job, ref.trace_id, int(device))
+            its = find_iterations(job, ref.trace_id, int(device), name_regex)
             if its is None:
                 continue
             periods = measure_periods(job, ref.trace_id, int(device), its)
@@ -68,6 +74,23 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
             result.metrics.extend(_metrics(where, numbers))
             result.findings.extend(_findings(where, its, periods, numbers, params))
     return result
+
+
+def iteration_range() -> str | None:
+    """The regex of ``$STALLSCOPE_ITERATION_RANGE`` (host ranges that are the iterations), or None.
+
+    Set it when the guess is wrong; an invalid pattern is a :class:`UsageError`.
+    """
+    value = os.environ.get(ITERATION_RANGE_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        re.compile(value)
+    except re.error as error:
+        raise UsageError(
+            f"{ITERATION_RANGE_ENV}={value!r} is not a regular expression: {error}"
+        ) from None
+    return value
 
 
 def measure(its: Iterations, periods: DecodePeriods | None, params: dict[str, float]) -> dict:

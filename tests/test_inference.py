@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.analyzers import inference
+from stallscope.errors import UsageError
 from stallscope.ingest import ingest_paths
 from stallscope.iterations import classify, find_iterations
 from stallscope.jobdata import JobData
@@ -174,6 +175,18 @@ def test_wrapper_range_is_dropped(store, tmp_path):
     its = find_iterations(job, job.traces[0].trace_id, 0)
     assert its.names == ["decode_step"] * 4 and its.source == "annotation"
     job.close()
+
+
+def test_iteration_range_option_names_the_iterations(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("STALLSCOPE_ITERATION_RANGE", "^decode_step$")
+    metrics, findings = analyze(store, tmp_path, prefill_loop())
+    assert metrics["prefill_iterations"] == 0 and metrics["decode_iterations"] == 10
+    assert findings["iterations"].evidence["source"] == "option"
+    monkeypatch.setenv("STALLSCOPE_ITERATION_RANGE", "decode_step(")
+    with pytest.raises(
+        UsageError, match="STALLSCOPE_ITERATION_RANGE='decode_step\\(' is not a regular"
+    ):
+        inference.iteration_range()
 
 
 @pytest.mark.parametrize(
