@@ -119,7 +119,8 @@ def measure(its: Iterations, periods: DecodePeriods | None, params: dict[str, fl
         decode_busy_ns=int(periods.decode_busy_ns.sum()),
         gpu_floor_ns=float(np.median(periods.decode_busy_ns)),
         idle={cause: int(v.sum()) for cause, v in periods.idle.items()},
-        decode_launch_wait_ns=int(periods.idle["launch"][_without_prefill(periods)].sum()),
+        decode_launch_call_ns=int(periods.idle["launch"][_without_prefill(periods)].sum()),
+        decode_issue_ns=int(periods.idle["issue"][_without_prefill(periods)].sum()),
         by_range={name: int(v.sum()) for name, v in periods.by_range.items()},
         tokens_per_s=_tokens_per_s(its, periods, params),
     )
@@ -178,7 +179,7 @@ def _stalls(its: Iterations, periods: DecodePeriods, median: float, params) -> d
     stalled = np.flatnonzero(period >= params["stall_over_median"] * median)
     named = sorted({i for k in stalled for i in periods.prefills[k]})
     excess = int((period[stalled] - median).sum())
-    launch_wait = int(periods.idle["launch"][stalled].sum())
+    launch_wait = int((periods.idle["launch"] + periods.idle["issue"])[stalled].sum())
     return {
         "count": int(stalled.size),
         "excess_ns": excess,
@@ -264,7 +265,8 @@ def _profiler_caveat(numbers: dict) -> str:
 
 def _launch_finding(where, numbers, params) -> Finding | None:
     """The GPU waits for the host to issue each decode iteration kernel by kernel."""
-    waited = numbers["decode_launch_wait_ns"]
+    calls, issue = numbers["decode_launch_call_ns"], numbers["decode_issue_ns"]
+    waited = calls + issue
     share = pct(waited, numbers["total_ns"])
     severity = graded_severity(share, waited, params)
     if severity is None:
@@ -279,9 +281,12 @@ def _launch_finding(where, numbers, params) -> Finding | None:
         (
             f"{numbers['periods']} decode periods, median {numbers['median_ns'] / 1e6:.2f} ms per token; the GPU "
             f"computes {numbers['gpu_floor_ns'] / 1e6:.2f} ms of it (busy {busy:.1f}%) and waits "
-            f"{per_token / 1e6:.2f} ms per token while the host issues the iteration's kernels one by one. "
+            f"{per_token / 1e6:.2f} ms per token while the host issues the iteration's kernels one by one: "
+            f"{calls / 1e6:.1f} ms in launch calls and the operators that made them, {issue / 1e6:.1f} ms in "
+            "the step's other operators and Python between them. "
             + _profiler_caveat(numbers)
-            + " This is the GPU time launch_overhead reports as launch wait, seen per token."
+            + " launch_overhead and gpu_idle report the same GPU time over the whole span (launch wait, and "
+            "other host work for the rest)."
         ),
         (
             "Replay the decode step as a CUDA graph: torch.compile(mode='reduce-overhead'), or torch.cuda.CUDAGraph "
@@ -295,6 +300,8 @@ def _launch_finding(where, numbers, params) -> Finding | None:
             "median_period_ns": int(numbers["median_ns"]),
             "gpu_ns_per_token": int(numbers["gpu_floor_ns"]),
             "launch_wait_ns_per_token": int(per_token),
+            "launch_call_ns": calls,
+            "issue_ns": issue,
             "share_of_decode_pct": share,
             "note": "profiled speed; the unprofiled saving is not measurable from this trace",
         },

@@ -39,7 +39,7 @@ from stallscope.idle import GRAPH_LAUNCH_REGEX, LAUNCH_API_REGEX, SYNC_API_REGEX
 from stallscope.iterations import ITERATION_NAME_REGEX, Iterations
 from stallscope.jobdata import JobData
 
-IDLE_CAUSES = ("sync", "graph_launch", "launch", "cpu", "queued", "unknown")
+IDLE_CAUSES = ("sync", "graph_launch", "launch", "issue", "cpu", "queued", "unknown")
 HOST_WORK = ("sync", "cpu", "unknown")  # host work between iterations: not launching, not queued
 KV_COPY_MIN_BYTES = 1 << 20  # a host<->device copy this large on the decode path is KV traffic
 
@@ -218,7 +218,7 @@ def _sum_segments(segs: dict, starts, ends, decode) -> DecodePeriods:
     label = label.copy()
     label[unknown & flags["user"]] = IDLE_CAUSES.index("cpu")  # Python inside a user range
     issuing = (unknown | (label == IDLE_CAUSES.index("cpu"))) & ~flags["user"] & flags["iteration"]
-    label[issuing] = IDLE_CAUSES.index("launch")  # the iteration's own issue path
+    label[issuing] = IDLE_CAUSES.index("issue")  # the iteration's own issue path
     segs["final"] = label
     return DecodePeriods(
         start=starts,

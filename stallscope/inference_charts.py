@@ -19,12 +19,13 @@ PART_COLORS = {
     "idle: sync": "#6a1b9a",
     "idle: graph_launch": "#90caf9",
     "idle: launch": "#f9a825",
+    "idle: issue": "#ffe082",
     "idle: cpu": "#8d6e63",
     "idle: queued": "#b0bec5",
     "idle: unknown": "#e0e0e0",
 }
 LINE_LABELS = (("p50", "top left"), ("p90", "top right"), ("p99", "top right"))
-IDLE_PARTS = ("sync", "graph_launch", "launch", "cpu", "queued", "unknown")
+IDLE_PARTS = ("sync", "graph_launch", "launch", "issue", "cpu", "queued", "unknown")
 
 
 def iteration_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -134,6 +134,8 @@ def test_eager_decode_is_launch_bound(store, tmp_path):
     assert metrics["decode_iter_ms_median"] == 1.0 and metrics["decode_gpu_busy_pct"] == 10.0
     f = findings["launch_bound"]
     assert f.severity == "critical" and f.impact_ns == 9 * 900_000
+    assert f.evidence["launch_call_ns"] == 9 * 800_000  # inside the launching operators
+    assert f.evidence["issue_ns"] == 9 * 100_000  # unrecorded Python between them
     assert f.saving_ns is None  # the profiled speed says nothing exact about the unprofiled one
     assert "CUDA graph" in f.recommendation and "capture sizes" in f.recommendation
     assert "host_overhead" not in findings
