@@ -41,7 +41,7 @@ PHASES = ("prefill", "decode", "mixed", "unknown")
 
 ITERATION_NAME_REGEX = (
     r"(?i)(prefill|decode|generat|extend|execute_model|model_runner|forward_batch|run_batch"
-    r"|execute_\d+_context|forward_step|executor_step|iteration|^step\[)"
+    r"|execute_(\d+_)?context|forward_step|executor_step|iteration|^step\[)"
 )
 NOT_ITERATION_REGEX = r"(?i)(ProfilerStep#|optimizer|zero_grad|backward|autograd)"
 INFERENCE_MARKER_REGEX = (
@@ -50,7 +50,7 @@ INFERENCE_MARKER_REGEX = (
 )
 GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
 
-_VLLM_LAYERWISE = re.compile(r"execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)")
+_VLLM_LAYERWISE = re.compile(r"execute_(?:(\d+)_)?context_(\d+)\(.*?\)_generation_(\d+)")
 _BATCH_SIZE = re.compile(r"(?i)\bbs\s*=\s*(\d+)")
 _PREFILL_WORDS = re.compile(r"(?i)(prefill|extend|context|prompt|encode)")
 _DECODE_WORDS = re.compile(r"(?i)(decode|generat|sampl|next_token)")
@@ -91,7 +91,7 @@ def classify(name: str) -> tuple[str, int, int]:
     """
     match = _VLLM_LAYERWISE.search(name)
     if match:
-        tokens, context, generation = (int(g) for g in match.groups())
+        tokens, context, generation = (int(g) if g else -1 for g in match.groups())
         phase = "mixed" if context and generation else "prefill" if context else "decode"
         return phase, tokens, context + generation
     batch_match = _BATCH_SIZE.search(name)

@@ -12,6 +12,7 @@ from stallscope.errors import UsageError
 from stallscope.ingest import ingest_paths
 from stallscope.iterations import classify, find_iterations
 from stallscope.jobdata import JobData
+from tests.conftest import CORPUS
 from tests.kineto_builder import KinetoTrace
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces" / "kineto"
@@ -197,6 +198,7 @@ def test_iteration_range_option_names_the_iterations(store, tmp_path, monkeypatc
         ("execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk55086)", ("decode", 32, 32)),
         ("execute_8192_context_9(sq8155sk8430)_generation_37(sq37sk34489)", ("mixed", 8192, 46)),
         ("execute_2048_context_2(sq2048sk2048)_generation_0(sq0sk0)", ("prefill", 2048, 2)),
+        ("execute_context_1(888_788544)_generation_0(0)", ("prefill", -1, 1)),
         ("step[DECODE bs=32]", ("decode", 32, 32)),
         ("step[EXTEND bs=4]", ("prefill", -1, 4)),
         ("decode_step", ("decode", -1, -1)),
@@ -268,3 +270,29 @@ def test_capture_eager_is_launch_bound_and_says_the_profiler_inflates_it(store):
     replay = truth["measured"]["decode_graph_replay_ns_synced"]["median_ns"]
     assert within(f.evidence["gpu_ns_per_token"], replay, 0.15)  # the graph's floor, eager kernels
     assert "host_overhead" not in findings and "prefill_interference" not in findings
+
+
+# --- public serving traces (skipped without the corpus) ------------------------------
+
+TRACELENS = CORPUS / "tracelens" / "traces"
+
+
+@pytest.mark.parametrize(
+    "path, phase, tokens, batch",
+    [
+        ("inference/vllm_decode_full/graph_execution.json.gz", "decode", 32, 32),
+        ("inference/vllm_prefilldecode_piecewise/graph_execution.json.gz", "mixed", 8192, 46),
+        ("inference/sglang_decode/sglang_Qwen3-8B_decode.json.gz", "decode", 32, 32),
+        ("b200/eager_trace.json.gz", "prefill", -1, 1),
+    ],
+)
+def test_engine_captures_are_classified_from_their_ranges(store, path, phase, tokens, batch):
+    file = TRACELENS / path
+    if not file.is_file():
+        pytest.skip("corpus not present")
+    (res,) = ingest_paths(store, [str(file)])
+    job = JobData(store, store.traces(res.job_id))
+    trace = job.traces[0].trace_id
+    (its,) = [i for d in job.devices(trace) if (i := find_iterations(job, trace, int(d)))]
+    job.close()
+    assert (its.phases, list(its.tokens), list(its.batch)) == ([phase], [tokens], [batch])
