@@ -102,7 +102,7 @@ def measure(its: Iterations, periods: DecodePeriods | None, params: dict[str, fl
         "iterations": len(its),
         "prefill_iterations": int(prefill.size),
         "prefill_ns_median": float(np.median(prefill_ns)) if prefill.size else None,
-        "decode_iterations": int(its.of_phase("decode").size or its.of_phase("unknown").size),
+        "decode_iterations": int(its.token_steps().size),
     }
     if periods is None:
         return numbers
@@ -124,6 +124,7 @@ def measure(its: Iterations, periods: DecodePeriods | None, params: dict[str, fl
         by_range={name: int(v.sum()) for name, v in periods.by_range.items()},
         tokens_per_s=_tokens_per_s(its, periods, params),
     )
+    numbers["host_period_ns_median"] = float(np.median(np.diff(its.host_start[its.token_steps()])))
     numbers["host"] = _host_overhead(periods)
     numbers["stalls"] = _stalls(its, periods, median, params)
     numbers["comm_ns"] = int(periods.exposed_comm_ns.sum())
@@ -485,6 +486,13 @@ def _iterations_finding(where, its: Iterations, periods, numbers) -> Finding:
     }
     median = numbers.get("median_ns")
     tpot = f", time per output token median {median / 1e6:.2f} ms" if median else ""
+    host = numbers.get("host_period_ns_median")
+    ahead = (
+        f" The host started a decode iteration every {host / 1e6:.2f} ms (median): it ran ahead of the "
+        "GPU, so its period is not the time per token."
+        if median and host and host < 0.8 * median
+        else ""
+    )
     return _finding(
         where,
         "info",
@@ -493,11 +501,16 @@ def _iterations_finding(where, its: Iterations, periods, numbers) -> Finding:
         (
             f"Iterations found from {its.source} ranges ({', '.join(sorted(set(n[:60] for n in its.names)))[:300]}). "
             "A decode period runs from the GPU completion of one decode iteration to the next: the batch's time "
-            "per output token."
+            "per output token." + ahead
         ),
         "Use the per-iteration table (Inference page) to see what each slow token waited for.",
         0,
-        {"source": its.source, "phases": count, "iterations": _rows(its, periods)},
+        {
+            "source": its.source,
+            "phases": count,
+            "host_period_ns_median": None if host is None else int(host),
+            "iterations": _rows(its, periods),
+        },
         [],
     )
 

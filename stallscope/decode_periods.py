@@ -102,9 +102,7 @@ def measure_periods(
     job: JobData, trace_id: str, device: int, its: Iterations
 ) -> DecodePeriods | None:
     """The decode periods of one device; None with fewer than two decode iterations."""
-    decode = its.of_phase("decode")
-    if decode.size < 2:
-        decode = its.of_phase("unknown")  # an unnamed loop: its iterations are the tokens
+    decode = its.token_steps()
     if decode.size < 2:
         return None
     starts, ends = its.gpu_end[decode[:-1]], its.gpu_end[decode[1:]]
@@ -254,18 +252,14 @@ def _queued_gaps(gpu: dict, busy: tuple[np.ndarray, np.ndarray]) -> tuple[np.nda
     The host had already handed the work over (a graph's nodes, a queue that ran
     ahead): the gap is the device's, not the host's."""
     gap_s, gap_e = busy[1][:-1], busy[0][1:]
+    if gap_s.size == 0:
+        return gap_s, gap_e
     launch_end = np.where(np.isnan(gpu["launch_end"].astype(float)), np.inf, gpu["launch_end"])
     order = np.argsort(gpu["start_ns"], kind="stable")
-    op_start, op_launch_end = gpu["start_ns"][order], launch_end[order]
-    first = np.searchsorted(op_start, gap_e, side="left")
-    last = np.searchsorted(op_start, gap_e, side="right")
-    queued = np.array(
-        [
-            a < b and op_launch_end[a:b].min() <= s
-            for a, b, s in zip(first, last, gap_s, strict=True)
-        ],
-        dtype=bool,
-    )
+    starts, first = np.unique(gpu["start_ns"][order], return_index=True)
+    handed_over = np.minimum.reduceat(launch_end[order], first)  # earliest per start time
+    at = np.clip(np.searchsorted(starts, gap_e), 0, starts.size - 1)
+    queued = (starts[at] == gap_e) & (handed_over[at] <= gap_s)
     return gap_s[queued], gap_e[queued]
 
 

@@ -82,6 +82,12 @@ class Iterations:
         """Indices of the iterations of ``phase``, in time order."""
         return np.flatnonzero(np.asarray(self.phases) == phase)
 
+    def token_steps(self) -> np.ndarray:
+        """Indices of the iterations that each produce a token: the decode ones, or, when
+        fewer than two are named decode, those of unknown phase (an unnamed loop)."""
+        decode, unknown = self.of_phase("decode"), self.of_phase("unknown")
+        return unknown if decode.size < 2 <= unknown.size else decode
+
 
 def classify(name: str) -> tuple[str, int, int]:
     """(phase, tokens, batch) from an iteration range's name (-1 where unknown).

@@ -257,6 +257,7 @@ def test_capture_prefill_interference(store):
 def test_capture_graph_is_clean(store):
     metrics, findings, truth = sample(store, "decode_graph", decode_batch=16)
     assert set(findings) == {"iterations"}
+    assert "ran ahead of the GPU" in findings["iterations"].detail  # graphs queued early
     iteration = truth["measured"]["iteration_wall_ns_synced_each"]["median_ns"]
     assert within(metrics["decode_iter_ms_median"] * MS, iteration)
     assert within(metrics["tokens_per_s"], 16 / (iteration / 1e9))
