@@ -142,6 +142,49 @@ def test_eager_decode_is_launch_bound(store, tmp_path):
     assert "host_overhead" not in findings
 
 
+def comm_and_copy_loop(n: int = 10) -> KinetoTrace:
+    """Each 1.6 ms iteration: 1 ms of compute, then a 0.5 ms NCCL all-reduce (tensor parallel)
+    with nothing beside it; every iteration also copies a 2 MiB KV block in (a 0.3 ms HtoD
+    copy on a side stream, beside the compute: not exposed)."""
+    t = KinetoTrace()
+    for i in range(n):
+        base = 1_600_000 * i
+        annotate(t, "decode_step", base, 100_000)
+        for offset, name, start, dur in (
+            (10_000, "gemm_kernel", 50_000, 1_000_000),
+            (30_000, "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 1_050_000, 500_000),
+        ):
+            corr = t.next_corr()
+            t.runtime("cudaLaunchKernel", base + offset, 10_000, corr=corr, ext=corr)
+            t.kernel(name, base + start, dur, corr=corr)
+        corr = t.next_corr()
+        t.runtime("cudaMemcpyAsync", base + 40_000, 10_000, corr=corr, ext=corr)
+        t.memcpy("HtoD", "Pinned", "Device", base + 100_000, 300_000, 2 << 20, corr=corr, stream=9)
+    return t
+
+
+def test_exposed_tensor_parallel_communication(store, tmp_path):
+    metrics, findings = analyze(store, tmp_path, comm_and_copy_loop())
+    assert metrics["decode_iter_ms_median"] == 1.6
+    f = findings["tp_comm"]
+    assert f.severity == "high"  # 9 x 0.5 ms of 14.4 ms: 31 %
+    assert f.impact_ns == 9 * 500_000
+    assert "custom" in f.recommendation and "NCCL" in f.recommendation
+    assert "kv_copies" not in findings  # the KV copies ran beside compute
+
+
+def test_exposed_kv_copies(store, tmp_path):
+    t = comm_and_copy_loop()
+    for i in range(10):  # a 90 µs swap-out after the all-reduce, before the next compute
+        base = 1_600_000 * i
+        corr = t.next_corr()
+        t.runtime("cudaMemcpyAsync", base + 60_000, 10_000, corr=corr, ext=corr)
+        t.memcpy("DtoH", "Device", "Pinned", base + 1_550_000, 90_000, 4 << 20, corr=corr, stream=9)
+    metrics, findings = analyze(store, tmp_path, t, min_impact_ms=0)
+    f = findings["kv_copies"]
+    assert f.impact_ns == 9 * 90_000 and f.severity == "low"  # 0.81 of 14.4 ms: 5.6 %
+
+
 def test_training_step_is_not_inference(store, tmp_path):
     t = KinetoTrace()
     t.step(1, 0, 2 * MS)
