@@ -265,23 +265,28 @@ def _queued_gaps(gpu: dict, busy: tuple[np.ndarray, np.ndarray]) -> tuple[np.nda
 
 def _charge_user_ranges(periods: DecodePeriods, segs: dict, user: dict) -> None:
     """Charge each idle segment of host work (:data:`HOST_WORK`) to the innermost user range
-    covering it (``by_range``)."""
+    covering it (``by_range``).
+
+    Ranges come shortest first; each claims the still unclaimed segments that start
+    inside it (a binary search over the segment starts), so the work is the number
+    of ranges times log(segments) plus the segments times the nesting depth.
+    """
     host = np.isin(segs["final"], [IDLE_CAUSES.index(c) for c in HOST_WORK])
-    idle = ~segs["flags"]["busy"] & host
-    period = np.searchsorted(periods.start, segs["start"], side="right") - 1
-    owner = np.full(segs["start"].size, -1, dtype=np.int64)
-    names = [str(x) for x in user["name"]]
-    for index in range(len(names)):  # shortest first: the innermost range claims a segment
-        inside = (segs["start"] >= user["start_ns"][index]) & (
-            segs["start"] < user["end_ns"][index]
-        )
-        owner[inside & (owner < 0) & idle] = index
-    for name in dict.fromkeys(names):
-        mask = np.isin(owner, [i for i, x in enumerate(names) if x == name])
+    keep = np.flatnonzero(~segs["flags"]["busy"] & host)
+    starts, lengths = segs["start"][keep], segs["len"][keep]
+    period = np.searchsorted(periods.start, starts, side="right") - 1
+    owner = np.full(starts.size, -1, dtype=np.int64)
+    lo = np.searchsorted(starts, user["start_ns"], side="left")
+    hi = np.searchsorted(starts, user["end_ns"], side="left")
+    for index in np.flatnonzero(hi > lo):  # shortest first: the innermost range claims
+        claimed = owner[lo[index] : hi[index]]
+        claimed[claimed < 0] = index
+    names = np.array([str(x) for x in user["name"]] + [""], dtype=object)
+    for name in dict.fromkeys(names[owner[owner >= 0]]):
+        mask = names[owner] == name
         out = np.zeros(periods.start.size, dtype=np.int64)
-        np.add.at(out, period[mask], segs["len"][mask])
-        if out.any():
-            periods.by_range[name] = out
+        np.add.at(out, period[mask], lengths[mask])
+        periods.by_range[str(name)] = out
 
 
 def _crosses_step(job: JobData, trace_id: str, its: Iterations, decode: np.ndarray) -> np.ndarray:

@@ -150,8 +150,9 @@ def _outermost(ranges: list[tuple]) -> list[tuple]:
     """Drop wrappers (a range holding two or more others), then ranges inside another."""
     starts = np.array([r[0] for r in ranges], dtype=np.int64)
     ends = np.array([r[1] for r in ranges], dtype=np.int64)
-    inside = [(starts >= s) & (ends <= e) for s, e in zip(starts, ends, strict=True)]
-    held = [int(mask.sum()) - 1 for mask in inside]
+    # Sorted by start, longest first: the ranges that start inside range i (and come after
+    # it) are the ones it holds, for ranges that nest as host ranges do.
+    held = np.searchsorted(starts, ends, side="left") - np.arange(starts.size) - 1
     kept = [i for i in range(len(ranges)) if held[i] < 2]
     out, last_end = [], -1
     for i in kept:  # sorted by start, longest first: a range inside the previous kept one is nested
