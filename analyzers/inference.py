@@ -96,7 +96,7 @@ def iteration_range() -> str | None:
 def measure(its: Iterations, periods: DecodePeriods | None, params: dict[str, float]) -> dict:
     """The numbers the metrics and findings are written from (ns unless named otherwise)."""
     prefill = np.concatenate([its.of_phase("prefill"), its.of_phase("mixed")])
-    prefill_ns = (its.gpu_end - its.gpu_start)[prefill]
+    prefill_ns = its.gpu_busy[prefill]  # its GPU work, not the launch waits inside its window
     numbers: dict = {
         "source": its.source,
         "iterations": len(its),
@@ -191,7 +191,7 @@ def _stalls(its: Iterations, periods: DecodePeriods, median: float, params) -> d
         "prefills": [
             {
                 "name": its.names[i][:120],
-                "gpu_ns": int(its.gpu_end[i] - its.gpu_start[i]),
+                "gpu_ns": int(its.gpu_busy[i]),
                 "tokens": int(its.tokens[i]),
                 "window": [int(its.gpu_start[i]), int(its.gpu_end[i])],
             }
@@ -535,6 +535,7 @@ def _rows(its: Iterations, periods: DecodePeriods | None) -> list[dict]:
             "host_end_ns": int(its.host_end[i]),
             "gpu_start_ns": int(its.gpu_start[i]),
             "gpu_end_ns": int(its.gpu_end[i]),
+            "gpu_busy_ns": int(its.gpu_busy[i]),
         }
         row.update(by_iteration.get(i, {}))
         rows.append(row)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stallscope import intervals
 from stallscope.jobdata import JobData
 
 PHASES = ("prefill", "decode", "mixed", "unknown")
@@ -61,7 +62,7 @@ class Iterations:
     """Iterations of one trace and device, sorted by host start (columnar, int64 ns).
 
     ``gpu_start``/``gpu_end`` are the GPU window of each iteration's launched
-    work; ``tokens`` and ``batch`` are -1 when the name does not say them.
+    work, ``gpu_busy`` the union of that work (the window less its gaps); ``tokens`` and ``batch`` are -1 when the name does not say them.
     ``source`` says how they were found: ``option``, ``annotation`` or ``graph``.
     """
 
@@ -72,6 +73,7 @@ class Iterations:
     host_end: np.ndarray
     gpu_start: np.ndarray
     gpu_end: np.ndarray
+    gpu_busy: np.ndarray
     tokens: np.ndarray
     batch: np.ndarray
 
@@ -195,7 +197,7 @@ def _with_gpu_windows(
         [trace_id, device],
     )
     launch_ns = launches["launch_ns"]
-    keep, gpu_s, gpu_e = [], [], []
+    keep, gpu_s, gpu_e, busy = [], [], [], []
     for index, (start, end, pid, _) in enumerate(ranges):
         lo, hi = np.searchsorted(launch_ns, [start, end], side="left")
         mine = np.arange(lo, hi)
@@ -205,6 +207,7 @@ def _with_gpu_windows(
         keep.append(index)
         gpu_s.append(int(launches["start_ns"][mine].min()))
         gpu_e.append(int(launches["end_ns"][mine].max()))
+        busy.append(intervals.total(launches["start_ns"][mine], launches["end_ns"][mine]))
     if not keep:
         return None
     picked = [ranges[i] for i in keep]
@@ -217,6 +220,7 @@ def _with_gpu_windows(
         host_end=np.array([r[1] for r in picked], dtype=np.int64),
         gpu_start=np.array(gpu_s, dtype=np.int64),
         gpu_end=np.array(gpu_e, dtype=np.int64),
+        gpu_busy=np.array(busy, dtype=np.int64),
         tokens=np.array([label[1] for label in labels], dtype=np.int64),
         batch=np.array([label[2] for label in labels], dtype=np.int64),
     )

@@ -288,6 +288,8 @@ def test_capture_prefill_interference(store):
     metrics, findings, truth = sample(store, "decode_prefill_interference")
     per = truth["per_iteration_truth"]
     assert metrics["prefill_iterations"] == 2
+    prefill = truth["planted"][0]["prefill_ns"]["median_ns"]  # timed unprofiled, synced
+    assert within(metrics["prefill_ms_median"] * MS, prefill)
     assert within(metrics["decode_iter_ms_median"] * MS, per["decode_iteration_ns_median"])
     assert within(metrics["decode_iter_ms_max"] * MS, per["stalled_iteration_ns_median"])
     f = findings["prefill_interference"]
