@@ -127,6 +127,9 @@ def measure(its: Iterations, periods: DecodePeriods | None, params: dict[str, fl
     numbers["host_period_ns_median"] = float(np.median(np.diff(its.host_start[its.token_steps()])))
     numbers["host"] = _host_overhead(periods)
     numbers["stalls"] = _stalls(its, periods, median, params)
+    numbers["launch_windows"] = _worst_windows(
+        periods, (periods.idle["launch"] + periods.idle["issue"]) * _without_prefill(periods)
+    )
     numbers["comm_ns"] = int(periods.exposed_comm_ns.sum())
     numbers["kv_copy_ns"] = int(periods.kv_copy_ns.sum())
     return numbers
@@ -208,7 +211,10 @@ def _worst_windows(periods: DecodePeriods, per_period: np.ndarray) -> list[list[
 
 def _metrics(where: tuple, numbers: dict) -> list[Metric]:
     trace, rank, device = where
-    ms = lambda key: None if numbers.get(key) is None else round(numbers[key] / 1e6, 6)  # noqa: E731
+
+    def ms(key: str) -> float | None:
+        return None if numbers.get(key) is None else round(numbers[key] / 1e6, 6)
+
     total = numbers.get("total_ns")
     values = (
         ("decode_iterations", numbers["decode_iterations"], "count"),
@@ -306,7 +312,7 @@ def _launch_finding(where, numbers, params) -> Finding | None:
             "share_of_decode_pct": share,
             "note": "profiled speed; the unprofiled saving is not measurable from this trace",
         },
-        [],
+        numbers["launch_windows"],
     )
 
 

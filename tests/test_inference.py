@@ -138,6 +138,7 @@ def test_eager_decode_is_launch_bound(store, tmp_path):
     assert f.evidence["launch_call_ns"] == 9 * 800_000  # inside the launching operators
     assert f.evidence["issue_ns"] == 9 * 100_000  # unrecorded Python between them
     assert f.saving_ns is None  # the profiled speed says nothing exact about the unprofiled one
+    assert len(f.windows) == 9 and all(b - a == MS for a, b in f.windows)
     assert "CUDA graph" in f.recommendation and "capture sizes" in f.recommendation
     assert "host_overhead" not in findings
 
