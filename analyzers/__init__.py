@@ -18,6 +18,7 @@ REPORT_ORDER = (
     "gpu_idle",
     "launch_overhead",
     "step_breakdown",
+    "inference",
     "overlap",
     "nccl_wait",
     "host_sync",

@@ -71,6 +71,7 @@ def main() -> None:
     from stallscope.pages import (
         compare,
         distributed,
+        inference,
         kernels,
         library,
         occupancy,
@@ -85,6 +86,7 @@ def main() -> None:
         "timeline": st.Page(timeline.render, title="Timeline", url_path="timeline"),
         "kernels": st.Page(kernels.render, title="Kernels", url_path="kernels"),
         "distributed": st.Page(distributed.render, title="Distributed", url_path="distributed"),
+        "inference": st.Page(inference.render, title="Inference", url_path="inference"),
         "occupancy": st.Page(occupancy.render, title="Occupancy", url_path="occupancy"),
         "compare": st.Page(compare.render, title="Compare", url_path="compare"),
         "sql": st.Page(sql.render, title="SQL", url_path="sql"),

@@ -10,6 +10,7 @@ from stallscope.charts import (
     step_stack_figure,
     time_by_cause_figure,
 )
+from stallscope.compare_inference import inference_summary
 from stallscope.humanize import evidence_tables
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import literal
@@ -54,7 +55,10 @@ def _headline(job: dict, report: dict) -> None:
     idle = (table["gpu_idle_pct"] * table["span_ms"]).sum() / 100
     steps = _step_times(report)
     cols = st.columns(6)
-    if steps:
+    decode = inference_summary(report)
+    if decode:  # an inference job: the serving figures lead
+        _decode_headline(cols, decode)
+    elif steps:
         median, p90, jitter = steps
         cols[0].metric(
             "Step time",
@@ -82,6 +86,24 @@ def _headline(job: dict, report: dict) -> None:
     )
     cols[5].metric("GPUs", f"{len(table)}", help="Rank × GPU pairs with activity")
     st.plotly_chart(time_by_cause_figure(report), width="stretch")
+
+
+def _decode_headline(cols, decode: dict[str, float]) -> None:
+    """Time per output token and tokens/s of the slowest GPU (the inference analyzer's metrics)."""
+    tokens = decode.get("tokens_per_s")
+    cols[0].metric(
+        "Time per token",
+        _ms(decode["decode_iter_ms_median"]),
+        help="Median decode period: GPU completion of one decode iteration to the next "
+        "(slowest GPU); the Inference page has the distribution",
+    )
+    cols[1].metric("TPOT p90", _ms(decode.get("decode_iter_ms_p90", 0.0)), help="90th percentile")
+    cols[2].metric(
+        "Tokens/s",
+        "—" if tokens is None else f"{tokens:,.0f}",
+        help="Batch per decode iteration / time per token; — when the trace does not give the batch "
+        "(the inference analyzer's decode_batch threshold sets it)",
+    )
 
 
 def _findings(report: dict) -> None:

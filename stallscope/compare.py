@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from stallscope.analyzers.base import SEVERITY_RANK
+from stallscope.compare_inference import inference_deltas, inference_summary, inference_table
 from stallscope.jobdata import JobData
 from stallscope.report import build_report
 from stallscope.store import Store, TraceRef
@@ -223,6 +224,7 @@ def _side(store: Store, refs: list[TraceRef], overrides) -> dict[str, Any]:
         "ranks": {int(r.meta.get("rank", 0)) for r in refs},
         "world_size": max(worlds, default=0),
         "findings": report["findings"],
+        "inference": inference_summary(report),
     }
 
 
@@ -272,6 +274,7 @@ def compare_jobs(
             "savings": finding_savings(a["findings"], b["findings"], per_a, per_b, top),
         },
     }
+    result["inference"] = inference_deltas(a["inference"], b["inference"])
     result["explanation"] = explain(result, a, b, max_regression)
     return result
 
@@ -709,7 +712,7 @@ def compare_tables(result: dict[str, Any], *, code: bool = False, width: int = 6
     """Every table of the comparison, as cells; the CLI formats and the Compare page share them.
 
     ``code`` quotes names as Markdown code; ``width`` shortens long kernel names."""
-    return [
+    tables = [
         _step_table(result),
         _parts_table(result),
         _causes_table(result),
@@ -718,6 +721,8 @@ def compare_tables(result: dict[str, Any], *, code: bool = False, width: int = 6
         _kernels_table(result, code, width),
         _savings_table(result, width),
     ]
+    inference = inference_table(result)
+    return tables[:1] + [inference] + tables[1:] if inference else tables
 
 
 def _step_table(result: dict[str, Any]) -> Table:

@@ -1,0 +1,80 @@
+"""Inference page: serving iterations by phase, time per output token, what each token waited for.
+
+Everything comes from the report: the ``inference`` analyzer's ``iterations``
+finding (its per-iteration table) and its other findings; the figures are
+``stallscope.inference_charts``.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from stallscope.inference_charts import (
+    iteration_frame,
+    iteration_timeline,
+    percentiles,
+    stall_causes,
+    tpot_histogram,
+)
+from stallscope.pages.state import report_for, selected_job, threshold_overrides
+from stallscope.pages.text import literal
+from stallscope.views import findings_of
+
+
+def render() -> None:
+    st.title("Inference")
+    picked = selected_job()
+    if picked is None:
+        return
+    job, traces = picked
+    report = report_for(job["job_id"], traces, threshold_overrides())
+    found = findings_of(report, "inference")
+    tables = [f for f in found if f["evidence"].get("key") == "iterations"]
+    if not tables:
+        st.info(
+            "No inference iterations in this job: no engine or user ranges named for prefill/decode, "
+            "and no CUDA-graph replays beside an inference marker (docs/analyzers/inference.md)."
+        )
+        return
+    labels = {f"rank {f['rank']} · GPU {f['device']}": f for f in tables}
+    chosen = labels[st.selectbox("GPU", list(labels))] if len(labels) > 1 else tables[0]
+    st.caption(literal(chosen["title"]) + " · " + literal(chosen["detail"]))
+    frame = iteration_frame(chosen["evidence"]["iterations"])
+    _headline(report, chosen, frame)
+    st.plotly_chart(iteration_timeline(frame), width="stretch")
+    if "period_ms" in frame:
+        left, right = st.columns(2)
+        left.plotly_chart(tpot_histogram(frame), width="stretch")
+        right.plotly_chart(stall_causes(frame), width="stretch")
+    _findings([f for f in found if f is not chosen and f["device"] == chosen["device"]])
+
+
+def _headline(report: dict, chosen: dict, frame) -> None:
+    values = {
+        m["name"]: m["value"]
+        for m in report["metrics"]
+        if m["trace"] == chosen["trace"] and m["device"] == chosen["device"]
+    }
+    spread = percentiles(frame)
+    tokens = values.get("tokens_per_s")
+    cols = st.columns(6)
+    cols[0].metric("Tokens/s", "—" if tokens is None else f"{tokens:,.0f}",
+                   help="Batch per decode iteration / time per token; — when the batch is unknown "
+                   "(set the inference analyzer's decode_batch threshold)")  # fmt: skip
+    for col, key in zip(cols[1:4], ("p50", "p90", "p99"), strict=True):
+        value = spread.get(key)
+        col.metric(f"TPOT {key}", "—" if value is None else f"{value:.2f} ms",
+                   help="Time per output token: GPU completion of one decode iteration to the next")  # fmt: skip
+    cols[4].metric("Decode iterations", f"{values.get('decode_iterations', 0)}")
+    cols[5].metric("Prefill iterations", f"{values.get('prefill_iterations', 0)}")
+
+
+def _findings(found: list[dict]) -> None:
+    st.subheader("What holds the decode loop back")
+    if not found:
+        st.success("No inference finding: nothing above the thresholds holds the decode loop back.")
+    for f in found:
+        saving = f" · saves ~{f['saving_ns'] / 1e6:.1f} ms if fixed" if f.get("saving_ns") else ""
+        with st.expander(f"{f['severity'].upper()} · {literal(f['title'])}{saving}", expanded=True):
+            st.markdown(literal(f["detail"]))
+            st.markdown(f"**Fix.** {literal(f['recommendation'])}")

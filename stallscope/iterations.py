@@ -1,0 +1,226 @@
+"""Inference iterations: find the model-runner iterations of a serving trace and classify them.
+
+An *iteration* is one pass of the serving loop that runs the model once over
+the batch: a prefill (prompt tokens), a decode (one new token per sequence)
+or a mixed one (chunked prefill beside decodes). :func:`find_iterations`
+looks, in this order, for
+
+1. a host range whose name is given (the analyzer's ``iteration_range``
+   option, a regular expression);
+2. host ranges named by an engine or by the user: vLLM V1 ``execute_model``
+   and its layerwise ``execute_<tokens>_context_<n>(…)_generation_<m>(…)``
+   ranges, SGLang ``forward_batch``/``run_batch``/``step[DECODE bs=…]``,
+   TensorRT-LLM ``_forward_step``/``forward_step``, and user ranges whose
+   names say prefill, decode, generate, extend or iteration;
+3. CUDA/HIP graph replays (``cudaGraphLaunch``), one replay per iteration,
+   when the trace also shows an inference marker (a range or kernel named for
+   KV caches, paged or decode attention, sampling, or an engine): a training
+   step captured in a graph replays the same way.
+
+Of named ranges, a range that holds two or more others is a wrapper (HF
+``generate``, a serving request) and is dropped; of the rest the outermost
+count. Input shapes (sequence length 1 = decode) are not in the store, so a
+loop with neither annotations nor graphs is not detected.
+
+Each iteration gets its GPU window: first start to last end of the GPU
+operations its host range launched (correlation id -> launch call inside the
+range, any thread of the range's process). Times are int64 ns on the trace's
+clock. Phase, tokens and batch size come from the name where it carries them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from stallscope import intervals
+from stallscope.jobdata import JobData
+
+PHASES = ("prefill", "decode", "mixed", "unknown")
+
+ITERATION_NAME_REGEX = (
+    r"(?i)(prefill|decode|generat|extend|execute_model|model_runner|forward_batch|run_batch"
+    r"|execute_(\d+_)?context|forward_step|executor_step|iteration|^step\[)"
+)
+NOT_ITERATION_REGEX = r"(?i)(ProfilerStep#|optimizer|zero_grad|backward|autograd)"
+INFERENCE_MARKER_REGEX = (
+    r"(?i)(kv_?cache|paged_?attention|decode|flash_fwd_splitkv|flashinfer|sampl|logits|vllm|sglang"
+    r"|tensorrt_llm|trtllm|reshape_and_cache|generate)"
+)
+GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
+
+_VLLM_LAYERWISE = re.compile(r"execute_(?:(\d+)_)?context_(\d+)\(.*?\)_generation_(\d+)")
+_BATCH_SIZE = re.compile(r"(?i)\bbs\s*=\s*(\d+)")
+_PREFILL_WORDS = re.compile(r"(?i)(prefill|extend|context|prompt|encode)")
+_DECODE_WORDS = re.compile(r"(?i)(decode|generat|sampl|next_token)")
+
+
+@dataclass
+class Iterations:
+    """Iterations of one trace and device, sorted by host start (columnar, int64 ns).
+
+    ``gpu_start``/``gpu_end`` are the GPU window of each iteration's launched
+    work, ``gpu_busy`` the union of that work (the window less its gaps); ``tokens`` and ``batch`` are -1 when the name does not say them.
+    ``source`` says how they were found: ``option``, ``annotation`` or ``graph``.
+    """
+
+    source: str
+    names: list[str]
+    phases: list[str]
+    host_start: np.ndarray
+    host_end: np.ndarray
+    gpu_start: np.ndarray
+    gpu_end: np.ndarray
+    gpu_busy: np.ndarray
+    tokens: np.ndarray
+    batch: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def of_phase(self, phase: str) -> np.ndarray:
+        """Indices of the iterations of ``phase``, in time order."""
+        return np.flatnonzero(np.asarray(self.phases) == phase)
+
+    def token_steps(self) -> np.ndarray:
+        """Indices of the iterations that each produce a token: the decode ones, or, when
+        fewer than two are named decode, those of unknown phase (an unnamed loop)."""
+        decode, unknown = self.of_phase("decode"), self.of_phase("unknown")
+        return unknown if decode.size < 2 <= unknown.size else decode
+
+
+def classify(name: str) -> tuple[str, int, int]:
+    """(phase, tokens, batch) from an iteration range's name (-1 where unknown).
+
+    vLLM's layerwise names carry the token count and the numbers of prefill
+    (``context``) and decode (``generation``) requests; SGLang's carry ``bs=``.
+    """
+    match = _VLLM_LAYERWISE.search(name)
+    if match:
+        tokens, context, generation = (int(g) if g else -1 for g in match.groups())
+        phase = "mixed" if context and generation else "prefill" if context else "decode"
+        return phase, tokens, context + generation
+    batch_match = _BATCH_SIZE.search(name)
+    batch = int(batch_match.group(1)) if batch_match else -1
+    prefill, decode = bool(_PREFILL_WORDS.search(name)), bool(_DECODE_WORDS.search(name))
+    phase = (
+        "mixed"
+        if prefill and decode
+        else "prefill"
+        if prefill
+        else "decode"
+        if decode
+        else "unknown"
+    )
+    tokens = batch if phase == "decode" else -1
+    return phase, tokens, batch
+
+
+def find_iterations(
+    job: JobData, trace_id: str, device: int, name_regex: str | None = None
+) -> Iterations | None:
+    """The device's iterations (see the module docstring), or None when none are found."""
+    if name_regex:
+        ranges = _named_ranges(job, trace_id, name_regex, NOT_ITERATION_REGEX)
+        source = "option"
+    else:
+        ranges = _outermost(_named_ranges(job, trace_id, ITERATION_NAME_REGEX, NOT_ITERATION_REGEX))
+        source = "annotation"
+    if not ranges and not name_regex and _has_inference_marker(job, trace_id):
+        ranges, source = _graph_replays(job, trace_id), "graph"
+    if not ranges:
+        return None
+    return _with_gpu_windows(job, trace_id, device, ranges, source)
+
+
+def _named_ranges(job: JobData, trace_id: str, regex: str, exclude: str) -> list[tuple]:
+    """(start, end, pid, name) of the host ranges whose name matches ``regex``."""
+    rows = job.sql(
+        """SELECT r.start_ns, r.end_ns, r.pid, n.name FROM ranges r
+           JOIN names n ON n.trace_id = r.trace_id AND n.name_id = r.name_id
+           WHERE r.trace_id = ? AND r.kind IN ('annotation', 'nvtx')
+             AND regexp_matches(n.name, ?) AND NOT regexp_matches(n.name, ?)
+           ORDER BY r.start_ns, r.end_ns DESC""",
+        [trace_id, regex, exclude],
+    ).fetchall()
+    return [(int(s), int(e), int(p or 0), str(n)) for s, e, p, n in rows if e > s]
+
+
+def _outermost(ranges: list[tuple]) -> list[tuple]:
+    """Drop wrappers (a range holding two or more others), then ranges inside another."""
+    starts = np.array([r[0] for r in ranges], dtype=np.int64)
+    ends = np.array([r[1] for r in ranges], dtype=np.int64)
+    # Sorted by start, longest first: the ranges that start inside range i (and come after
+    # it) are the ones it holds, for ranges that nest as host ranges do.
+    held = np.searchsorted(starts, ends, side="left") - np.arange(starts.size) - 1
+    kept = [i for i in range(len(ranges)) if held[i] < 2]
+    out, last_end = [], -1
+    for i in kept:  # sorted by start, longest first: a range inside the previous kept one is nested
+        if ranges[i][1] <= last_end:
+            continue
+        out.append(ranges[i])
+        last_end = ranges[i][1]
+    return out
+
+
+def _has_inference_marker(job: JobData, trace_id: str) -> bool:
+    row = job.sql(
+        "SELECT count(*) FROM names WHERE trace_id = ? AND regexp_matches(name, ?)",
+        [trace_id, INFERENCE_MARKER_REGEX],
+    ).fetchone()
+    return bool(row[0])
+
+
+def _graph_replays(job: JobData, trace_id: str) -> list[tuple]:
+    rows = job.sql(
+        """SELECT h.start_ns, h.end_ns, h.pid FROM host h
+           JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+           WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver') AND n.name IN ?
+           ORDER BY h.start_ns""",
+        [trace_id, list(GRAPH_LAUNCH_NAMES)],
+    ).fetchall()
+    return [(int(s), int(e), int(p), "graph replay") for s, e, p in rows]
+
+
+def _with_gpu_windows(
+    job: JobData, trace_id: str, device: int, ranges: list[tuple], source: str
+) -> Iterations | None:
+    """Attach each range's GPU window; ranges that launched nothing on ``device`` are dropped."""
+    launches = job.numpy(
+        """SELECT h.start_ns AS launch_ns, h.pid, g.start_ns, g.end_ns FROM gpu g
+           JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation
+             AND h.kind IN ('runtime', 'driver')
+           WHERE g.trace_id = ? AND g.device = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
+           ORDER BY h.start_ns""",
+        [trace_id, device],
+    )
+    launch_ns = launches["launch_ns"]
+    keep, gpu_s, gpu_e, busy = [], [], [], []
+    for index, (start, end, pid, _) in enumerate(ranges):
+        lo, hi = np.searchsorted(launch_ns, [start, end], side="left")
+        mine = np.arange(lo, hi)
+        mine = mine[launches["pid"][mine] == pid] if pid else mine
+        if mine.size == 0:
+            continue
+        keep.append(index)
+        gpu_s.append(int(launches["start_ns"][mine].min()))
+        gpu_e.append(int(launches["end_ns"][mine].max()))
+        busy.append(intervals.total(launches["start_ns"][mine], launches["end_ns"][mine]))
+    if not keep:
+        return None
+    picked = [ranges[i] for i in keep]
+    labels = [classify(r[3]) if source != "graph" else ("decode", -1, -1) for r in picked]
+    return Iterations(
+        source=source,
+        names=[r[3] for r in picked],
+        phases=[label[0] for label in labels],
+        host_start=np.array([r[0] for r in picked], dtype=np.int64),
+        host_end=np.array([r[1] for r in picked], dtype=np.int64),
+        gpu_start=np.array(gpu_s, dtype=np.int64),
+        gpu_end=np.array(gpu_e, dtype=np.int64),
+        gpu_busy=np.array(busy, dtype=np.int64),
+        tokens=np.array([label[1] for label in labels], dtype=np.int64),
+        batch=np.array([label[2] for label in labels], dtype=np.int64),
+    )
