@@ -14,7 +14,7 @@ import streamlit as st
 from stallscope.charts import timeline_figure
 from stallscope.pages.state import get_store, report_for, selected_job
 
-PLOT_PX = 1200  # the chart's assumed drawing width: labels are sized for it
+PLOT_PX = 850  # the chart's drawing width in a 1440 px wide page (lane names take the rest): labels are sized for it
 SELECTED = "tl_last_selection"  # the chart selection already acted on (session key)
 
 
@@ -184,31 +184,32 @@ def _search_box(ids: tuple[str, ...], job_id: str, window: tuple[int, int], boun
         cols[2].caption(f"No slice named like {text!r} {where.replace('the ', 'in the ')}.")
         return
     t0 = window[0]
-    options = {
-        row.key: f"rank {row.rank} · {(row.start_ns - t0) / 1e6:.3f} ms · "
-        f"{(row.end_ns - row.start_ns) / 1e3:.1f} µs · {row.name[:90]}"
-        for row in found.itertuples()
-    }
-    spans = {row.key: (int(row.start_ns), int(row.end_ns)) for row in found.itertuples()}
+    picks = {  # label -> (key, start, end); numbered, so labels never collide
+        f"{i + 1}. rank {row.rank} · {(row.start_ns - t0) / 1e6:.3f} ms · "
+        f"{(row.end_ns - row.start_ns) / 1e3:.1f} µs · {row.name[:90]}": (
+            row.key, int(row.start_ns), int(row.end_ns),
+        )
+        for i, row in enumerate(found.itertuples())
+    }  # fmt: skip
     cols[2].selectbox(
         f"Matches ({total:,}" + (f", first {len(found)} shown" if total > len(found) else "") + ")",
-        list(options),
+        list(picks),
         index=None,
-        format_func=options.get,
         placeholder="pick one to zoom to it",
         key="tl_match",
         on_change=_zoom_to_match,
-        args=(spans, bounds),
+        args=(picks, bounds),
     )
 
 
-def _zoom_to_match(spans: dict, bounds: tuple[int, int]) -> None:
+def _zoom_to_match(picks: dict, bounds: tuple[int, int]) -> None:
     from stallscope.timeline import Window, window_around
 
-    key = st.session_state.get("tl_match")
-    if key not in spans:
+    label = st.session_state.get("tl_match")
+    if label not in picks:
         return
-    w = window_around(*spans[key], Window(*bounds))
+    key, start, end = picks[label]
+    w = window_around(start, end, Window(*bounds))
     st.query_params["window"] = f"{w.start_ns}-{w.end_ns}"
     st.query_params["event"] = key
 

@@ -156,18 +156,16 @@ def _escape(text: str) -> str:
 
 
 def _segments(start: pd.Series, end: pd.Series, y: pd.Series, t0: int):
-    """x and y of line segments ``start -> end`` at ``y`` with None separators (one WebGL trace)."""
+    """x and y of line segments ``start -> end`` at ``y`` with NaN separators (one WebGL
+    trace; float arrays, which plotly sends as compact typed arrays)."""
     import numpy as np
 
     n = len(start)
-    x = np.empty(3 * n, dtype=object)
-    x[0::3] = ((start - t0) / 1e6).to_numpy()
-    x[1::3] = ((end - t0) / 1e6).to_numpy()
-    x[2::3] = None
-    ys = np.empty(3 * n, dtype=object)
-    ys[0::3] = y.to_numpy()
-    ys[1::3] = y.to_numpy()
-    ys[2::3] = None
+    x = np.full(3 * n, np.nan)
+    x[0::3] = ((start - t0) / 1e6).to_numpy(dtype=float)
+    x[1::3] = ((end - t0) / 1e6).to_numpy(dtype=float)
+    ys = np.full(3 * n, np.nan)
+    ys[0::3] = ys[1::3] = y.to_numpy(dtype=float)
     return x, ys
 
 
@@ -200,7 +198,9 @@ def timeline_figure(
         if not frame.empty
         else []
     )
-    pos = {lane: i for i, lane in enumerate(lanes)}
+    # lane i at y = -i, top to bottom: Streamlit's plotly.js draws WebGL lines at the
+    # axis edge when the y axis is reversed, so the axis stays ascending
+    pos = {lane: -i for i, lane in enumerate(lanes)}
     width = max(4, int(LANE_PX * 0.7))
     shown = frame[frame["lane"].isin(pos)] if not frame.empty else frame
     if not shown.empty:
@@ -234,7 +234,7 @@ def timeline_figure(
             text = text[text != ""]
             if not text.empty:
                 rows = events.loc[text.index]
-                fig.add_scatter(
+                fig.add_scattergl(  # WebGL: an SVG trace would sit under the WebGL bars
                     x=((rows["start_ns"] + rows["end_ns"]) / 2 - t0) / 1e6, y=y[text.index],
                     text=text.tolist(), mode="text", showlegend=False, hoverinfo="skip",
                     textfont={"color": "white", "size": 10}, name="labels",
@@ -249,11 +249,11 @@ def timeline_figure(
         for row in hit.head(1).itertuples():
             shapes.append(_outline(row.start_ns, row.end_ns, pos[row.lane], t0, "#000000"))
     fig.update_layout(shapes=shapes, annotations=annotations)
-    ticks = list(range(len(lanes)))
+    ticks = [-i for i in range(len(lanes))]
     fig.update_yaxes(
-        tickvals=[-1, *ticks] if findings else ticks,
+        tickvals=[1, *ticks] if findings else ticks,
         ticktext=["findings", *lanes] if findings else lanes,
-        range=[len(lanes) - 0.5, -1.5 if findings else -0.5],
+        range=[-len(lanes) + 0.5, 1.5 if findings else 0.5],
         showgrid=False, zeroline=False,
     )  # fmt: skip
     fig.update_layout(
@@ -315,7 +315,7 @@ def _finding_shapes(fig, findings, window, chosen) -> list[dict[str, Any]]:
                 " · chosen" if strong else ""
             )
             xs += [a, b, None]
-            ys += [-1, -1, None]
+            ys += [1, 1, None]
             texts += [text, text, None]
     if xs:
         fig.add_scatter(
