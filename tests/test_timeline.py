@@ -129,15 +129,19 @@ def test_figure_draws_one_webgl_trace_per_category_with_none_separators():
     comm = lines["communication kernel (NCCL…)"]
     assert comm.line.color == TIMELINE_COLORS["communication"] != compute.line.color
     assert list(comm.y)[:2] == [-1, -1]  # the second lane, below the first
-    hover = compute.text[0]
+    points = {d.name: d for d in fig.data if d.mode == "markers"}
+    hover = points["compute events"].text[0]
     assert "start 0.000 ms · 1.00 µs" in hover and "grid 4×1×1 · block 128×1×1" in hover
-    assert "busy" not in " ".join(
-        t for d in fig.data for t in (d.text or []) if t and "events" not in t
-    )
+    assert all("busy" not in t for d in points.values() for t in d.text)  # single events
     (binned,) = [d for d in fig.data if d.mode == "lines" and d.opacity == 0.5]
     assert "busy 30%" in binned.text[0] and binned.showlegend is False  # compute already listed
-    (marks,) = [d for d in fig.data if d.mode == "markers"]
-    assert list(marks.customdata) == ["a", "b", "c"]  # clickable events, never bins
+    assert list(points["compute events"].customdata) == ["a", "b"]  # clickable; bins are not
+    assert list(points["communication events"].customdata) == ["c"]
+    # hover points along slices longer than 1/60 of the window: the 1.5 µs NCCL kernel gets
+    # 1500 // (4000 / 60) = 22 of them, all naming it
+    along = points["communication hover"]
+    assert len(along.x) == 22 and set(along.customdata) == {"c"}
+    assert min(along.x) > 0.001 and max(along.x) <= 0.0025
 
 
 def test_labels_only_on_slices_wide_enough_in_pixels():
