@@ -280,18 +280,28 @@ def _binned(
     """Busy share per bin (each event's overlap with every bin it covers, clipped to the
     window) and the category with the most time in the bin."""
     a, b = _lane_cols(side)
-    category = GPU_CATEGORY_SQL if side == "gpu" else HOST_CATEGORY_SQL
+    category = {"gpu": GPU_CATEGORY_SQL, "host": "t.kind"}.get(side, HOST_CATEGORY_SQL)
+    names = (  # only a range's category (step or not) needs its name
+        "JOIN names n ON n.trace_id = t.trace_id AND n.name_id = t.name_id"
+        if side == "annotation"
+        else ""
+    )
     sql = f"""
         WITH ev AS (
           SELECT {_lane_label(side, rank)} AS lane, t.{a} AS d, t.{b} AS s, {category} AS category,
                  greatest(t.start_ns, $t0) AS es, least(t.end_ns, $t1) AS ee
-          FROM {_table(side)} t JOIN names n ON n.trace_id = t.trace_id AND n.name_id = t.name_id
+          FROM {_table(side)} t {names}
           WHERE t.trace_id = $trace AND {_kinds(side)} AND t.end_ns > $t0 AND t.start_ns < $t1
             AND {_lane_filter(side, lanes)}
-        ), pieces AS (
+        ), spans AS (
+          SELECT *, CAST((es - $t0) // $bin AS BIGINT) AS b0, CAST((ee - 1 - $t0) // $bin AS BIGINT) AS b1
+          FROM ev
+        ), pieces AS (  -- most events sit in one bin: only the others go through range()
+          SELECT lane, d, s, category, b0 AS bn, ee - es AS piece FROM spans WHERE b0 = b1
+          UNION ALL
           SELECT lane, d, s, category, bn,
                  least(ee, $t0 + (bn + 1) * $bin) - greatest(es, $t0 + bn * $bin) AS piece
-          FROM ev, range(CAST((es - $t0) // $bin AS BIGINT), CAST((ee - 1 - $t0) // $bin + 1 AS BIGINT)) r(bn)
+          FROM (SELECT * FROM spans WHERE b1 > b0), range(b0, b1 + 1) r(bn)
         )
         SELECT $trace AS trace_id, {rank} AS rank, '{side}' AS side, lane, '' AS key,
                $t0 + bn * $bin AS start_ns, $t0 + (bn + 1) * $bin AS end_ns,
