@@ -198,18 +198,28 @@ def _search_box(ids: tuple[str, ...], job_id: str, window: tuple[int, int], boun
         placeholder="pick one to zoom to it",
         key="tl_match",
         on_change=_zoom_to_match,
-        args=(picks, bounds),
+        args=(picks, bounds, ids, job_id),
     )
 
 
-def _zoom_to_match(picks: dict, bounds: tuple[int, int]) -> None:
+def _zoom_to_match(picks: dict, bounds: tuple[int, int], ids: tuple[str, ...], job_id: str) -> None:
+    """Zoom to the picked match, wide enough to show its launch (or what it launched) too
+    when that lies within 50 ms, so the flow arrow has both ends."""
     from stallscope.timeline import Window, window_around
 
     label = st.session_state.get("tl_match")
     if label not in picks:
         return
     key, start, end = picks[label]
-    w = window_around(start, end, Window(*bounds))
+    _, flows = _event(ids, job_id, key)
+    if flows is not None and not flows.empty:
+        lo = min(start, int(flows["launch_start_ns"].min()), int(flows["gpu_start_ns"].min()))
+        hi = max(end, int(flows["launch_end_ns"].max()), int(flows["gpu_end_ns"].max()))
+        if hi - lo <= 50_000_000:
+            start, end = lo, hi
+    w = window_around(
+        start, end, Window(*bounds), share=0.5 if (start, end) != picks[label][1:] else 0.2
+    )
     st.query_params["window"] = f"{w.start_ns}-{w.end_ns}"
     st.query_params["event"] = key
 

@@ -255,7 +255,7 @@ def timeline_figure(
     _finding_windows(fig, findings or [], window, chosen, (-len(lanes) + 0.5, 1.5))
     shapes, annotations = [], []
     if flows is not None and not flows.empty and not shown.empty:
-        annotations, more = _flow_arrows(flows, shown, pos, t0)
+        annotations, more = _flow_arrows(flows, shown, pos, window)
         shapes += more
     if selected is not None and not shown.empty:
         hit = shown[shown["key"] == selected]
@@ -394,22 +394,37 @@ def _finding_windows(fig, findings, window, chosen, y_range: tuple[float, float]
         )  # fmt: skip
 
 
-def _flow_arrows(flows: pd.DataFrame, shown: pd.DataFrame, pos: dict[str, int], t0: int):
-    """Arrows from each launch call to the GPU activity it launched (both must be drawn as
-    events in the window), and outlines of both ends."""
+def _flow_arrows(flows: pd.DataFrame, shown: pd.DataFrame, pos: dict[str, int], window):
+    """Arrows from each launch call to the GPU activity it launched, and outlines of the
+    launches. When one end is outside the window (or in a binned lane), the arrow runs to
+    the window's edge on the other end's lane, labelled with the hidden end's name and time."""
+    t0, t1 = window
     where = shown[shown["key"] != ""].drop_duplicates("key").set_index("key")
     arrows, outlines = [], []
     for f in flows.head(100).itertuples():
-        if f.launch_key not in where.index or f.gpu_key not in where.index:
+        src = where.loc[f.launch_key] if f.launch_key in where.index else None
+        dst = where.loc[f.gpu_key] if f.gpu_key in where.index else None
+        if src is None and dst is None:
             continue
-        src, dst = where.loc[f.launch_key], where.loc[f.gpu_key]
-        arrows.append({
-            "x": (dst.start_ns - t0) / 1e6, "y": pos[dst.lane], "xref": "x", "yref": "y",
-            "ax": (src.start_ns - t0) / 1e6, "ay": pos[src.lane], "axref": "x", "ayref": "y",
-            "showarrow": True, "arrowhead": 2, "arrowsize": 1.2, "arrowwidth": 1.6,
-            "arrowcolor": "#212121", "text": "", "standoff": 2,
-        })  # fmt: skip
-        outlines.append(_outline(src.start_ns, src.end_ns, pos[src.lane], t0, "#424242"))
+        arrow = {
+            "xref": "x", "yref": "y", "axref": "x", "ayref": "y", "showarrow": True,
+            "arrowhead": 2, "arrowsize": 1.2, "arrowwidth": 1.6, "arrowcolor": "#212121",
+            "text": "", "standoff": 2, "font": {"size": 10},
+        }  # fmt: skip
+        if src is not None and dst is not None:
+            arrow |= {"x": (dst.start_ns - t0) / 1e6, "y": pos[dst.lane],
+                      "ax": (src.start_ns - t0) / 1e6, "ay": pos[src.lane]}  # fmt: skip
+        elif dst is not None:  # the launch is outside: from the left edge
+            arrow |= {"x": (dst.start_ns - t0) / 1e6, "y": pos[dst.lane], "ax": 0,
+                      "ay": pos[dst.lane] + 0.5, "xanchor": "left",
+                      "text": f"{f.launch_name} at {(f.launch_start_ns - t0) / 1e6:.3f} ms"}  # fmt: skip
+        else:  # what it launched is outside: to the right edge
+            arrow |= {"x": (t1 - t0) / 1e6, "y": pos[src.lane] - 0.5,
+                      "ax": (src.start_ns - t0) / 1e6, "ay": pos[src.lane], "xanchor": "right",
+                      "text": f"{str(f.gpu_name)[:40]} at {(f.gpu_start_ns - t0) / 1e6:.3f} ms"}  # fmt: skip
+        arrows.append(arrow)
+        if src is not None:
+            outlines.append(_outline(src.start_ns, src.end_ns, pos[src.lane], t0, "#424242"))
     return arrows, outlines
 
 

@@ -310,3 +310,17 @@ def test_flow_arrow_drawn_from_launch_to_kernel(two_ranks):
     assert lanes[-int(arrow.ay)].startswith("rank 0 · host 100 · thread 100")
     outlined = [s for s in fig.layout.shapes if s.yref == "y"]
     assert {(s.x0, s.x1) for s in outlined} == {(0.02, 0.025), (0.04, 0.14)}
+
+
+def test_flow_arrow_to_the_window_edge_when_the_launch_is_outside(two_ranks):
+    from stallscope.charts import timeline_figure
+    from stallscope.timeline import event_key, lane_order, launch_flows
+
+    trace = two_ranks.traces[0].trace_id
+    window = (100_000, 1_000_000)  # the NCCL kernel (150 µs) is in, its launch (30 µs) is not
+    frame = timeline_window(two_ranks, trace, Window(*window))
+    kernel = event_key(trace, "gpu", 0, 9, 150_000)
+    fig = timeline_figure(frame, window, lanes=lane_order(frame),
+                          flows=launch_flows(two_ranks, kernel))  # fmt: skip
+    (arrow,) = fig.layout.annotations
+    assert (arrow.ax, arrow.x) == (0, 0.05) and arrow.text == "cudaLaunchKernel at -0.070 ms"
