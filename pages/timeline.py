@@ -264,9 +264,13 @@ def _picked_in_chart(state) -> None:
 
 def _details(event: dict, flows: pd.DataFrame, t0: int) -> None:
     """The selected slice: what it is, when, where, its launch configuration, and its flows."""
+    from stallscope.humanize import short_kernel_name
+
     dur = int(event["end_ns"] - event["start_ns"])
-    st.subheader("Selected: " + str(event["name"])[:160])
+    name = str(event["name"])
+    st.subheader("Selected: " + (short_kernel_name(name) if event["side"] == "gpu" else name[:120]))
     facts = {
+        "name": name,
         "where": event["lane"],
         "category": event["category"],
         "start (ms from window start)": f"{(event['start_ns'] - t0) / 1e6:.4f}",
