@@ -43,6 +43,15 @@ def _param(page, name: str) -> str | None:
     return parse_qs(urlparse(page.url).query).get(name, [None])[0]
 
 
+POINT = """() => {
+  const gd = document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot');
+  const t = gd._fullData.find(t => t.name === 'compute events');
+  const k = Math.floor(t.x.length / 2), xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+  const r = gd.getBoundingClientRect();
+  return [r.left + xa._offset + xa.l2p(t.x[k]), r.top + ya._offset + ya.l2p(t.y[k])];
+}"""  # the screen position of a compute kernel's middle point
+
+
 def _lanes(page) -> list[str]:
     return page.locator("[data-testid='stPlotlyChart'] .ytick text").all_text_contents()
 
@@ -62,6 +71,13 @@ def test_both_ranks_search_and_same_tab_finding_link(ddp):
         assert any(t.startswith("rank 1 · GPU 1") for t in lanes), lanes
         before = _param(page, "window")
 
+        x, y = page.evaluate(POINT)  # a click on a kernel selects it: details and its launch
+        page.mouse.click(x, y)
+        page.wait_for_function("() => location.search.includes('event=')", timeout=60_000)
+        wait_idle(page)
+        assert "|gpu|" in _param(page, "event")
+        assert page.get_by_text("Selected: ").count() == 1  # the details panel
+
         page.get_by_label("Search slices by name").fill("ncclDevKernel")
         page.get_by_label("Search slices by name").press("Enter")
         wait_idle(page)
@@ -73,7 +89,7 @@ def test_both_ranks_search_and_same_tab_finding_link(ddp):
         start, end = (int(x) for x in after.split("-"))
         assert end - start < (lambda a, b: b - a)(*(int(x) for x in before.split("-"))) / 4
         assert _param(page, "event") and "|gpu|" in _param(page, "event")
-        assert page.get_by_text("Selected: ncclDevKernel").count() == 1
+        page.get_by_text("Selected: ncclDevKernel").wait_for(timeout=60_000)
 
         page.goto(f"{url}/overview?job={job}")
         wait_idle(page)
