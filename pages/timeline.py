@@ -13,6 +13,7 @@ import streamlit as st
 
 from stallscope.charts import timeline_figure
 from stallscope.pages.state import get_store, report_for, selected_job
+from stallscope.pages.text import literal
 
 PLOT_PX = 850  # the chart's drawing width in a 1440 px wide page (lane names take the rest): labels are sized for it
 SELECTED = "tl_last_selection"  # the chart selection already acted on (session key)
@@ -181,7 +182,9 @@ def _search_box(ids: tuple[str, ...], job_id: str, window: tuple[int, int], boun
         return
     found, total = _search(ids, job_id, text, window if where == "this window" else None)
     if found.empty:
-        cols[2].caption(f"No slice named like {text!r} {where.replace('the ', 'in the ')}.")
+        cols[2].caption(
+            literal(f"No slice named like {text!r} {where.replace('the ', 'in the ')}.")
+        )
         return
     t0 = window[0]
     picks = {  # label -> (key, start, end); numbered, so labels never collide
@@ -268,7 +271,8 @@ def _details(event: dict, flows: pd.DataFrame, t0: int) -> None:
 
     dur = int(event["end_ns"] - event["start_ns"])
     name = str(event["name"])
-    st.subheader("Selected: " + (short_kernel_name(name) if event["side"] == "gpu" else name[:120]))
+    title = short_kernel_name(name) if event["side"] == "gpu" else name[:120]
+    st.subheader("Selected: " + literal(title))
     facts = {
         "name": name,
         "where": event["lane"],

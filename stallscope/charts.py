@@ -249,7 +249,8 @@ def timeline_figure(
                 rows = events.loc[text.index]
                 fig.add_scattergl(  # WebGL: an SVG trace would sit under the WebGL bars
                     x=((rows["start_ns"] + rows["end_ns"]) / 2 - t0) / 1e6, y=y[text.index],
-                    text=text.to_numpy(dtype=str), mode="text", showlegend=False, hoverinfo="skip",
+                    text=text.map(_escape).to_numpy(dtype=str), mode="text", showlegend=False,
+                    hoverinfo="skip",
                     textfont={"color": "white", "size": 10}, name="labels",
                 )  # fmt: skip
     _finding_windows(fig, findings or [], window, chosen, (-len(lanes) + 0.5, 1.5))
