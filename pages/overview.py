@@ -34,7 +34,7 @@ def render() -> None:
     report = report_for(job["job_id"], traces, threshold_overrides())
     _headline(job, report)
     _steps(report)
-    _findings(report)
+    _findings(report, job["job_id"])
 
 
 def _headline(job: dict, report: dict) -> None:
@@ -106,7 +106,7 @@ def _decode_headline(cols, decode: dict[str, float]) -> None:
     )
 
 
-def _findings(report: dict) -> None:
+def _findings(report: dict, job_id: str) -> None:
     groups = grouped_findings(report["findings"])
     real = [g for g in groups if g[0]["severity"] != "info"]
     info = sum(len(g) for g in groups) - sum(len(g) for g in real)
@@ -133,9 +133,7 @@ def _findings(report: dict) -> None:
             if f["windows"]:
                 start, end = f["windows"][0]
                 pad = max((end - start) // 2, 50_000)  # at least 50 µs of context each side
-                st.markdown(
-                    f"[Show the worst window on the timeline](timeline?trace={f['trace']}&window={start - pad}-{end + pad}&finding={f['id']})"
-                )
+                _timeline_link(job_id, f, start - pad, end + pad)
             with st.popover("Evidence"):
                 _evidence(f["evidence"])
 
@@ -156,6 +154,21 @@ def _steps(report: dict) -> None:
     rank, device = labels[chosen]
     one = rows[(rows["rank"] == rank) & (rows["device"] == device)].sort_values("step")
     st.plotly_chart(step_stack_figure(one), width="stretch")
+
+
+def _timeline_link(job_id: str, f: dict, start: int, end: int) -> None:
+    """A same-tab link to the finding's window on the timeline (st.page_link: the app
+    navigates in place, keeping the session and its caches; a markdown link opens a new tab
+    and a new session, which took ~7 s)."""
+    from stallscope.pages.main import page_for
+
+    query = {"job": job_id, "trace": f["trace"], "window": f"{start}-{end}", "finding": f["id"]}
+    label = "Show the worst window on the timeline"
+    target = page_for("timeline")
+    if isinstance(target, str):  # outside st.navigation (a page run on its own)
+        st.markdown(f"[{label}](timeline?{'&'.join(f'{k}={v}' for k, v in query.items())})")
+    else:
+        st.page_link(target, label=label, icon=":material/timeline:", query_params=query)
 
 
 def _evidence(evidence: dict) -> None:

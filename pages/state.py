@@ -34,7 +34,13 @@ def jobs() -> list[dict[str, Any]]:
 
 CURRENT_JOB = "current_job"  # plain session key: survives page changes, unlike widget state
 PICKER = "job_picker"
-JOB_SCOPED_PARAMS = ("trace", "window", "finding")  # URL parameters that name a job's parts
+JOB_SCOPED_PARAMS = (
+    "trace",
+    "window",
+    "finding",
+    "ranks",
+    "event",
+)  # URL parameters that name a job's parts
 
 
 def selected_job(label: str = "Job") -> tuple[dict[str, Any], list[TraceRef]] | None:

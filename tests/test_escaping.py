@@ -48,15 +48,27 @@ def test_markdown_report_prints_names_as_text(hostile_store):
     assert not ACTIVE.search(text)
 
 
-@pytest.mark.parametrize("name", ["overview", "kernels", "occupancy", "library"])
+@pytest.mark.parametrize("name", ["overview", "kernels", "occupancy", "library", "timeline"])
 def test_pages_show_hostile_names_literally(hostile_store, name):
     job_id = hostile_store.jobs()[0]["job_id"]
-    at = page(name, job=job_id)
+    trace = hostile_store.traces(job_id)[0].trace_id
+    query = {"event": f"{trace}|gpu|0|7|0"} if name == "timeline" else {}  # the hostile kernel
+    at = page(name, job=job_id, **query)
     assert not at.exception
     shown = [m.value for m in at.markdown] + [c.value for c in at.caption]
     shown += (
         [e.label for e in at.expander] + [w.value for w in at.warning] + [e.value for e in at.error]
     )
+    shown += [h.value for h in at.subheader]
     assert shown
     for text in shown:
         assert not ACTIVE.search(str(text)), text
+
+
+def test_timeline_names_the_selected_hostile_kernel_literally(hostile_store):
+    job_id = hostile_store.jobs()[0]["job_id"]
+    trace = hostile_store.traces(job_id)[0].trace_id
+    at = page("timeline", job=job_id, event=f"{trace}|gpu|0|7|0")
+    assert not at.exception
+    (title,) = [h.value for h in at.subheader]
+    assert title.startswith("Selected: ") and "[p" in title and not ACTIVE.search(title)

@@ -91,6 +91,51 @@ def test_timeline_draws_the_window(app_store):
     assert at.query_params["window"] == ["0-60000"] or at.query_params["window"] == "0-60000"
 
 
+def test_timeline_shows_every_rank_and_search_zooms_to_a_match(ddp_store):
+    at = page("timeline")
+    assert not at.exception
+    assert at.sidebar.multiselect[0].value == [0, 1]  # 2 ranks: all of them
+    (chart,) = at.get("plotly_chart")
+    import json
+
+    ticks = json.loads(chart.proto.spec)["layout"]["yaxis"]["ticktext"]
+    assert any(t.startswith("rank 0 · GPU 0") for t in ticks)
+    assert any(t.startswith("rank 1 · GPU 1") for t in ticks)
+    before = at.query_params["window"]
+    at.text_input(key="tl_search").set_value("ncclDevKernel").run()
+    at.radio(key="tl_in").set_value("the whole trace").run()
+    match = at.selectbox(key="tl_match")
+    assert match.label.startswith("Matches (") and len(match.options) > 1
+    match.select_index(1).run()
+    assert not at.exception
+    window = at.query_params["window"]
+    window = window[0] if isinstance(window, list) else window
+    assert window != before
+    start, end = (int(x) for x in window.split("-"))
+    assert end - start < 50_000_000  # zoomed in around the match
+    assert at.subheader[0].value.startswith("Selected: ncclDevKernel")
+    assert any("launch -> start µs" in d.value.columns for d in at.dataframe)
+
+
+def test_timeline_says_when_the_ranks_first_steps_are_apart(store, tmp_path, monkeypatch):
+    from tests.kineto_builder import KinetoTrace
+
+    paths = []
+    for rank, start in ((0, 0), (1, 2_500_000)):  # rank 1's first step 2.5 ms later
+        t = KinetoTrace(rank=rank, world_size=2)
+        t.step(0, start, 1_000_000)
+        t.kernel("k", start + 100_000, 500_000, device=rank)
+        paths.append(str(t.write(tmp_path / f"rank{rank}.pt.trace.json")))
+    ingest_paths(store, paths)
+    monkeypatch.setenv("STALLSCOPE_STORE", str(store.root))
+    at = page("timeline")
+    assert not at.exception
+    assert any("first steps start 2.500 ms apart" in c.value for c in at.caption)
+    at.sidebar.multiselect[0].set_value([1]).run()  # one rank: nothing to compare
+    assert not any("apart" in c.value for c in at.caption)
+    assert at.query_params["ranks"] in ("1", ["1"])
+
+
 def test_compare_two_jobs(app_store):
     at = page("compare")
     assert not at.exception

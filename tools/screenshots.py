@@ -116,6 +116,7 @@ def main() -> int:
             "library": "",
             "overview": f"overview?job={job}",
             "timeline": f"timeline?job={job}",
+            "timeline-ddp": f"timeline?job={ddp}",
             "compare": f"compare?base={other}&new={job}",
             "kernels": f"kernels?job={job}",
             "distributed": f"distributed?job={ddp}",
