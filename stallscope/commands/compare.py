@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "x sqrt(1/n_base + 1/n_new) (--noise-k, default 2); 'improvement' symmetrically; else "
             "'no significant change'."
         ),
-        epilog="Exit codes: 0 no regression, 1 regression, 2 usage error, 3 input error, 70 internal error.",
+        epilog="Exit codes: 0 no regression, 1 regression, 2 usage error, 3 input error, 4 environment error, 70 internal error.",
     )
     p.add_argument(
         "base", metavar="BASE", help="baseline: trace file, job directory, zip or store id"
