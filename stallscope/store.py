@@ -7,8 +7,8 @@ Layout under the store root (see docs/store.md)::
     jobs/<job_id>/annotations.json         tags and notes (replaced atomically)
     jobs/<job_id>/<trace_id>/meta.json     trace catalog row (immutable)
     jobs/<job_id>/<trace_id>/<table>.parquet
-    staging/<pid>-<random>/                ingests in progress (never read)
-    staging/<pid>-<random>/.lease          owner: host id, pid, heartbeat (see Lease)
+    staging/<pid>-<hostkey>-<random>/      ingests in progress (never read)
+    staging/<pid>-<hostkey>-<random>/.lease         owner: host id, pid, heartbeat (see Lease)
     trash/                                 deletions in progress (never read)
 
 Concurrency contract: a job becomes visible by one ``rename`` of a complete
@@ -89,11 +89,15 @@ class Store:
         """A fresh private folder for one ingest, owned by a live lease; removed by publish or on failure."""
         self.ensure()
         self.clean_stale()
-        path = self.staging_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        # The name alone already says who owns the folder (pid and host key), for
+        # the moment between mkdir and the first lease write.
+        path = self.staging_dir / f"{os.getpid()}-{host_key()}-{uuid.uuid4().hex[:12]}"
         try:
             path.mkdir()
-            Lease.take(path)
+            Lease.write(path)
+            Lease.start_heartbeat(path)
         except OSError as exc:
+            shutil.rmtree(path, ignore_errors=True)
             raise environment_problem(exc, "write to the store") or exc from None
         return path
 
@@ -348,6 +352,13 @@ def host_id() -> str:
     return "|".join(parts)
 
 
+def host_key() -> str:
+    """A short hash of :func:`host_id`, for folder names."""
+    import hashlib
+
+    return hashlib.blake2b(host_id().encode(), digest_size=4).hexdigest()
+
+
 class Lease:
     """Ownership of one staging folder: ``.lease`` holds host id, pid and a heartbeat.
 
@@ -359,8 +370,7 @@ class Lease:
     _beating: dict[str, threading.Event] = {}
 
     @classmethod
-    def take(cls, folder: Path) -> None:
-        cls._write(folder)
+    def start_heartbeat(cls, folder: Path) -> None:
         stop = threading.Event()
         cls._beating[str(folder)] = stop
         threading.Thread(
@@ -381,7 +391,7 @@ class Lease:
             if os.getpid() != cls._owner_pid(folder):
                 return  # a forked child (decode workers) never refreshes its parent's lease
             with contextlib.suppress(OSError):
-                cls._write(folder)
+                cls.write(folder)
 
     @staticmethod
     def _owner_pid(folder: Path) -> int | None:
@@ -389,7 +399,7 @@ class Lease:
         return lease.get("pid")
 
     @staticmethod
-    def _write(folder: Path) -> None:
+    def write(folder: Path) -> None:
         body = {"host": host_id(), "pid": os.getpid(), "heartbeat": time.time()}
         _atomic_write_text(folder / LEASE_NAME, json.dumps(body), sync=False)
 
@@ -398,12 +408,16 @@ class Lease:
         """True when the folder's owner is surely gone: a stale heartbeat, or a dead local pid.
 
         Without a readable lease (a writer between ``mkdir`` and its first
-        lease write, or one from an older version), the folder's own age decides.
+        lease write), the folder's name gives the host key and pid; a folder
+        of another host, or of an older version, is judged by its own age.
         """
         limit = stale_after_s()
         lease = _read_json(folder / LEASE_NAME)
         now = time.time()
-        if lease is None:
+        if lease is None:  # judged by its name: <pid>-<host key>-<random>
+            pid_text, _, rest = folder.name.partition("-")
+            if rest.startswith(host_key() + "-") and pid_text.isdigit():
+                return not _pid_alive(int(pid_text))
             try:
                 return now - folder.stat().st_mtime > limit
             except OSError:

@@ -42,12 +42,15 @@ def run_limited(
         return work()
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the worker
         code = 70
         try:
             os.setpgid(0, 0)
             _die_with_parent()
+            if os.getppid() != parent:  # the parent died before the line above
+                os._exit(130)
             start_deadline(timeout_s)
             apply_memory_limit(memory_mb)
             code = work()
