@@ -93,6 +93,29 @@ class Source:
             self._raw = self.loader()
         return self._raw
 
+    def head(self, size: int) -> bytes:
+        """The first ``size`` stored bytes, without loading (or keeping) the whole file."""
+        if self._raw is not None:
+            return bytes(self._raw[:size])
+        if self.streamer is not None:
+            out = bytearray()
+            stream = self.streamer()
+            try:
+                for chunk in stream:
+                    out += chunk
+                    if len(out) >= size:
+                        break
+            finally:
+                stream.close()
+            return bytes(out[:size])
+        if self.path is not None:
+            try:
+                with open(self.path, "rb") as fh:
+                    return fh.read(size)
+            except OSError as exc:
+                raise InputError(self.name, f"cannot read file ({exc.strerror or exc})") from None
+        return bytes(self.raw()[:size])
+
     @property
     def file_hash(self) -> str:
         """SHA-256 of the stored bytes: from memory once loaded, else streamed from the file.

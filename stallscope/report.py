@@ -15,6 +15,7 @@ import duckdb
 
 from stallscope.analyzers import all_specs
 from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult
+from stallscope.errors import NotFoundError
 from stallscope.jobdata import JobData
 from stallscope.store import TABLES, Store, TraceRef
 
@@ -64,7 +65,12 @@ def job_report_part(
     job = JobData(store, refs)
     try:
         result = analyze_job(job, overrides)
-    except (duckdb.IOException, duckdb.InvalidInputException) as exc:
+    except duckdb.Error as exc:
+        job_id = refs[0].job_id if refs else ""
+        if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
+            raise NotFoundError(f"job {job_id} was removed while it was being read") from None
+        if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
+            raise  # a bug, not the store
         raise unreadable_job(store, refs, exc) from None
     finally:
         job.close()
@@ -79,7 +85,7 @@ def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Except
     """The one-line error for a job whose stored files DuckDB could not read."""
     import pyarrow.parquet as pq
 
-    from stallscope.errors import NotFoundError, StoreFileCorrupt
+    from stallscope.errors import StoreFileCorrupt
 
     job_id = refs[0].job_id if refs else "?"
     if not store.has_job(job_id):

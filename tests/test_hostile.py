@@ -141,3 +141,17 @@ def test_read_only_store_is_an_environment_error(cli, tmp_path):
             folder.chmod(0o755)
     assert out.returncode == 4, out.stderr
     assert "permission denied" in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+def test_a_job_removed_while_analyzed_is_not_found_not_a_crash(tmp_path):
+    """`rm` racing `analyze`: the reader's traces vanish under it -> NotFoundError (exit 3)."""
+    from stallscope.errors import NotFoundError
+    from stallscope.report import job_report_part
+
+    store = Store(tmp_path / "store").ensure()
+    path = _kineto(rank=0).write(tmp_path / "a.pt.trace.json")
+    job_id = ingest_paths(store, [str(path)])[0].job_id
+    refs = store.traces(job_id)  # what analyze resolved ...
+    store.delete_job(job_id)  # ... before rm removed the job
+    with pytest.raises(NotFoundError, match=f"job {job_id} was removed while it was being read"):
+        job_report_part(store, refs)
