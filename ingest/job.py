@@ -41,6 +41,7 @@ from stallscope.ingest.limits import (
     check_deadline,
     check_rank,
     check_times,
+    max_ranks,
     memory_limit_text,
     negative_durations,
 )
@@ -288,7 +289,15 @@ def _write_tables(folder: Path, tables: dict[str, Any]) -> None:
 
 
 def _check_ranks(metas: list[dict[str, Any]]) -> None:
-    """One timeline per rank; beside it, at most one ncu result of each kind (raw/details page)."""
+    """One timeline per rank, at most ``max_ranks()`` of them; beside each, at most one ncu
+    result of each kind (raw/details page)."""
+    timelines = sum(meta["source"] != "ncu" for meta in metas)
+    if timelines > max_ranks():
+        raise InputError(
+            metas[0]["file_name"],
+            f"the job holds {timelines:,} ranks, more than the {max_ranks():,} one job may hold "
+            "(STALLSCOPE_MAX_RANKS raises it)",
+        )
     by_rank: dict[tuple, str] = {}
     for meta in metas:
         key = (meta["rank"], meta["name"].rsplit("(", 1)[-1] if meta["source"] == "ncu" else "")
