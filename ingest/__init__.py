@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from stallscope.errors import UsageError
+from stallscope.errors import UsageError, environment_problem
 from stallscope.ingest.job import (
     IngestResult,
     PreparedJob,
@@ -18,6 +18,7 @@ from stallscope.ingest.job import (
     prepare_job,
     publish_job,
 )
+from stallscope.ingest.limits import check_deadline
 from stallscope.ingest.reader import Source, expand_path
 from stallscope.store import Store
 
@@ -107,6 +108,7 @@ def ingest_paths(
     prepared: list[PreparedJob] = []
     try:
         for job_name, sources in planned:
+            check_deadline(job_name)
             options = {
                 "uploaded_by": uploaded_by,
                 "tags": tags,
@@ -114,11 +116,19 @@ def ingest_paths(
                 "progress": progress,
             }
             prepared.append(prepare_job(store, job_name, sources, **options))
-    except BaseException:
+    except BaseException as exc:
         for job in prepared:
             discard_job(store, job)
+        if isinstance(exc, OSError) and (problem := environment_problem(exc, "write the store")):
+            raise problem from None
         raise
-    return [publish_job(store, job) for job in prepared]
+    try:
+        return [publish_job(store, job) for job in prepared]
+    except OSError as exc:
+        problem = environment_problem(exc, "publish to the store")
+        if problem is None:
+            raise
+        raise problem from None
 
 
 __all__ = ["IngestResult", "Source", "ingest_job", "ingest_paths", "plan_jobs"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from stallscope.ingest.canonical import CanonicalTrace
 from stallscope.ingest.reader import Source
@@ -21,12 +22,15 @@ class ParseContext:
 
     ``trace_id(key)`` gives the store id of the trace with that key (``""``
     for a file that holds one trace); ``single`` is true when the job has just
-    this one file (a rank may then default to 0).
+    this one file (a rank may then default to 0). ``scratch`` is where a parser
+    writes temporary files: inside the store's staging area, so a killed ingest
+    leaves none behind once the next writer cleans up.
     """
 
     name: str
     single: bool
     trace_id: Callable[[str], str]
+    scratch: Path | None = None  # the ingest's staging folder: temporary files go here
 
 
 @dataclass

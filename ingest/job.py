@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -31,8 +33,17 @@ from stallscope.ingest.formats import (
     SEPARATE_JOBS_HINT,
     ParseContext,
     ParsedTrace,
+    Parser,
     Payload,
     detect_format,
+)
+from stallscope.ingest.limits import (
+    check_deadline,
+    check_rank,
+    check_times,
+    max_ranks,
+    memory_limit_text,
+    negative_durations,
 )
 from stallscope.ingest.ncu import source_is_ncu
 from stallscope.ingest.ncu_match import pair_ncu_traces
@@ -96,7 +107,10 @@ def prepare_job(
     """Parse every source of one job into a staging folder; nothing is visible yet."""
     if len(sources) == 1:
         sources[0].load_hashed()  # read and hashed in one pass, then parsed from the same bytes
-    hashes = [s.file_hash for s in sources]
+    hashes = []
+    for source in sources:  # (zip members: streamed, one at a time, none kept)
+        hashes.append(source.file_hash)
+        check_deadline(source.name)
     _reject_duplicate_files(sources, hashes)
     job_id = short_hash(*sorted(hashes))
     if store.has_job(job_id):
@@ -185,14 +199,17 @@ def _ingest_source(
         name=source.name,
         single=single,
         trace_id=lambda key: short_hash(job_id, digest, key) if key else short_hash(job_id, digest),
+        scratch=staging,
     )
     skip_pandas_probe()  # the command never needs pandas: 0.2-0.5 s less start-up
     payload = Payload(data)
     del data  # the parser holds the only reference and may free the bytes early
-    parsed = PARSERS[fmt](source, payload, ctx)
+    parsed = _parse_guarded(PARSERS[fmt], source, payload, ctx)
+    check_deadline(source.name)
     stage("writing")
     metas = []
     for trace in parsed:
+        _check_in_range(source.name, trace)
         trace_id = ctx.trace_id(trace.key)
         folder = staging / trace_id
         folder.mkdir()
@@ -201,6 +218,54 @@ def _ingest_source(
         meta["ingest_seconds"] = round(time.perf_counter() - started, 3)
         metas.append(meta)
     return metas
+
+
+def _parse_guarded(
+    parser: Parser, source: Source, payload: Payload, ctx: ParseContext
+) -> list[ParsedTrace]:
+    """Run a parser; what hostile data makes a parser raise becomes a one-line InputError.
+
+    Nesting too deep for the decoder (RecursionError), a trace that needs
+    more memory than this ingest may use (MemoryError, e.g. under
+    ``--max-memory-mb``) and values past a type's range (DuckDB/Arrow
+    overflow and conversion errors) are properties of the input, not bugs.
+    """
+    try:
+        return parser(source, payload, ctx)
+    except RecursionError:
+        raise InputError(
+            source.name, "nested too deeply (thousands of levels): not a trace"
+        ) from None
+    except MemoryError:
+        raise InputError(
+            source.name,
+            f"needs more memory than this ingest may use ({memory_limit_text()})",
+        ) from None
+    except (duckdb.OutOfRangeException, duckdb.ConversionException, OverflowError,
+            pa.ArrowInvalid) as exc:  # fmt: skip
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(source.name, f"value out of range ({first})") from None
+
+
+def _check_in_range(name: str, trace: ParsedTrace) -> None:
+    """Refuse values that would break analysis later; repair (with a warning) what can be repaired."""
+    check_rank(name, trace.rank, trace.world_size)
+    tables = trace.canonical.tables()
+    check_times(name, tables)
+    for table_name in ("gpu", "host", "ranges", "collectives"):
+        table = tables.get(table_name)
+        if table is None or not (count := negative_durations(table)):
+            continue
+        ends = pc.max_element_wise(table["end_ns"], table["start_ns"])
+        setattr(
+            trace.canonical,
+            table_name,
+            table.set_column(table.schema.get_field_index("end_ns"), "end_ns", ends),
+        )
+        trace.warnings.append(
+            f"{count:,} {table_name} events had a negative duration (end before start): "
+            "given duration 0"
+        )
 
 
 def _write_tables(folder: Path, tables: dict[str, Any]) -> None:
@@ -224,7 +289,15 @@ def _write_tables(folder: Path, tables: dict[str, Any]) -> None:
 
 
 def _check_ranks(metas: list[dict[str, Any]]) -> None:
-    """One timeline per rank; beside it, at most one ncu result of each kind (raw/details page)."""
+    """One timeline per rank, at most ``max_ranks()`` of them; beside each, at most one ncu
+    result of each kind (raw/details page)."""
+    timelines = sum(meta["source"] != "ncu" for meta in metas)
+    if timelines > max_ranks():
+        raise InputError(
+            metas[0]["file_name"],
+            f"the job holds {timelines:,} ranks, more than the {max_ranks():,} one job may hold "
+            "(STALLSCOPE_MAX_RANKS raises it)",
+        )
     by_rank: dict[tuple, str] = {}
     for meta in metas:
         key = (meta["rank"], meta["name"].rsplit("(", 1)[-1] if meta["source"] == "ncu" else "")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pyarrow.compute as pc
+
 from stallscope.errors import InputError
 from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace
 from stallscope.ingest.kineto_canonical import to_canonical
@@ -26,6 +28,7 @@ def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedT
     del data  # the Arrow events hold everything needed from here on
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
+    negative = _negative_durations(decoded.events)
     canonical = to_canonical(decoded.events, header, ctx.trace_id(""), rank)
     if not (canonical.gpu.num_rows or canonical.host.num_rows or canonical.ranges.num_rows):
         raise InputError(
@@ -33,6 +36,8 @@ def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedT
             "empty trace: no events with a time (nothing was recorded, nothing to analyze)",
         )
     warnings = list(decoded.warnings)
+    if negative:
+        warnings.append(f"{negative:,} events had a negative duration (dur < 0): given duration 0")
     if canonical.dropped_events:
         warnings.append(f"dropped {canonical.dropped_events} events with unreadable timestamps")
     version = header.get("schemaVersion")
@@ -50,6 +55,18 @@ def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedT
             warnings=warnings,
         )
     ]
+
+
+def _negative_durations(events) -> int:
+    """Events whose ``dur`` is negative (read as 0 by the canonical tables)."""
+    count = 0
+    if "dur_fast_ns" in events.column_names:
+        count += pc.sum(pc.less(events["dur_fast_ns"], 0)).as_py() or 0
+    if "dur_txt" in events.column_names:
+        count += (
+            pc.sum(pc.starts_with(pc.utf8_trim_whitespace(events["dur_txt"]), "-")).as_py() or 0
+        )
+    return int(count)
 
 
 def rank_info(

@@ -112,6 +112,9 @@ class KinetoDecoded:
     warnings: list[str] = field(default_factory=list)
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def decode_kineto(name: str, data: bytes) -> KinetoDecoded:
     """Decode a Kineto JSON document (object with ``traceEvents`` or bare array)."""
     skip_pandas_probe()
@@ -119,6 +122,11 @@ def decode_kineto(name: str, data: bytes) -> KinetoDecoded:
     # (mimalloc) keeps their pages after they are freed, the system one gives
     # them back: ~30 MB less peak memory on a 54 MB trace, no slower.
     # Every buffer remembers its pool, so switching is safe at any time.
+    if data[:3] == UTF8_BOM:  # written by some Windows editors and tools: not part of the JSON
+        if isinstance(data, bytearray):
+            del data[:3]  # in place: no second copy of a big buffer
+        else:
+            data = data[3:]
     previous = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     try:

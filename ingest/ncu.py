@@ -75,8 +75,7 @@ def looks_like_ncu(name: str, head: bytes) -> bool:
 
 def source_is_ncu(source: Source) -> bool:
     """Cheap check on the stored bytes (only the start of a gzip file is inflated)."""
-    raw = source.raw()
-    head = raw[: 1 << 16]
+    head = source.head(1 << 16)  # (a zip member or file is not loaded whole just for this)
     if head[:2] == GZIP_MAGIC:
         try:
             head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 1 << 16)

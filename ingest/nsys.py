@@ -49,16 +49,17 @@ from stallscope.ingest.reader import Source
 def parse_nsys(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
     """The nsys format parser: ``payload`` holds the whole (decompressed) SQLite file.
 
-    SQLite reads a file, so the bytes are dropped (freed: the payload held the
-    only reference) once the file on disk is known to hold them, or once they
-    are written to a temporary copy: not held through the parse.
+        The temporary copy lies in the ingest's staging folder (``ctx.scratch``), so
+    one left by a killed ingest is removed with that folder. SQLite reads a file, so the bytes are dropped (freed: the payload held the
+        only reference) once the file on disk is known to hold them, or once they
+        are written to a temporary copy: not held through the parse.
     """
     data = payload.take()
     check_header(source.name, data[:100], len(data))
     if _same_file_on_disk(source.name, data):
         del data
         return parse_nsys_file(source.name, source.name, ctx)
-    fd, tmp = tempfile.mkstemp(prefix="stallscope-nsys-", suffix=".sqlite")
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-nsys-", suffix=".sqlite", dir=ctx.scratch)
     try:
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -93,6 +94,7 @@ def parse_nsys_file(path: str | Path, name: str, ctx: ParseContext) -> list[Pars
         }
         gpus, cuda_map, mpi = gpu_info(db), cuda_device_map(db), mpi_ranks(db)
         start_ns, has_runtime = session_start_ns(db), db.has(RUNTIME)
+        text_warnings = list(db.warnings)
     finally:
         db.close()
     canon = NsysCanonical(raw)
@@ -112,6 +114,7 @@ def parse_nsys_file(path: str | Path, name: str, ctx: ParseContext) -> list[Pars
         ]  # fmt: skip
         traces = canon.emit(rows)
         warnings, first = _warnings(canon, units, how, has_runtime), _idle_warning(idle)
+        warnings = text_warnings + warnings
         if len(units) > 1 and how != "recorded":
             first.append(f"ranks assigned by {how}: the export records no MPI or NCCL rank")
         nccl = canon.has_nccl()

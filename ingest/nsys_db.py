@@ -21,11 +21,12 @@ import sqlite3
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow as pa
 
 from stallscope.errors import InputError
-from stallscope.ingest import nsys_parallel
+from stallscope.ingest import limits, nsys_parallel
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BATCH_ROWS = 65536
@@ -56,6 +57,8 @@ def sqlite_errors(name: str) -> Iterator[None]:
     try:
         yield
     except sqlite3.Error as exc:
+        if "interrupted" in str(exc) and limits.deadline_passed():
+            raise InputError(name, limits.timeout_reason()) from None
         raise InputError(name, f"corrupt or unreadable SQLite database ({exc})") from None
 
 
@@ -65,14 +68,23 @@ class NsysDb:
     def __init__(self, path: str | Path, name: str):
         self.name = name
         self.uri = Path(path).resolve().as_uri() + "?mode=ro&immutable=1"
+        self.warnings: list[str] = []
         with sqlite_errors(name):
             self.con = sqlite3.connect(self.uri, uri=True, check_same_thread=False)
+            harden(self.con)
             rows = self.con.execute(
-                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
+                "SELECT type, name, tbl_name FROM sqlite_master"
+                " WHERE type IN ('table', 'view', 'trigger')"
             ).fetchall()
+        # Views and triggers are code, not data: a view named like a table we read
+        # could recurse forever or fan out without end. Refused when read (_checked).
+        self.views = {table for kind, table, _ in rows if kind == "view"}
+        self.triggered = {on for kind, _, on in rows if kind == "trigger"}
         self.tables: dict[str, str] = {}
         best: dict[str, int] = {}
-        for (table,) in rows:
+        for kind, table, _ in rows:
+            if kind == "trigger":
+                continue
             match = _VERSIONED.match(table)
             base, version = (match["base"], int(match["n"])) if match else (table, 0)
             if version >= best.get(base, -1):
@@ -94,6 +106,7 @@ class NsysDb:
             if real is None:
                 self._columns[table] = set()
             else:
+                self._checked(real)
                 with sqlite_errors(self.name):
                     info = self.con.execute(f"PRAGMA table_info({_quote(real)})").fetchall()
                 self._columns[table] = {row[1] for row in info}
@@ -101,7 +114,21 @@ class NsysDb:
 
     def ref(self, table: str) -> str:
         """The quoted real name of ``table`` for SQL."""
-        return _quote(self.tables[table])
+        return _quote(self._checked(self.tables[table]))
+
+    def _checked(self, real: str) -> str:
+        """``real``, or an InputError when it is a view or has a trigger (see ``__init__``)."""
+        if real in self.views:
+            raise InputError(
+                self.name,
+                f"{real} is a view, not a table: an export's event tables hold data, "
+                "and a view could run without end (refusing a crafted export)",
+            )
+        if real in self.triggered:
+            raise InputError(
+                self.name, f"{real} has a trigger: refusing a crafted export (exports have none)"
+            )
+        return real
 
     def int_col(self, table: str, *candidates: str) -> str:
         """SQL for the first existing column of ``candidates`` as an integer (else NULL)."""
@@ -211,7 +238,7 @@ class NsysDb:
         """
         with sqlite_errors(self.name):
             try:
-                return _arrow_rows(self.con, sql, (), schema)
+                return self._lenient_text(lambda: _arrow_rows(self.con, sql, (), schema))
             except _Unconvertible as exc:
                 if not checked:
                     raise _ValueMismatch from None
@@ -220,7 +247,37 @@ class NsysDb:
     def rows(self, sql: str) -> list[tuple]:
         """A small query's rows (metadata, enums): never an event table."""
         with sqlite_errors(self.name):
-            return self.con.execute(sql).fetchall()
+            return self._lenient_text(lambda: self.con.execute(sql).fetchall())
+
+    def _lenient_text(self, read: Callable[[], T]) -> T:
+        """``read()``; text that is not UTF-8 is read again with U+FFFD for bad bytes, with a warning."""
+        try:
+            return read()
+        except sqlite3.OperationalError as exc:
+            if "decode to UTF-8" not in str(exc) or self.con.text_factory is not str:
+                raise
+        self.con.text_factory = _replace_bad_utf8
+        self.warnings.append("some strings are not UTF-8: their bad bytes are shown as \ufffd")
+        return read()
+
+
+T = TypeVar("T")
+PROGRESS_STEPS = 20_000  # SQLite virtual-machine steps between deadline checks (~1 ms)
+
+
+def harden(con: sqlite3.Connection) -> None:
+    """Read-only in every way, and aborted once the ingest's deadline passes.
+
+    ``PRAGMA query_only`` refuses any write even through a crafted schema; the
+    progress handler stops a query (a recursive view, a huge join) past the
+    ``--timeout`` budget: SQLite then raises "interrupted", reported as the timeout.
+    """
+    con.execute("PRAGMA query_only = ON")
+    con.set_progress_handler(limits.deadline_passed, PROGRESS_STEPS)
+
+
+def _replace_bad_utf8(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 class _ValueMismatch(Exception):
@@ -275,6 +332,8 @@ def _range_table(
     except _Unconvertible as exc:
         raise _RangeFailed(str(exc) if checked else None) from None
     except sqlite3.Error as exc:
+        if "interrupted" in str(exc) and limits.deadline_passed():
+            raise _RangeFailed(limits.timeout_reason()) from None
         raise _RangeFailed(f"corrupt or unreadable SQLite database ({exc})") from None
 
 

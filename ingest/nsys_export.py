@@ -77,17 +77,17 @@ def parse_nsys_report(source: Source, data: bytes, ctx: ParseContext) -> list[Pa
         )
     cached = cache_dir() / f"{source.file_hash}.sqlite"
     if not _is_sqlite(cached):
-        _export(exe, source, data, cached)
+        _export(exe, source, data, cached, ctx.scratch)
     return parse_nsys_file(cached, source.name, ctx)
 
 
-def _export(exe: str, source: Source, data: bytes, target: Path) -> None:
+def _export(exe: str, source: Source, data: bytes, target: Path, scratch: Path | None) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(source.name, f"cannot create the nsys export cache ({exc})") from None
     partial = target.with_name(f"{target.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.part.sqlite")
-    report, temporary = _report_path(source, data)
+    report, temporary = _report_path(source, data, scratch)
     command = [exe, "export", "--type", "sqlite", "--force-overwrite", "true",
                "-o", str(partial), report]  # fmt: skip
     timeout = float(os.environ.get("STALLSCOPE_NSYS_TIMEOUT", "3600"))
@@ -110,14 +110,16 @@ def _export(exe: str, source: Source, data: bytes, target: Path) -> None:
                 os.unlink(report)
 
 
-def _report_path(source: Source, data: bytes) -> tuple[str, bool]:
-    """(path of the report for nsys, whether it is a temporary copy to remove)."""
+def _report_path(source: Source, data: bytes, scratch: Path | None) -> tuple[str, bool]:
+    """(path of the report for nsys, whether it is a temporary copy to remove).
+
+    A temporary copy lies in ``scratch`` (the ingest's staging folder) when given."""
     name = source.name
     with contextlib.suppress(OSError):
         if os.path.isfile(name) and os.path.getsize(name) == len(data):
             return name, False
     suffix = ".qdrep" if name.lower().endswith(".qdrep") else ".nsys-rep"
-    fd, path = tempfile.mkstemp(prefix="stallscope-report-", suffix=suffix)
+    fd, path = tempfile.mkstemp(prefix=".tmp-report-", suffix=suffix, dir=scratch)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
     return path, True

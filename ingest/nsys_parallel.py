@@ -88,6 +88,9 @@ def _read_in_worker(bounds: tuple[int, int]) -> bytes:
     uri, read = _JOB
     if _CONNECTION is None:
         _CONNECTION = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        from stallscope.ingest.nsys_db import harden
+
+        harden(_CONNECTION)
     table = read(_CONNECTION, *bounds)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:

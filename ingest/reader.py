@@ -16,23 +16,25 @@ import os
 import stat
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from stallscope.errors import InputError
+from stallscope.ingest.limits import (
+    RATIO_CAP,
+    check_deadline,
+    decompressed_cap,
+    max_ranks,
+    memory_limit_text,
+    ratio_cap,
+)
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 _CHUNK = 1 << 20
 _HASH_BLOCK = 16 << 20
-# A real Kineto trace compresses 5-30x; JSON made of one repeated event
-# compresses ~100-300x; deflate cannot go past ~1032x. Past this ratio
-# (measured on the bytes consumed so far, once 64 MiB have come out) we call
-# it a decompression bomb and stop before it fills memory.
-MAX_COMPRESSION_RATIO = 1000
-_RATIO_FLOOR = 64 << 20
 _SKIP_NAMES = {".DS_Store", "Thumbs.db"}
 # Files that sit beside traces in a job folder or zip and are never traces:
 # notes, logs, scripts, images, and stallscope's own ground-truth sidecars.
@@ -82,6 +84,7 @@ class Source:
     loader: Callable[[], bytes]
     file_bytes: int
     path: Path | None = None  # plain files: hashed by streaming, without keeping the bytes
+    streamer: Callable[[], Iterator[bytes]] | None = None  # zip members: hashed the same way
     _raw: bytes | None = None
     _hash: str | None = None
 
@@ -89,6 +92,29 @@ class Source:
         if self._raw is None:
             self._raw = self.loader()
         return self._raw
+
+    def head(self, size: int) -> bytes:
+        """The first ``size`` stored bytes, without loading (or keeping) the whole file."""
+        if self._raw is not None:
+            return bytes(self._raw[:size])
+        if self.streamer is not None:
+            out = bytearray()
+            stream = self.streamer()
+            try:
+                for chunk in stream:
+                    out += chunk
+                    if len(out) >= size:
+                        break
+            finally:
+                stream.close()
+            return bytes(out[:size])
+        if self.path is not None:
+            try:
+                with open(self.path, "rb") as fh:
+                    return fh.read(size)
+            except OSError as exc:
+                raise InputError(self.name, f"cannot read file ({exc.strerror or exc})") from None
+        return bytes(self.raw()[:size])
 
     @property
     def file_hash(self) -> str:
@@ -99,7 +125,10 @@ class Source:
         """
         if self._hash is None:
             digest = hashlib.sha256()
-            if self._raw is None and self.path is not None:
+            if self._raw is None and self.streamer is not None:
+                for chunk in self.streamer():
+                    digest.update(chunk)
+            elif self._raw is None and self.path is not None:
                 self.raw_size_check()
                 try:
                     with open(self.path, "rb") as fh:
@@ -168,9 +197,15 @@ class Source:
         self._raw = None
 
 
-def gunzip_limited(name: str, data: bytes) -> bytes:
-    """Decompress gzip data (possibly several members), refusing bombs."""
-    limit = max_trace_bytes()
+def gunzip_limited(name: str, data: bytes) -> bytearray:
+    """Decompress gzip data (possibly several members) into one buffer, refusing bombs.
+
+    The output may not pass :func:`~stallscope.ingest.limits.decompressed_cap`
+    of the compressed size (a ratio cap plus a headroom, within the largest
+    trace accepted): decompression stops as soon as it does, so a bomb costs at
+    most that much memory. The buffer is returned as is (no second copy).
+    """
+    cap = decompressed_cap(len(data), max_trace_bytes())
     out = bytearray()
     pos = 0
     view = memoryview(data)
@@ -189,7 +224,7 @@ def gunzip_limited(name: str, data: bytes) -> bytes:
                 piece = dec.decompress(chunk_in, _CHUNK)
                 out += piece
                 chunk_in = dec.unconsumed_tail
-                _check_size(name, len(out), len(data) - len(chunk_in), limit)
+                _check_size(name, len(out), len(data), cap)
                 if dec.eof or (not piece and not chunk_in):
                     break
         except zlib.error as exc:
@@ -197,7 +232,9 @@ def gunzip_limited(name: str, data: bytes) -> bytes:
         if not dec.eof:
             raise InputError(name, "truncated gzip file (the compressed stream ends early)")
         pos = len(data) - len(dec.unused_data)
-    return bytes(out)
+        check_deadline(name)
+    view.release()
+    return out
 
 
 def _describe_zlib_error(exc: zlib.error) -> str:
@@ -209,17 +246,23 @@ def _describe_zlib_error(exc: zlib.error) -> str:
     return f"corrupt gzip file ({text})"
 
 
-def _check_size(name: str, produced: int, consumed: int, limit: int) -> None:
-    """Refuse output past ``limit``, or a bomb-like ratio of output to input consumed."""
-    if produced > limit:
+def _check_size(name: str, produced: int, compressed: int, cap: int) -> None:
+    """Refuse output past ``cap`` (:func:`decompressed_cap` of ``compressed``)."""
+    if produced <= cap:
+        return
+    limit = max_trace_bytes()
+    if cap >= limit:
         raise InputError(name, f"decompresses to more than {_limit_reason(limit)}")
-    if produced > _RATIO_FLOOR and produced > MAX_COMPRESSION_RATIO * max(consumed, 1):
+    if cap < ratio_cap(compressed):  # the memory limit, not the ratio, bound it
         raise InputError(
-            name,
-            f"compression ratio above {MAX_COMPRESSION_RATIO}:1 "
-            f"({_fmt_bytes(consumed)} expanded to more than {_fmt_bytes(produced)}): "
-            "a decompression bomb, not a trace",
+            name, f"decompresses to more than {_fmt_bytes(cap)}, a third of {memory_limit_text()}"
         )
+    raise InputError(
+        name,
+        f"{_fmt_bytes(compressed)} expands to more than {_fmt_bytes(cap)} "
+        f"(over {RATIO_CAP}x its size plus {_fmt_bytes(cap - RATIO_CAP * compressed)}): "
+        "a decompression bomb, not a trace (STALLSCOPE_DECOMPRESS_HEADROOM_MB raises the headroom)",
+    )
 
 
 def _fmt_bytes(n: int) -> str:
@@ -278,6 +321,7 @@ def zip_sources(path: Path, display: str) -> list[Source]:
     members = [i for i in infos if not i.is_dir() and _wanted_member(i.filename)]
     if not members:
         raise InputError(display, "zip archive holds no trace files")
+    _check_rank_count(display, len(members), "zip archive")
     total = sum(i.file_size for i in members)
     if total > limit:
         raise InputError(display, f"zip archive expands to more than {_limit_reason(limit)}")
@@ -286,32 +330,54 @@ def zip_sources(path: Path, display: str) -> list[Source]:
         member = f"{display}:{info.filename}"
         if info.flag_bits & 0x1:
             raise InputError(member, "encrypted zip member (unpack it with its password first)")
-        if info.file_size > _RATIO_FLOOR and info.file_size > MAX_COMPRESSION_RATIO * max(
-            info.compress_size, 1
-        ):
+        cap = decompressed_cap(info.compress_size, limit)
+        if info.file_size > cap:
             raise InputError(
                 member,
-                f"compression ratio above {MAX_COMPRESSION_RATIO}:1 "
-                f"({_fmt_bytes(info.compress_size)} expanding to {_fmt_bytes(info.file_size)}): "
-                "a zip bomb, not a trace",
+                f"{_fmt_bytes(info.compress_size)} expanding to {_fmt_bytes(info.file_size)} "
+                f"(over {RATIO_CAP}x its size plus a headroom): a zip bomb, not a trace",
             )
-
-        def load(info=info, member=member) -> bytes:
-            try:
-                with zf.open(info) as fh:
-                    data = fh.read(limit + 1)
-            except (zipfile.BadZipFile, OSError, zlib.error, EOFError) as exc:
-                raise InputError(member, f"corrupt zip member ({exc})") from None
-            except (NotImplementedError, RuntimeError) as exc:
-                raise InputError(member, f"unsupported zip member ({exc})") from None
-            if len(data) > limit:
-                raise InputError(member, f"zip member is larger than {_limit_reason(limit)}")
-            return data
-
-        sources.append(
-            Source(name=f"{display}:{info.filename}", loader=load, file_bytes=info.compress_size)
-        )
+        sources.append(_zip_member_source(zf, info, member, cap))
     return sources
+
+
+def _zip_member_source(zf: zipfile.ZipFile, info: zipfile.ZipInfo, member: str, cap: int) -> Source:
+    """A zip member read only when parsed (one member in memory at a time), hashed by streaming."""
+
+    def stream() -> Iterator[bytes]:
+        produced = 0
+        try:
+            with zf.open(info) as fh:
+                while chunk := fh.read(_CHUNK):
+                    produced += len(chunk)
+                    if produced > cap:
+                        raise InputError(
+                            member,
+                            f"zip member expands past {_fmt_bytes(cap)} "
+                            "(more than its header says): a zip bomb, not a trace",
+                        )
+                    yield chunk
+        except (zipfile.BadZipFile, OSError, zlib.error, EOFError) as exc:
+            raise InputError(member, f"corrupt zip member ({exc})") from None
+        except (NotImplementedError, RuntimeError) as exc:
+            raise InputError(member, f"unsupported zip member ({exc})") from None
+
+    def load() -> bytes:
+        out = bytearray()
+        for chunk in stream():
+            out += chunk
+        return out
+
+    return Source(name=member, loader=load, file_bytes=info.compress_size, streamer=stream)
+
+
+def _check_rank_count(name: str, count: int, what: str) -> None:
+    if count > max_ranks():
+        raise InputError(
+            name,
+            f"{what} holds {count:,} trace files, more than the {max_ranks():,} ranks one job may "
+            "hold (STALLSCOPE_MAX_RANKS raises it)",
+        )
 
 
 def _unsafe_member_name(name: str) -> bool:
@@ -344,6 +410,7 @@ def directory_sources(path: Path) -> list[Source]:
         raise InputError(str(path), f"cannot read directory ({exc.strerror or exc})") from None
     if not files:
         raise InputError(str(path), "directory holds no files")
+    _check_rank_count(str(path), len(files), "directory")
     return [_file_source(p, str(p)) for p in files]
 
 

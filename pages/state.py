@@ -12,7 +12,7 @@ from typing import Any
 
 import streamlit as st
 
-from stallscope.errors import NotFoundError
+from stallscope.errors import NotFoundError, StallscopeError
 from stallscope.store import Store, TraceRef
 
 
@@ -186,9 +186,18 @@ def _cached_report(
 def report_for(
     job_id: str, traces: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
 ) -> dict[str, Any]:
-    """Report of some traces of a job, cached per (trace ids, thresholds): traces are immutable."""
+    """Report of some traces of a job, cached per (trace ids, thresholds): traces are immutable.
+
+    A job whose stored files cannot be read (damaged, or removed meanwhile)
+    shows its one-line error and stops the page: other jobs are unaffected.
+    """
     key = tuple(sorted(r.trace_id for r in traces))
-    return _cached_report(job_id, key, _freeze(overrides or {}), str(get_store().root))
+    try:
+        return _cached_report(job_id, key, _freeze(overrides or {}), str(get_store().root))
+    except StallscopeError as exc:
+        st.error(str(exc))
+        st.stop()
+        raise  # (st.stop raises; this keeps the type checker sure nothing is returned)
 
 
 def max_upload_mb() -> int:

@@ -3,7 +3,9 @@
 Exit codes (documented API, see docs/cli.md):
   0 success; 1 a finding at or above ``--fail-on`` (analyze) or a regression
   (compare); 2 usage error;
-  3 input error (unreadable or unsupported trace, unknown id); 70 internal error.
+  3 input error (unreadable or unsupported trace, unknown id, an input past a limit);
+  4 environment error (read-only store, permission denied, disk full, a damaged
+  store file); 70 internal error (a bug).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stallscope import __version__
-from stallscope.errors import StallscopeError, UsageError
+from stallscope.errors import EnvironmentProblem, StallscopeError, UsageError, environment_problem
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3, 70
+EXIT_ENVIRONMENT = 4
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,11 +31,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
+    return run_handler(args.handler, args)
+
+
+def run_handler(handler, args: argparse.Namespace) -> int:
+    """``handler(args)`` with every failure turned into one line on stderr and an exit code."""
     try:
-        return args.handler(args)
+        return handler(args)
     except UsageError as exc:
         print(f"stallscope: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except EnvironmentProblem as exc:
+        print(f"stallscope: error: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except StallscopeError as exc:
         print(f"stallscope: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -41,14 +52,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except MemoryError:
+        print("stallscope: error: out of memory (the machine or --max-memory-mb)", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+    except OSError as exc:
+        problem = environment_problem(exc)
+        if problem is None:
+            return _internal(exc)
+        print(f"stallscope: error: {problem}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except Exception as exc:  # noqa: BLE001 (last-resort: one line, never a traceback)
-        if os.environ.get("STALLSCOPE_DEBUG"):
-            raise
-        print(
-            f"stallscope: internal error: {type(exc).__name__}: {exc} (set STALLSCOPE_DEBUG=1 for the traceback)",
-            file=sys.stderr,
-        )
-        return EXIT_INTERNAL
+        return _internal(exc)
+
+
+def _internal(exc: BaseException) -> int:
+    """A bug: one line (the first of the message), exit 70; the traceback with STALLSCOPE_DEBUG."""
+    if os.environ.get("STALLSCOPE_DEBUG"):
+        raise exc
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    print(
+        f"stallscope: internal error: {type(exc).__name__}: {text} (set STALLSCOPE_DEBUG=1 for the traceback)",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -68,7 +94,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         ),
         epilog=(
             "Exit codes: 0 ok, 1 findings at or above --fail-on (analyze) or a regression (compare), "
-            "2 usage error, 3 input error, 70 internal error."
+            "2 usage error, 3 input error (incl. an input past --timeout or --max-memory-mb), "
+            "4 environment error (read-only store, permission denied, disk full, a damaged "
+            "store file), 70 internal error (a bug)."
         ),
     )
     parser.add_argument("--version", action="version", version=f"stallscope {__version__}")

@@ -24,3 +24,48 @@ class NotFoundError(StallscopeError):
 
 class UsageError(StallscopeError):
     """Arguments that cannot work together (CLI exit code 2, like argparse's own errors)."""
+
+
+class EnvironmentProblem(StallscopeError):
+    """The machine, not the input, stopped the command (CLI exit code 4).
+
+    A read-only store, a permission denied, a full disk (ENOSPC) or quota, or
+    a store file that is damaged on disk. The message says which path and why.
+    """
+
+
+class StoreFileCorrupt(EnvironmentProblem):
+    """A file of one stored job is unreadable (truncated, damaged): only that job is affected."""
+
+
+# errno values that say "this machine or its disks", never "this input".
+_ENVIRONMENT_ERRNOS = {"EROFS", "EACCES", "EPERM", "ENOSPC", "EDQUOT", "EMFILE", "ENFILE", "EIO"}
+
+
+_ERRNO_TEXT = {"ENOSPC": "No space left on device", "EROFS": "Read-only file system",
+               "EACCES": "Permission denied", "EDQUOT": "quota exceeded"}  # fmt: skip
+
+
+def environment_problem(exc: OSError, doing: str = "") -> EnvironmentProblem | None:
+    """An :class:`EnvironmentProblem` for an OSError of the machine (read-only, denied, full), else None."""
+    import errno
+
+    name = errno.errorcode.get(exc.errno or 0, "")
+    if not name:  # Arrow's and DuckDB's I/O errors carry only the text
+        text = str(exc)
+        name = next((n for n, words in _ERRNO_TEXT.items() if words in text), "")
+    if name not in _ENVIRONMENT_ERRNOS:
+        return None
+    what = {
+        "EROFS": "the file system is read-only",
+        "EACCES": "permission denied",
+        "EPERM": "operation not permitted",
+        "ENOSPC": "no space left on the device (disk full)",
+        "EDQUOT": "disk quota exceeded",
+        "EMFILE": "too many open files",
+        "ENFILE": "too many open files on the system",
+        "EIO": "input/output error from the disk",
+    }[name]
+    where = f" ({exc.filename})" if exc.filename else ""
+    prefix = f"cannot {doing}: " if doing else ""
+    return EnvironmentProblem(f"{prefix}{what}{where}")

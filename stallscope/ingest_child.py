@@ -8,6 +8,11 @@ get its forked decode workers (unsafe to fork inside a threaded server).
 The store stays consistent whatever happens to the child: a job becomes
 visible only when it is complete (``Store.publish``).
 
+Limits: the child runs under ``--timeout`` and ``--max-memory-mb`` (their
+defaults, ``$STALLSCOPE_INGEST_TIMEOUT`` and ``$STALLSCOPE_INGEST_MAX_MEMORY_MB``,
+are read by the child), refusing an input past them with one line; a watchdog
+here kills a child still running 30 s past the timeout.
+
 The child is ``python -m stallscope.cli ingest --json --progress-jsonl``.
 Its stderr carries one JSON object per progress update
 (``{"progress": [label, done, total]}``) and, on failure, the CLI's one-line
@@ -25,11 +30,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stallscope.errors import StallscopeError
+from stallscope.errors import InputError, StallscopeError
 from stallscope.ingest import IngestResult
 
 ProgressFn = Callable[[str, int, int], None]
 PROGRESS_KEY = "progress"
+WATCHDOG_GRACE_S = 30.0
 
 
 def ingest_command(
@@ -77,17 +83,43 @@ def ingest_in_child(
     ``progress(label, done, total)`` is called on the calling thread as the
     child reports (Streamlit's status widgets need that).
     """
+    from stallscope.ingest.limits import default_timeout_s
+
     argv = ingest_command(store_root, paths, **job)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     child = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
     )
+    # The child enforces --timeout itself (stallscope.supervise); this watchdog is the
+    # backstop for a child that cannot (stopped, or stuck before it started its worker).
+    timeout = default_timeout_s()
+    expired = threading.Event()
+
+    def stop_child() -> None:
+        expired.set()
+        child.kill()
+
+    watchdog = threading.Timer(timeout + WATCHDOG_GRACE_S, stop_child)
+    watchdog.daemon = True
+    watchdog.start()
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.append(child.stdout.read()), daemon=True)
     reader.start()
-    messages = _read_stderr(child.stderr, progress)  # here: progress runs on the caller's thread
-    code = child.wait()
+    try:
+        messages = _read_stderr(child.stderr, progress)  # progress runs on the caller's thread
+        code = child.wait()
+    finally:
+        watchdog.cancel()
     reader.join()
+    if expired.is_set():
+        from stallscope.store import Store
+
+        Store(store_root).clean_stale()  # the killed worker's staging folder (dead pid, this host)
+        raise InputError(
+            "upload",
+            f"ingest took longer than {timeout:g} s and was stopped "
+            "($STALLSCOPE_INGEST_TIMEOUT raises the limit); the store is unchanged",
+        )
     if code != 0:
         raise StallscopeError(_failure(code, messages))
     try:

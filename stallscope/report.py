@@ -11,10 +11,13 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+import duckdb
+
 from stallscope.analyzers import all_specs
 from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult
+from stallscope.errors import NotFoundError
 from stallscope.jobdata import JobData
-from stallscope.store import Store, TraceRef
+from stallscope.store import TABLES, Store, TraceRef
 
 REPORT_SCHEMA = "stallscope.report/1"
 
@@ -52,10 +55,23 @@ def trace_entry(ref: TraceRef) -> dict[str, Any]:
 def job_report_part(
     store: Store, refs: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
 ) -> dict[str, list[dict[str, Any]]]:
-    """The report entries (traces, metrics, findings) of one job."""
+    """The report entries (traces, metrics, findings) of one job.
+
+    A stored file that cannot be read (truncated, damaged, or removed while
+    this runs) raises :class:`~stallscope.errors.StoreFileCorrupt` or
+    :class:`~stallscope.errors.NotFoundError` naming this job: never a raw
+    DuckDB error, and never another job's failure.
+    """
     job = JobData(store, refs)
     try:
         result = analyze_job(job, overrides)
+    except duckdb.Error as exc:
+        job_id = refs[0].job_id if refs else ""
+        if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
+            raise NotFoundError(f"job {job_id} was removed while it was being read") from None
+        if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
+            raise  # a bug, not the store
+        raise unreadable_job(store, refs, exc) from None
     finally:
         job.close()
     return {
@@ -63,6 +79,34 @@ def job_report_part(
         "metrics": [m.to_dict() for m in result.metrics],
         "findings": [f.to_dict() for f in result.findings],
     }
+
+
+def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Exception:
+    """The one-line error for a job whose stored files DuckDB could not read."""
+    import pyarrow.parquet as pq
+
+    from stallscope.errors import StoreFileCorrupt
+
+    job_id = refs[0].job_id if refs else "?"
+    if not store.has_job(job_id):
+        return NotFoundError(f"job {job_id} was removed while it was being read")
+    for ref in refs:
+        for table in TABLES:
+            path = ref.table_path(table)
+            if not path.is_file():
+                continue
+            try:
+                pq.read_metadata(path)
+            except Exception as bad:  # noqa: BLE001 (any failure to read the footer says corrupt)
+                reason = (
+                    str(bad).strip().splitlines()[0] if str(bad).strip() else type(bad).__name__
+                )
+                return StoreFileCorrupt(
+                    f"job {job_id}: stored file {path} is unreadable ({reason}); "
+                    f"remove the job (stallscope rm {job_id}) and ingest its traces again"
+                )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return StoreFileCorrupt(f"job {job_id}: its stored files cannot be read ({first})")
 
 
 def _part_in_worker(

@@ -7,7 +7,8 @@ Layout under the store root (see docs/store.md)::
     jobs/<job_id>/annotations.json         tags and notes (replaced atomically)
     jobs/<job_id>/<trace_id>/meta.json     trace catalog row (immutable)
     jobs/<job_id>/<trace_id>/<table>.parquet
-    staging/<pid>-<random>/                ingests in progress (never read)
+    staging/<pid>-<hostkey>-<random>/      ingests in progress (never read)
+    staging/<pid>-<hostkey>-<random>/.lease         owner: host id, pid, heartbeat (see Lease)
     trash/                                 deletions in progress (never read)
 
 Concurrency contract: a job becomes visible by one ``rename`` of a complete
@@ -15,13 +16,22 @@ staging directory, so readers never see half a job, any number of processes
 may ingest at once, and a process killed mid-ingest leaves only a staging
 directory that later ingests remove. Nothing is ever modified in place except
 ``annotations.json``, which is replaced with ``os.replace``.
+
+Shared stores (NFS, containers): a staging folder is owned by its ``.lease``
+(host id, pid, heartbeat refreshed every :data:`HEARTBEAT_S` while the ingest
+runs). Another writer removes it only when its heartbeat is older than
+:func:`stale_after_s`, or when the lease's host id is this very machine and
+PID namespace and its pid is gone: never by a pid alone. Every file and
+folder of a job is fsync'ed before the rename that publishes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,7 +40,7 @@ from typing import Any
 
 import duckdb
 
-from stallscope.errors import NotFoundError
+from stallscope.errors import NotFoundError, environment_problem
 
 STORE_FORMAT = "stallscope-store/1"
 TABLES = ("gpu", "host", "ranges", "collectives", "names", "threads", "devices", "kernel_metrics")
@@ -76,24 +86,25 @@ class Store:
         return self
 
     def new_staging(self) -> Path:
-        """A fresh private folder for one ingest; removed by publish or on failure."""
+        """A fresh private folder for one ingest, owned by a live lease; removed by publish or on failure."""
         self.ensure()
         self.clean_stale()
-        path = self.staging_dir / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        path.mkdir()
+        # The name alone already says who owns the folder (pid and host key), for
+        # the moment between mkdir and the first lease write.
+        path = self.staging_dir / f"{os.getpid()}-{host_key()}-{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+            Lease.write(path)
+            Lease.start_heartbeat(path)
+        except OSError as exc:
+            shutil.rmtree(path, ignore_errors=True)
+            raise environment_problem(exc, "write to the store") or exc from None
         return path
 
-    def clean_stale(self, max_age_s: float = 6 * 3600) -> None:
-        """Remove staging folders of dead processes (or very old ones) and the trash."""
-        now = time.time()
+    def clean_stale(self) -> None:
+        """Remove the staging folders whose owner is gone (see :meth:`Lease.is_stale`), and the trash."""
         for folder in _children(self.staging_dir):
-            pid_text = folder.name.split("-", 1)[0]
-            alive = pid_text.isdigit() and _pid_alive(int(pid_text))
-            try:
-                old = now - folder.stat().st_mtime > max_age_s
-            except OSError:
-                continue
-            if not alive or old:
+            if Lease.is_stale(folder):
                 shutil.rmtree(folder, ignore_errors=True)
         for folder in _children(self.trash_dir):
             shutil.rmtree(folder, ignore_errors=True)
@@ -105,8 +116,11 @@ class Store:
         exists, e.g. because another process ingested the same files first.
         """
         target = self.jobs_dir / job_id
+        Lease.release(staging)
+        sync_tree(staging)
         try:
             os.rename(staging, target)
+            _fsync_dir(self.jobs_dir)
         except OSError:
             if target.exists():
                 shutil.rmtree(staging, ignore_errors=True)
@@ -115,6 +129,7 @@ class Store:
         return True
 
     def discard(self, staging: Path) -> None:
+        Lease.release(staging)
         shutil.rmtree(staging, ignore_errors=True)
 
     # -- catalog -------------------------------------------------------------------
@@ -288,13 +303,162 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def _atomic_write_text(path: Path, text: str, *, sync: bool = True) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            if sync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    if sync:
+        _fsync_dir(path.parent)
+
+
+HEARTBEAT_S = 15.0
+LEASE_NAME = ".lease"
+
+
+def stale_after_s() -> float:
+    """A lease not refreshed for this long is abandoned (``$STALLSCOPE_STAGING_STALE_S``, default 600)."""
+    try:
+        value = float(os.environ.get("STALLSCOPE_STAGING_STALE_S", "") or 600)
+    except ValueError:
+        return 600.0
+    return value if value > 0 else 600.0
+
+
+def host_id() -> str:
+    """This machine and PID namespace: where a pid means the same process.
+
+    Hostname, kernel boot id and the PID namespace's inode: two containers on
+    one host differ (their PID namespaces do), two NFS clients differ (their
+    hostnames and boot ids do).
+    """
+    import socket
+
+    parts = [socket.gethostname()]
+    for source in ("/proc/sys/kernel/random/boot_id",):
+        try:
+            parts.append(Path(source).read_text().strip())
+        except OSError:
+            parts.append("?")
+    try:
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        parts.append("?")
+    return "|".join(parts)
+
+
+def host_key() -> str:
+    """A short hash of :func:`host_id`, for folder names."""
+    import hashlib
+
+    return hashlib.blake2b(host_id().encode(), digest_size=4).hexdigest()
+
+
+class Lease:
+    """Ownership of one staging folder: ``.lease`` holds host id, pid and a heartbeat.
+
+    The owner refreshes the heartbeat every :data:`HEARTBEAT_S` from a daemon
+    thread while it ingests. Written atomically (``os.replace``), so a reader
+    never sees half a lease.
+    """
+
+    _beating: dict[str, threading.Event] = {}
+
+    @classmethod
+    def start_heartbeat(cls, folder: Path) -> None:
+        stop = threading.Event()
+        cls._beating[str(folder)] = stop
+        threading.Thread(
+            target=cls._beat, args=(folder, stop), name="stallscope-lease", daemon=True
+        ).start()
+
+    @classmethod
+    def release(cls, folder: Path) -> None:
+        stop = cls._beating.pop(str(folder), None)
+        if stop is not None:
+            stop.set()
+        with contextlib.suppress(OSError):
+            (folder / LEASE_NAME).unlink()
+
+    @classmethod
+    def _beat(cls, folder: Path, stop: threading.Event) -> None:
+        while not stop.wait(HEARTBEAT_S):
+            if os.getpid() != cls._owner_pid(folder):
+                return  # a forked child (decode workers) never refreshes its parent's lease
+            with contextlib.suppress(OSError):
+                cls.write(folder)
+
+    @staticmethod
+    def _owner_pid(folder: Path) -> int | None:
+        lease = _read_json(folder / LEASE_NAME) or {}
+        return lease.get("pid")
+
+    @staticmethod
+    def write(folder: Path) -> None:
+        body = {"host": host_id(), "pid": os.getpid(), "heartbeat": time.time()}
+        _atomic_write_text(folder / LEASE_NAME, json.dumps(body), sync=False)
+
+    @staticmethod
+    def is_stale(folder: Path) -> bool:
+        """True when the folder's owner is surely gone: a stale heartbeat, or a dead local pid.
+
+        Without a readable lease (a writer between ``mkdir`` and its first
+        lease write), the folder's name gives the host key and pid; a folder
+        of another host, or of an older version, is judged by its own age.
+        """
+        limit = stale_after_s()
+        lease = _read_json(folder / LEASE_NAME)
+        now = time.time()
+        if lease is None:  # judged by its name: <pid>-<host key>-<random>
+            pid_text, _, rest = folder.name.partition("-")
+            if rest.startswith(host_key() + "-") and pid_text.isdigit():
+                return not _pid_alive(int(pid_text))
+            try:
+                return now - folder.stat().st_mtime > limit
+            except OSError:
+                return False
+        pid = lease.get("pid")
+        if lease.get("host") == host_id() and isinstance(pid, int) and not _pid_alive(pid):
+            return True
+        beat = lease.get("heartbeat")
+        try:
+            seen = (folder / LEASE_NAME).stat().st_mtime
+        except OSError:
+            seen = 0.0
+        newest = max(beat if isinstance(beat, (int, float)) else 0.0, seen)
+        return now - newest > limit
+
+
+def sync_tree(folder: Path) -> None:
+    """fsync every file and folder below ``folder`` (and itself): durable before it is published."""
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+        elif path.is_dir():
+            _fsync_dir(path)
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot sync a directory
+    finally:
+        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:

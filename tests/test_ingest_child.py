@@ -77,3 +77,30 @@ def test_garbage_on_stdout_is_an_error_not_a_traceback(tmp_path, monkeypatch):
     )
     with pytest.raises(StallscopeError, match="unreadable result"):
         ingest_child.ingest_in_child(str(tmp_path / "store"), [str(SAMPLE)])
+
+
+def test_the_child_runs_under_the_ingest_time_limit(tmp_path, monkeypatch):
+    """The dashboard's child stops past $STALLSCOPE_INGEST_TIMEOUT with one clear line."""
+    from tests.hostile.make_hostile import zip_many_ranks
+
+    monkeypatch.setenv("STALLSCOPE_INGEST_TIMEOUT", "0.5")
+    path = zip_many_ranks(tmp_path, 300)
+    store = Store(tmp_path / "store")
+    with pytest.raises(StallscopeError) as caught:
+        ingest_child.ingest_in_child(str(store.root), [str(path)])
+    message = str(caught.value)
+    assert "ingest took longer than the 0.5 s limit" in message and "\n" not in message
+    assert store.jobs() == [] and list(store.staging_dir.iterdir()) == []
+
+
+def test_the_watchdog_kills_a_child_that_overruns(tmp_path, monkeypatch):
+    """A child that never finishes on its own (here: a stopped one) is killed past the timeout."""
+    monkeypatch.setenv("STALLSCOPE_INGEST_TIMEOUT", "0.2")
+    monkeypatch.setattr(ingest_child, "WATCHDOG_GRACE_S", 0.5)
+    monkeypatch.setattr(
+        ingest_child,
+        "ingest_command",
+        lambda *a, **k: [sys.executable, "-c", "import time; time.sleep(60)"],
+    )
+    with pytest.raises(StallscopeError, match="took longer than 0.2 s and was stopped"):
+        ingest_child.ingest_in_child(str(tmp_path / "store"), ["x.json"])

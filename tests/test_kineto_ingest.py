@@ -244,7 +244,7 @@ def test_rank_from_file_name_and_conflicts(store, tmp_path):
         paths.append(str(t.write(tmp_path / f"trace_rank-{rank}.json")))
     (result,) = ingest_paths(store, paths)
     assert sorted(r.meta["rank"] for r in store.traces(result.job_id)) == [0, 1]
-    a, b = KinetoTrace(rank=1), KinetoTrace(rank=1)
+    a, b = KinetoTrace(rank=1, world_size=2), KinetoTrace(rank=1, world_size=2)
     a.kernel("a", 0, 5)
     b.kernel("b", 0, 5)
     with pytest.raises(InputError, match="rank 1 is also claimed"):

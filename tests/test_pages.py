@@ -83,6 +83,18 @@ def test_unknown_job_in_a_link_says_so(app_store):
     assert any("No job 'doesnotexist' in this store" in w.value for w in at.warning)
 
 
+def test_overview_of_a_job_with_a_damaged_file_says_so_in_one_line(app_store):
+    """One corrupt Parquet file breaks only its own job's pages, with a clear message."""
+    broken = job_id(app_store, "hand.pt.trace.json")
+    path = app_store.traces(broken)[0].table_path("gpu")
+    path.write_bytes(path.read_bytes()[:100])
+    at = page("overview", job=broken)
+    assert not at.exception
+    assert any(f"job {broken}: stored file {path} is unreadable" in e.value for e in at.error)
+    other = page("overview", job=job_id(app_store, "idle.pt.trace.json"))
+    assert not other.exception and not other.error
+
+
 def test_timeline_draws_the_window(app_store):
     (ref,) = app_store.traces(job_id(app_store, "idle.pt.trace.json"))
     at = page("timeline", trace=ref.trace_id, window="0-60000")

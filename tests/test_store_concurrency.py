@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,3 +124,82 @@ def test_killed_ingest_leaves_nothing_visible(tmp_path):
     assert done.returncode == 0
     assert not any(staging.iterdir())  # ...until the next ingest removes them
     assert len(store.traces()) == 1
+
+
+def _lease(folder: Path, host: str, pid: int, age_s: float) -> None:
+    folder.mkdir(parents=True)
+    beat = time.time() - age_s
+    (folder / ".lease").write_text(json.dumps({"host": host, "pid": pid, "heartbeat": beat}))
+    os.utime(folder / ".lease", (beat, beat))
+
+
+def test_staging_ownership_is_a_lease_not_a_local_pid(tmp_path, monkeypatch):
+    """Another host's ingest is never removed while its heartbeat is fresh, whatever its pid."""
+    from stallscope.store import host_id
+
+    monkeypatch.setenv("STALLSCOPE_STAGING_STALE_S", "60")
+    store = Store(tmp_path / "store").ensure()
+    dead_pid = 2**22 + 12345  # above pid_max on common systems: surely not running here
+    other_fresh = store.staging_dir / f"{dead_pid}-other-fresh"
+    other_stale = store.staging_dir / f"{dead_pid}-other-stale"
+    mine_dead = store.staging_dir / f"{dead_pid}-mine-dead"
+    mine_alive = store.staging_dir / f"{os.getpid()}-mine-alive"
+    _lease(other_fresh, "other-host|boot|pid:[1]", dead_pid, age_s=5)
+    _lease(other_stale, "other-host|boot|pid:[1]", dead_pid, age_s=120)
+    _lease(mine_dead, host_id(), dead_pid, age_s=5)
+    _lease(mine_alive, host_id(), os.getpid(), age_s=5)
+    store.clean_stale()
+    left = sorted(p.name for p in store.staging_dir.iterdir())
+    assert left == sorted([other_fresh.name, mine_alive.name])
+
+
+def test_lease_heartbeat_is_refreshed_while_ingesting(tmp_path, monkeypatch):
+    from stallscope import store as store_module
+
+    monkeypatch.setattr(store_module, "HEARTBEAT_S", 0.05)
+    store = Store(tmp_path / "store")
+    staging = store.new_staging()
+    first = json.loads((staging / ".lease").read_text())["heartbeat"]
+    time.sleep(0.3)
+    later = json.loads((staging / ".lease").read_text())["heartbeat"]
+    assert later > first
+    store.discard(staging)
+    assert not staging.exists()
+
+
+def test_repeatedly_killed_ingests_leave_a_consistent_store_and_no_temp_files(tmp_path):
+    """SIGKILL nsys ingests (whose temporary SQLite copy lies in staging) at several points."""
+    from stallscope.store import _pid_alive
+
+    sample = Path(__file__).resolve().parents[1] / "sample_traces/nsys/ddp_overlap.sqlite.gz"
+    store_dir = tmp_path / "store"
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = dict(os.environ, STALLSCOPE_STORE=str(store_dir), TMPDIR=str(tmpdir))
+    staging = store_dir / "staging"
+    for delay in (0.05, 0.3, 0.6, 1.0, 1.5):
+        proc = subprocess.Popen([sys.executable, "-m", "stallscope.cli", "ingest", str(sample)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
+        deadline = time.time() + 120
+        while time.time() < deadline and not (staging.is_dir() and any(staging.iterdir())):
+            time.sleep(0.005)
+        time.sleep(delay)
+        proc.kill()
+        proc.wait(timeout=30)
+        owners = [json.loads(p.read_text())["pid"] for p in staging.glob("*/.lease")]
+        end = time.time() + 30
+        while any(_pid_alive(pid) for pid in owners) and time.time() < end:
+            time.sleep(0.05)  # the worker dies with its parent (PR_SET_PDEATHSIG)
+        store = Store(store_dir)
+        for job in store.jobs():  # whatever was published is complete
+            assert len(store.traces(job["job_id"])) == len(job["trace_ids"])
+        if store.jobs():
+            shutil.rmtree(store_dir / "jobs")  # published before the kill: ingest it again
+    small = KinetoTrace()
+    small.kernel("k", 0, 10)
+    done = spawn("ingest", str(small.write(tmp_path / "small.json")), store=store_dir)
+    out = done.communicate(timeout=120)
+    assert done.returncode == 0, out
+    assert list(staging.iterdir()) == []
+    assert [p for p in store_dir.rglob("*") if ".tmp" in p.name] == []
+    assert list(tmpdir.iterdir()) == []

@@ -17,12 +17,18 @@ Generated from `stallscope --help` by `tools/gen_cli_docs.py`; do not edit by ha
 
 Exit codes (all commands): `0` success; `1` a finding at or above `--fail-on`
 (`analyze`) or a regression (`compare`, see [compare.md](compare.md)); `2` usage error; `3` input error (unreadable, unsupported or
-malformed trace, unknown id; one line on stderr, store unchanged); `70`
-internal error (one line; set `STALLSCOPE_DEBUG=1` for the traceback).
+malformed trace, unknown id, an input past a limit such as `--timeout`; one line
+on stderr, store unchanged); `4` environment error (read-only store, permission
+denied, disk full, a damaged store file: the machine, not the input); `70`
+internal error, a bug (one line; set `STALLSCOPE_DEBUG=1` for the traceback).
 
 Environment: `STALLSCOPE_STORE` (store folder), `STALLSCOPE_USER` (uploader
 name), `STALLSCOPE_MAX_TRACE_BYTES` (largest decompressed trace, default
-16 GiB), `STALLSCOPE_SAMPLES` (sample traces folder for `serve`),
+16 GiB), `STALLSCOPE_DECOMPRESS_HEADROOM_MB` (a compressed file may expand to
+100x its size plus this, default 32), `STALLSCOPE_INGEST_TIMEOUT` and
+`STALLSCOPE_INGEST_MAX_MEMORY_MB` (defaults of `ingest --timeout` and
+`--max-memory-mb`), `STALLSCOPE_MAX_RANKS` (ranks one job may hold, default
+1024), `STALLSCOPE_STAGING_STALE_S` (see docs/store.md), `STALLSCOPE_SAMPLES` (sample traces folder for `serve`),
 `STALLSCOPE_MAX_UPLOAD_MB` and `STALLSCOPE_TOKEN` (dashboard upload limit and
 shared access token, see docs/dashboard.md), `STALLSCOPE_UPLOAD_QUOTA_MB`,
 `STALLSCOPE_UPLOAD_QUOTA_MINUTES`, `STALLSCOPE_UPLOAD_MAX_FILES`,

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "beyond the noise, the categories that changed most explain it (or the output says what "
             "the rows cannot show)."
         ),
-        epilog="Exit codes: 0 no regression, 1 regression, 2 usage error, 3 input error, 70 internal error.",
+        epilog="Exit codes: 0 no regression, 1 regression, 2 usage error, 3 input error, 4 environment error, 70 internal error.",
     )
     p.add_argument(
         "base", metavar="BASE", help="baseline: trace file, job directory, zip or store id"

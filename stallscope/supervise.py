@@ -1,0 +1,165 @@
+"""Run an ingest under a wall-time and a memory limit, in a forked worker that can be killed.
+
+The CLI's ``ingest`` forks. The worker checks a cooperative deadline
+(``--timeout``: between files, while decompressing, and in SQLite's progress
+handler) and caps decompression at a third of ``--max-memory-mb``, refusing
+with its own one-line message. The parent watches: every
+:data:`MEMORY_POLL_S` it sums the proportional set size (PSS) of the worker's
+process group (the worker and its decode processes), and it kills the group
+when that passes ``--max-memory-mb`` or when the worker is still running a
+grace period after the deadline (stuck in C code that never returns to
+Python). It then removes the staging folder the worker left (its lease names
+a dead pid on this host) and says why in one line. The store is unchanged
+either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+GRACE_S = 5.0
+MEMORY_POLL_S = 0.2
+EXIT_INPUT, EXIT_ENVIRONMENT = 3, 4
+
+
+def run_limited(
+    work: Callable[[], int],
+    *,
+    timeout_s: float | None,
+    memory_mb: int | None,
+    cleanup: Callable[[], None],
+) -> int:
+    """``work()``'s exit code, run in a forked worker under the limits (see the module docstring)."""
+    from stallscope.ingest.limits import apply_memory_limit, start_deadline, timeout_reason
+
+    if not hasattr(os, "fork"):
+        start_deadline(timeout_s)
+        return work()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the worker
+        code = 70
+        try:
+            os.setpgid(0, 0)
+            _die_with_parent()
+            if os.getppid() != parent:  # the parent died before the line above
+                os._exit(130)
+            start_deadline(timeout_s)
+            apply_memory_limit(memory_mb)
+            code = work()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # (also done by the worker: whichever runs first)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s + GRACE_S
+    try:
+        status = _wait(pid, deadline, memory_mb)
+    except KeyboardInterrupt:
+        _kill_group(pid)
+        cleanup()
+        print("stallscope: interrupted; the store is unchanged", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if isinstance(status, str):  # past a limit: killed
+        _kill_group(pid)
+        cleanup()
+        reason = timeout_reason() if status == "time" else memory_reason(memory_mb)
+        print(f"stallscope: error: {reason}; the store is unchanged", file=sys.stderr)
+        return EXIT_INPUT
+    if os.WIFSIGNALED(status):
+        cleanup()
+        name = signal.Signals(os.WTERMSIG(status)).name
+        print(
+            f"stallscope: error: the ingest worker was killed ({name}: out of memory?); "
+            "the store is unchanged",
+            file=sys.stderr,
+        )
+        return EXIT_ENVIRONMENT
+    return os.WEXITSTATUS(status)
+
+
+def _wait(pid: int, deadline: float | None, memory_mb: int | None) -> int | str:
+    """The worker's wait status, or ``"time"``/``"memory"`` once it is past a limit."""
+    pause, next_poll = 0.002, 0.0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            return "time"
+        if memory_mb and now >= next_poll:
+            next_poll = now + MEMORY_POLL_S
+            if group_memory_mb(pid) > memory_mb:
+                return "memory"
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def memory_reason(memory_mb: int | None) -> str:
+    return (
+        f"ingest needed more than the {memory_mb:,} MiB memory limit "
+        "(--max-memory-mb or $STALLSCOPE_INGEST_MAX_MEMORY_MB raise it)"
+    )
+
+
+def group_memory_mb(group: int) -> float:
+    """Memory of process group ``group`` in MiB: the sum of its processes' PSS (Linux; else 0).
+
+    PSS shares each page among the processes that map it, so forked decode
+    workers that share the worker's pages are not counted twice.
+    """
+    total_kb = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0.0
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) != group:  # pgrp
+                continue
+            with open(f"/proc/{entry}/smaps_rollup", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"Pss:"):
+                        total_kb += int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return total_kb / 1024
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _die_with_parent() -> None:
+    """Linux: the worker gets SIGKILL when the supervising process dies (PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
