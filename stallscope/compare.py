@@ -212,6 +212,7 @@ def _side(store: Store, refs: list[TraceRef], overrides) -> dict[str, Any]:
     worlds = [w for r in refs if isinstance(w := r.meta.get("world_size"), int)]
     return {
         "refs": refs,
+        "job_name": _job_name(store, refs),
         "steps": steps,
         "source": source,
         "kernels": kernels,
@@ -633,10 +634,18 @@ def _delta_row(key: dict[str, Any], base_ns: float | None, new_ns: float | None)
     }
 
 
+def _job_name(store: Store, refs: list[TraceRef]) -> str | None:
+    """The stored job's name (as named at upload or renamed), None for an unknown job."""
+    if not refs or not store.has_job(refs[0].job_id):
+        return None
+    return store.job(refs[0].job_id).get("name")
+
+
 def _describe(side: dict[str, Any]) -> dict[str, Any]:
     refs = side["refs"]
     return {
         "job": refs[0].job_id if refs else None,
+        "job_name": side.get("job_name"),
         "traces": [r.trace_id for r in refs],
         "names": [r.meta.get("name") for r in refs],
         "step_source": side["source"],
@@ -729,9 +738,9 @@ def _step_table(result: dict[str, Any]) -> Table:
     s = result["step_time"]
     rows = []
     for side in ("base", "new"):
-        names = ", ".join(str(n) for n in result[side]["names"])
+        names = result[side].get("job_name") or ", ".join(str(n) for n in result[side]["names"])
         rows.append(
-            [side, f"{result[side]['job']} ({names})", _num(s[f"{side}_median_ms"]),
+            [side, f"{names} · {result[side]['job']}", _num(s[f"{side}_median_ms"]),
              _num(s[f"{side}_std_ms"]), str(s[f"{side}_steps"]), result[side]["step_source"]]
         )  # fmt: skip
     return "Step time", ["", "job", "step ms (median)", "std ms", "steps", "from"], rows
