@@ -11,6 +11,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from stallscope import job_settings
 from stallscope.analyzers import all_specs
 from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult
 from stallscope.jobdata import JobData
@@ -23,6 +24,7 @@ def analyze_job(
     job: JobData, overrides: dict[str, dict[str, float]] | None = None
 ) -> AnalyzerResult:
     """Run every registered analyzer over one job; ``overrides[analyzer][threshold]``."""
+    job_settings.apply(job, overrides)  # one value per job for every analyzer (and view)
     combined = AnalyzerResult()
     for spec in all_specs():
         result = spec.run(job, spec.params((overrides or {}).get(spec.id)))
