@@ -10,6 +10,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 CORE = [
     "stallscope.store", "stallscope.report", "stallscope.render", "stallscope.cli", "stallscope.jobdata",
@@ -100,6 +102,7 @@ def test_contracts_cover_every_module():
     assert analyzers <= pages
 
 
+@pytest.mark.slow
 def test_wheel_installs_only_the_stallscope_namespace(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],

@@ -31,10 +31,11 @@ import pytest
 from stallscope.errors import InputError
 from stallscope.ingest import ingest_paths
 from stallscope.store import Store
-from tests.conftest import CORPUS
+from tests.conftest import CORPUS, NO_CORPUS
 
+pytestmark = [pytest.mark.corpus, pytest.mark.slow]
 if not CORPUS.is_dir():
-    pytest.skip(f"trace corpus not found at {CORPUS}", allow_module_level=True)
+    pytest.skip(NO_CORPUS, allow_module_level=True)
 
 # Kineto-looking files (JSON, possibly gzipped) and the Nsight / CSV files.
 KINETO_SUFFIXES = (".json", ".json.gz", ".raw.gz")
@@ -278,3 +279,29 @@ def test_unreadable_files_fail_with_a_clear_reason(refused_results, rel):
 
 def _nsys_on_path() -> bool:
     return bool(os.environ.get("STALLSCOPE_NSYS") or shutil.which("nsys"))
+
+
+def test_corpus_matches_its_manifest():
+    """tests/corpus_manifest.json declares every corpus file (path, size, sha256), unchanged."""
+    from tests.conftest import CORPUS_MANIFEST, corpus_problems
+
+    declared = {e["path"] for e in json.loads(CORPUS_MANIFEST.read_text())["files"]}
+    on_disk = {p.relative_to(CORPUS).as_posix() for p in CORPUS.rglob("*") if p.is_file()}
+    assert declared == on_disk - {"MANIFEST.md"}
+    assert corpus_problems() == []
+
+
+def test_a_missing_or_changed_corpus_file_is_reported(tmp_path):
+    from tests.conftest import corpus_problems
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "a.json").write_text("[]")
+    (root / "b.json").write_text("{}")
+    entries = [{"path": "a.json", "size": 2, "sha256": "0" * 64},
+               {"path": "b.json", "size": 2, "sha256": "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"},
+               {"path": "c.json", "size": 1, "sha256": "0" * 64}]  # fmt: skip
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"files": entries}))
+    assert corpus_problems(root, manifest) == ["changed content: a.json", "missing: c.json"]
+    assert corpus_problems(tmp_path / "absent", manifest)[0].startswith("trace corpus not found")

@@ -301,7 +301,7 @@ def test_cuda_graph_sample_is_not_flagged(store):
     assert metrics[(0, "sync_lost_ns")] < 0.5e6
 
 
-needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")
+needs_corpus = pytest.mark.corpus
 
 
 def _corpus(store, relative: str):

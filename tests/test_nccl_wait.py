@@ -312,7 +312,7 @@ def test_ddp_overlap_has_no_straggler(store):
 DLRM = CORPUS / "param" / "dlrm_kineto"
 
 
-@pytest.mark.skipif(not DLRM.is_dir(), reason="trace corpus not found")
+@pytest.mark.corpus
 def test_dlrm_8_ranks_all_collectives_matched(store):
     (res,) = ingest_paths(store, sorted(str(p) for p in DLRM.glob("*.json.gz")))
     job = JobData(store, store.traces(res.job_id))
