@@ -27,7 +27,7 @@ import re
 import numpy as np
 
 from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
-from stallscope.analyzers.host_sync import enclosing_ops, name_lookup, op_stack
+from stallscope.host_ops import enclosing_ops, name_lookup, op_stack
 from stallscope.jobdata import JobData
 from stallscope.scope import scope_sql
 

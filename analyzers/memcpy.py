@@ -43,13 +43,9 @@ from stallscope.analyzers.base import (
     graded_severity,
     graded_thresholds,
 )
-from stallscope.analyzers.host_sync import (
-    API_SQL,
-    COPY_API_REGEX,
-    SMALL_H2D_BYTES,
-    call_sites,
-)
+from stallscope.host_ops import call_sites
 from stallscope.jobdata import JobData
+from stallscope.sync_calls import API_SQL, COPY_API_REGEX, SMALL_H2D_BYTES
 
 THRESHOLDS = (
     *graded_thresholds(

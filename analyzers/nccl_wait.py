@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stallscope import intervals
+from stallscope import intervals, job_settings
 from stallscope.analyzers.base import (
     SEVERITY_RANK,
     AnalyzerResult,
@@ -65,8 +65,9 @@ THRESHOLDS = (
         "a collective counts toward the straggler tally when some rank waited at least this long in it",
     ),
     Threshold(
-        "skew_tolerance_us", 100.0, "us",
-        "clock offsets between ranks below this are taken as one shared clock (not corrected)",
+        "skew_tolerance_us", job_settings.SKEW_TOLERANCE_US, "us",
+        "clock offsets between ranks below this are taken as one shared clock (not corrected); "
+        "the job's setting: overlap and the wait matrix use it too",
     ),
 )  # fmt: skip
 MAX_WINDOWS = 20
@@ -76,7 +77,10 @@ MAX_INTERVALS = 200  # lateness intervals listed in evidence
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
-    match = match_collectives(job, int(params["skew_tolerance_us"] * 1000))
+    # The threshold is the job's setting: overlap and views read the same value.
+    match = match_collectives(
+        job, job_settings.set_skew_tolerance_us(job, params["skew_tolerance_us"])
+    )
     if match is None:
         return result
     rows = match.rows

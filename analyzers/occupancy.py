@@ -51,8 +51,8 @@ from stallscope.gpu_specs import (
     tail_idle_pct,
     waves,
 )
-from stallscope.ingest.ncu_match import kernel_base_name
 from stallscope.jobdata import JobData
+from stallscope.kernel_names import kernel_base_name
 from stallscope.ncu_metrics import HOW_TO_MEASURE, Profile, profiles
 
 THRESHOLDS = (

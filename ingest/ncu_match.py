@@ -24,7 +24,6 @@ The ncu trace's ``kernel_metrics.parquet`` is rewritten in place (staging only).
 from __future__ import annotations
 
 import os
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -34,18 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stallscope.errors import InputError
-
-_NESTED = re.compile(r"<[^<>]*>|\([^()]*\)")
-
-
-def kernel_base_name(name: str) -> str:
-    """``void ns::kern<T>(int)`` -> ``kern``: the function name alone, for cross-tool matching."""
-    text = name.strip().replace("(anonymous namespace)", "anon").replace("<unnamed>", "anon")
-    previous = None
-    while previous != text:
-        previous, text = text, _NESTED.sub("", text)
-    text = text.strip().split()[-1] if text.strip() else name.strip()
-    return text.rsplit("::", 1)[-1]
+from stallscope.kernel_names import kernel_base_name
 
 
 def pair_ncu_traces(metas: list[dict[str, Any]], staging: Path) -> None:

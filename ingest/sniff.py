@@ -110,21 +110,20 @@ def _looks_binary(text: bytes) -> bool:
 
 
 def _nsys_report_reason(name: str) -> str:
-    """The exact export command, with the path as the user gave it when it is a file."""
+    """Why an nsys report reached :func:`sniff` (``detect_format`` hands reports to
+    ``ingest/nsys_export.py`` first): stallscope reads its SQLite export."""
     path = name if os.path.isfile(name) else name.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
     stem = _NSYS_EXT.sub("", path) if _NSYS_EXT.search(path) else path
     command = f"nsys export --type sqlite -o {shlex.quote(stem + '.sqlite')} {shlex.quote(path)}"
-    return (
-        "Nsight Systems report: nsys ingest is not available in this version "
-        f"(it will read the SQLite export, made with: {command})"
-    )
+    return f"Nsight Systems report: stallscope reads its SQLite export (make it with: {command})"
 
 
 def _csv_reason(line: bytes) -> str:
-    if line.startswith(_NCU_CSV):
-        return "Nsight Compute CSV export: ncu CSV ingest is not available in this version"
     if b"(ns)" in line or b"Time (%)" in line:
-        return "Nsight Systems 'nsys stats' CSV report, not a trace: nsys ingest is not available in this version"
+        return (
+            "Nsight Systems 'nsys stats' CSV report, not a trace: ingest the report's SQLite "
+            "export instead (nsys export --type sqlite)"
+        )
     return "CSV file, not a PyTorch profiler (Kineto) trace"
 
 

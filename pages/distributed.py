@@ -5,21 +5,29 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from stallscope import job_settings
 from stallscope.charts import critical_path_figure, wait_heatmap
 from stallscope.humanize import records_table
-from stallscope.pages.state import get_store, report_for, selected_job
+from stallscope.pages.state import current_overrides, get_store, report_for, selected_job
 from stallscope.pages.text import literal
 from stallscope.views import findings_of
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def _waits(job_id: str) -> pd.DataFrame:
+def _waits(job_id: str, skew_tolerance_us: float | None) -> pd.DataFrame:
     from stallscope.jobdata import JobData
     from stallscope.views import wait_matrix
 
     store = get_store()
     job = JobData(store, store.traces(job_id))
     try:
+        # the report's clock correction: the same nccl_wait threshold
+        overrides = (
+            {}
+            if skew_tolerance_us is None
+            else {"nccl_wait": {"skew_tolerance_us": skew_tolerance_us}}
+        )
+        job_settings.apply(job, overrides)
         return wait_matrix(job)
     finally:
         job.close()
@@ -31,7 +39,8 @@ def render() -> None:
     if picked is None:
         return
     job, traces = picked
-    report = report_for(job["job_id"], traces)
+    overrides = current_overrides()
+    report = report_for(job["job_id"], traces, overrides)
     overlap = findings_of(report, "overlap")
     if not overlap and not findings_of(report, "nccl_wait"):
         st.info("No communication kernels in this job.")
@@ -62,7 +71,7 @@ def render() -> None:
     for f in findings_of(report, "nccl_wait"):
         if f["severity"] != "info":
             st.error(f"{literal(f['title'])} — {literal(f['detail'])}")
-    waits = _waits(job["job_id"])
+    waits = _waits(job["job_id"], overrides.get("nccl_wait", {}).get("skew_tolerance_us"))
     if not waits.empty:
         st.subheader("Time each rank waited in each collective")
         st.caption(

@@ -102,6 +102,11 @@ def _picked() -> None:
 THRESHOLDS = "threshold_overrides"  # plain session key: kept while another analyzer is shown
 
 
+def current_overrides() -> dict[str, dict[str, float]]:
+    """The session's changed thresholds (set on the overview's panel), without drawing it."""
+    return {a: dict(v) for a, v in st.session_state.get(THRESHOLDS, {}).items()}
+
+
 def threshold_overrides() -> dict[str, dict[str, float]]:
     """Threshold widgets generated from the analyzers' declarations (same as the CLI flags).
 

@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stallscope import job_settings
 from stallscope.jobdata import JobData
 
-SKEW_TOLERANCE_NS = 100_000
+SKEW_TOLERANCE_NS = job_settings.JobSettings().skew_tolerance_ns  # the default
 MAX_ALIGN_OFFSET = 64
 ALGO_REGEX = r"_(RING|TREE|NVLS_TREE|NVLS|COLLNET_DIRECT|COLLNET_CHAIN|PAT)_(LL128|LL|SIMPLE)"
 
@@ -151,10 +152,14 @@ class CollectiveMatch:
         return r["start_ns"][mask], r["start_ns"][mask] + r["wait_ns"][mask]
 
 
-def match_collectives(
-    job: JobData, skew_tolerance_ns: int = SKEW_TOLERANCE_NS
-) -> CollectiveMatch | None:
-    """Matched collectives of the job (cached per tolerance); None when it has none."""
+def match_collectives(job: JobData, skew_tolerance_ns: int | None = None) -> CollectiveMatch | None:
+    """Matched collectives of the job (cached per tolerance); None when it has none.
+
+    ``skew_tolerance_ns`` None: the job's setting (:mod:`stallscope.job_settings`), which
+    every reader of one job shares.
+    """
+    if skew_tolerance_ns is None:
+        skew_tolerance_ns = job_settings.of(job).skew_tolerance_ns
     key = ("collectives", int(skew_tolerance_ns))
     if key not in job.cache:
         job.cache[key] = _match(job, int(skew_tolerance_ns))

@@ -6,8 +6,10 @@ nanosecond of them with the first cause, in priority order, whose host
 activity covers it on the threads that launch work onto that device:
 
 1. ``dataloader`` — DataLoader iteration or user ranges that load data;
-2. ``host_sync``  — device/stream/event synchronize, blocking device-to-host
-   copies (``.item()``, ``aten::_local_scalar_dense``);
+2. ``host_sync``  — synchronize calls and blocking device-to-host copies as
+   :mod:`stallscope.sync_calls` defines them (the ``host_sync`` analyzer's
+   definition), and the operators that read a GPU scalar (``.item()``,
+   ``aten::_local_scalar_dense``);
 3. ``memcpy``     — the host blocked in a synchronous or pageable copy call;
 4. ``launch``     — the host busy issuing GPU work (launch API calls and the
    operators that made them): the queue is starved, a CPU-bound issue;
@@ -42,6 +44,7 @@ import numpy as np
 from stallscope import intervals
 from stallscope.jobdata import JobData
 from stallscope.scope import idle_gaps, in_scope, span_of, step_scope
+from stallscope.sync_calls import COPY_API_REGEX, SYNC_API_REGEX, api_name_sql
 
 CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
 HOST_CAUSES = CAUSES[:5]  # labelled from host intervals, in priority order
@@ -50,9 +53,8 @@ DATALOADER_REGEX = (
     r"(?i)(dataloader|enumerate\(data|_next_data|data[_ ]?load|load[_ ]?data|get[_ ]?batch|fetch[_ ]?batch"
     r"|next[_ ]?batch|collate|prefetch)"
 )
-SYNC_API_REGEX = r"^(cuda|hip)(Device|Stream|Event)Synchronize|^cu(Ctx|Stream|Event)Synchronize"
 SYNC_OP_REGEX = r"^aten::(item|_local_scalar_dense|is_nonzero|equal)$"
-MEMCPY_API_REGEX = r"^(cuda|hip)Memcpy|^cuMemcpy"
+MEMCPY_API_REGEX = COPY_API_REGEX
 GRAPH_LAUNCH_REGEX = r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)"
 STEP_RANGE_REGEX = r"^ProfilerStep#"
 RANGE_CODE = 5  # _CLASSIFY_SQL's code for a user range (record_function, NVTX) that is not a step
@@ -192,11 +194,12 @@ def launch_threads(job: JobData, trace_id: str, device: int) -> list[tuple[int, 
 
 _CLASSIFY_SQL = f"""
 WITH nm AS (
-  SELECT name_id, name, regexp_replace(name, '_v[0-9]+$', '') AS api FROM names WHERE trace_id = $trace
+  SELECT name_id, name, regexp_replace(name, '_v[0-9]+$', '') AS api, {api_name_sql("name")} AS bare_api
+  FROM names WHERE trace_id = $trace
 ), flags AS (
   SELECT name_id,
     regexp_matches(name, '{DATALOADER_REGEX}') AS dl,
-    regexp_matches(api, '{SYNC_API_REGEX}') AS sync_api,
+    regexp_matches(bare_api, '{SYNC_API_REGEX}') AS sync_api,
     regexp_matches(name, '{SYNC_OP_REGEX}') AS sync_op,
     regexp_matches(api, '{MEMCPY_API_REGEX}') AS memcpy_api,
     regexp_matches(api, 'Async') AS is_async,

@@ -49,8 +49,9 @@ from stallscope.critical_path import (
     saving,
     step_times,
 )
-from stallscope.idle import CAUSES, DATALOADER_REGEX, SYNC_API_REGEX, attribute_idle, launch_threads
+from stallscope.idle import CAUSES, DATALOADER_REGEX, attribute_idle, launch_threads
 from stallscope.jobdata import JobData
+from stallscope.sync_calls import API_SQL, SYNC_API_REGEX
 
 _OPS_SQL = """
 WITH launch AS (
@@ -75,7 +76,7 @@ ORDER BY device, start_ns, end_ns
 _SYNCS_SQL = f"""
 SELECT h.pid, h.start_ns, h.end_ns FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
 WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver')
-  AND (regexp_matches(regexp_replace(n.name, '_v[0-9]+$', ''), '{SYNC_API_REGEX}')
+  AND (regexp_matches({API_SQL}, '{SYNC_API_REGEX}')
        OR regexp_matches(n.name, '^(cudaMemcpy|hipMemcpy|cuMemcpyDtoH)$'))
 """
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 
+from stallscope import job_settings
 from stallscope.analyzers import all_specs
 from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult
 from stallscope.errors import NotFoundError
@@ -26,6 +27,7 @@ def analyze_job(
     job: JobData, overrides: dict[str, dict[str, float]] | None = None
 ) -> AnalyzerResult:
     """Run every registered analyzer over one job; ``overrides[analyzer][threshold]``."""
+    job_settings.apply(job, overrides)  # one value per job for every analyzer (and view)
     combined = AnalyzerResult()
     for spec in all_specs():
         result = spec.run(job, spec.params((overrides or {}).get(spec.id)))

@@ -48,7 +48,8 @@ def wait_matrix(job: JobData) -> pd.DataFrame:
 
     Columns: ``collective`` (0-based instance index in time order), ``op``,
     ``rank``, ``wait_ms``, ``last`` (this rank arrived last). Empty without
-    matched collectives.
+    matched collectives. Collectives are matched with the job's skew tolerance
+    (:mod:`stallscope.job_settings`: apply the thresholds first), as in the report.
     """
     from stallscope.collectives import match_collectives
 

@@ -1,11 +1,16 @@
-"""Architecture rules: the core never imports streamlit; installs no generic module names."""
+"""Architecture rules: import-linter contracts (pyproject.toml) hold and can fail; the wheel
+installs no generic module names."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
+import tomllib
 import zipfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = [
@@ -25,12 +30,79 @@ def test_core_never_imports_streamlit():
     assert out.stdout.strip() == "False"
 
 
-def test_no_core_file_mentions_streamlit():
-    for folder in ("stallscope", "ingest", "analyzers"):
-        for path in (REPO / folder).rglob("*.py"):
-            assert "import streamlit" not in path.read_text(), path
+def _lint_tools():
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import lint_imports
+    finally:
+        sys.path.pop(0)
+    return lint_imports
 
 
+def _contracts() -> dict[str, dict]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return {c["name"]: c for c in config["contracts"]}
+
+
+def test_import_contracts_are_kept():
+    """lint-imports (pyproject's [tool.importlinter]) over the installed layout: every contract kept."""
+    tools = _lint_tools()
+    with tempfile.TemporaryDirectory() as tmp:
+        tools.lay_out(Path(tmp))
+        out = tools.run_on(Path(tmp), capture=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout
+
+
+def test_import_contracts_fail_on_a_violation(tmp_path):
+    """The contracts can fail: a `from streamlit import` in an analyzer, an analyzer importing
+    another, and a page reaching into the idle attribution each break one."""
+    tools = _lint_tools()
+    tools.lay_out(tmp_path)
+    analyzers = tmp_path / "stallscope" / "analyzers"
+    with open(analyzers / "utilization.py", "a") as fh:
+        fh.write("\nfrom streamlit import cache_data  # noqa\n")
+    with open(analyzers / "hotspots.py", "a") as fh:
+        fh.write("\nfrom stallscope.analyzers.host_sync import blocking_calls  # noqa\n")
+    with open(tmp_path / "stallscope" / "pages" / "kernels.py", "a") as fh:
+        fh.write("\nfrom stallscope.idle import attribute_idle  # noqa\n")
+    out = tools.run_on(tmp_path, capture=True)
+    assert out.returncode != 0
+    assert "3 broken" in out.stdout, out.stdout
+    assert "stallscope.analyzers.utilization" in out.stdout and "streamlit" in out.stdout
+    assert "stallscope.analyzers.hotspots -> stallscope.analyzers.host_sync" in out.stdout
+    assert "stallscope.pages.kernels -> stallscope.idle" in out.stdout
+
+
+def test_contracts_cover_every_module():
+    """A new core module or analyzer is under the rules without anyone remembering to add it."""
+    contracts = _contracts()
+    streamlit = set(
+        contracts["Only the dashboard (stallscope.pages) imports streamlit"]["source_modules"]
+    )
+    tops = {
+        f"stallscope.{p.stem}" for p in (REPO / "stallscope").glob("*.py") if p.stem != "__init__"
+    }
+    tops |= {
+        f"stallscope.{p.name}"
+        for p in (REPO / "stallscope").iterdir()
+        if (p / "__init__.py").is_file()
+    }
+    tops |= {"stallscope.ingest", "stallscope.analyzers"}
+    assert streamlit == tops, tops ^ streamlit
+    analyzers = {f"stallscope.analyzers.{p.stem}" for p in (REPO / "analyzers").glob("*.py")} - {
+        "stallscope.analyzers.__init__",
+        "stallscope.analyzers.base",
+    }
+    independent = contracts["Analyzers never import each other (shared code lives in stallscope.*)"]
+    assert set(independent["modules"]) == analyzers
+    pages = set(
+        contracts["Pages reach the core only through its public modules"]["forbidden_modules"]
+    )
+    assert analyzers <= pages
+
+
+@pytest.mark.slow
 def test_wheel_installs_only_the_stallscope_namespace(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],

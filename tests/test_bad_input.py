@@ -545,3 +545,18 @@ def test_trace_events_without_any_event_object_is_refused(cli, tmp_path):
         out.stderr.strip()
         == f"stallscope: error: {path}: not a Kineto trace: none of the 3 traceEvents entries is an event object"
     )
+
+
+def test_sniff_reasons_name_what_this_version_reads():
+    """Reports and ``nsys stats`` CSVs are refused with the way in, never 'not available'."""
+    from stallscope.errors import InputError
+    from stallscope.ingest.sniff import sniff
+
+    stats = b"Time (%),Total Time (ns),Instances,Avg (ns),Name\n12.5,1000,3,333,kernel\n"
+    for name, data, says in (
+        ("r.nsys-rep", b"NVIDIA Tegra Profiler Report\x00", "stallscope reads its SQLite export"),
+        ("stats.csv", stats, "ingest the report's SQLite export instead"),
+    ):
+        with pytest.raises(InputError) as err:
+            sniff(name, data)
+        assert says in str(err.value) and "not available" not in str(err.value)

@@ -19,9 +19,12 @@ from tests.conftest import REPO, SAMPLES
 sys.path.insert(0, str(REPO / "tools"))
 from screenshots import CHROMIUM, CHROMIUM_ARGS, free_port, start_server, stop_server, wait_idle  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists() and not shutil.which("chromium"), reason="no Chromium"
-)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists() and not shutil.which("chromium"), reason="no Chromium"
+    ),
+]
 
 
 @pytest.fixture

@@ -30,6 +30,8 @@ from stallscope.jobdata import JobData
 from stallscope.report import analyze_job
 from tests.conftest import CORPUS, SAMPLES
 
+pytestmark = pytest.mark.slow
+
 MULTI_RANK = {
     "param/dlrm_kineto": "param/dlrm_kineto/worker*.json.gz",
     "hta/trace_filter": "hta/trace_filter/sampled_rank-*.json.gz",
@@ -177,7 +179,7 @@ def test_samples_are_consistent(analyzed, name):
     _check_job(*got)
 
 
-@pytest.mark.skipif(not CORPUS_JOBS, reason="corpus not present")
+@pytest.mark.corpus
 @pytest.mark.parametrize("name", list(CORPUS_JOBS) or ["none"])
 def test_corpus_jobs_are_consistent(analyzed, name):
     got = analyzed(name, CORPUS_JOBS[name])

@@ -4,8 +4,10 @@ The corpus is real profiler output that nobody on this project wrote (see its
 MANIFEST.md). Each Kineto-looking file either ingests with sane results,
 checked against counts made independently with Python's ``json``, or is one of
 :data:`EXPECTED_FAILURES` and fails with that specific one-line reason. The
-Nsight files (not ingestible yet) must fail through the CLI with exit code 3
-and a reason that tells the user what to do. Skipped when the corpus is absent.
+files no parser reads (Nsight Systems reports without ``nsys`` to export them,
+an ``nsys stats`` CSV) must fail through the CLI with exit code 3 and a reason
+that tells the user what to do; the SQLite exports and ncu CSVs have their own
+tests (test_nsys_corpus.py, test_ncu_ingest.py).
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ import pytest
 
 from stallscope.errors import InputError
 from stallscope.ingest import ingest_paths
-from stallscope.ingest.formats import PARSERS
 from stallscope.store import Store
-from tests.conftest import CORPUS
+from tests.conftest import CORPUS, NO_CORPUS
 
+pytestmark = [pytest.mark.corpus, pytest.mark.slow]
 if not CORPUS.is_dir():
-    pytest.skip(f"trace corpus not found at {CORPUS}", allow_module_level=True)
+    pytest.skip(NO_CORPUS, allow_module_level=True)
 
 # Kineto-looking files (JSON, possibly gzipped) and the Nsight / CSV files.
 KINETO_SUFFIXES = (".json", ".json.gz", ".raw.gz")
@@ -222,8 +224,14 @@ def test_two_files_claiming_one_rank_fail(cli):
     assert not any(cli.store_dir.glob("staging/*"))
 
 
-def _other_expectation(rel: str, path: Path) -> tuple[str | None, list[str]]:
-    """(the format that would ingest the file once available, what its refusal must say)."""
+# Corpus files of other formats that ingest: their own tests read them
+# (tests/test_nsys_corpus.py: the SQLite exports; tests/test_ncu_ingest.py: the ncu CSVs).
+INGESTED_ELSEWHERE = (".sqlite", ".csv.gz", "nsightful/copy_blocked.csv")
+REFUSED_FILES = [rel for rel in OTHER_FILES if not rel.lower().endswith(INGESTED_ELSEWHERE)]
+
+
+def _refusal(rel: str, path: Path) -> list[str]:
+    """What the refusal of a corpus file that cannot be ingested must say."""
     lower = rel.lower()
     if lower.endswith((".nsys-rep", ".qdrep")):
         # The binary report needs exporting: the exact command, with the path as given.
@@ -231,24 +239,18 @@ def _other_expectation(rel: str, path: Path) -> tuple[str | None, list[str]]:
         command = (
             f"nsys export --type sqlite -o {shlex.quote(stem + '.sqlite')} {shlex.quote(str(path))}"
         )
-        return None, ["Nsight Systems report", command]
-    if lower.endswith(".sqlite"):
-        return "nsys", [
-            "Nsight Systems SQLite export: nsys ingest is not available in this version"
-        ]
-    if lower.startswith("ncu-csv/") or lower == "nsightful/copy_blocked.csv":
-        return "ncu", ["Nsight Compute CSV export: ncu CSV ingest is not available in this version"]
+        return ["Nsight Systems report", command]
     if lower == "pipit/nbody-nvtx/trace.csv":
-        return None, [
+        return [
             "Nsight Systems 'nsys stats' CSV report, not a trace: "
-            "nsys ingest is not available in this version"
+            "ingest the report's SQLite export instead (nsys export --type sqlite)"
         ]
     raise AssertionError(f"no expected reason for {rel}")
 
 
 @pytest.fixture(scope="module")
-def other_results(tmp_path_factory):
-    """``stallscope ingest FILE`` for every Nsight/CSV file, two processes at a time."""
+def refused_results(tmp_path_factory):
+    """``stallscope ingest FILE`` for every corpus file that must be refused."""
     root = tmp_path_factory.mktemp("other")
 
     def run(rel: str):
@@ -257,19 +259,17 @@ def other_results(tmp_path_factory):
         return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        results = dict(zip(OTHER_FILES, pool.map(run, OTHER_FILES), strict=True))
+        results = dict(zip(REFUSED_FILES, pool.map(run, REFUSED_FILES), strict=True))
     return root, results
 
 
-@pytest.mark.parametrize("rel", OTHER_FILES)
-def test_nsight_and_csv_files_fail_with_a_clear_reason(other_results, rel):
-    root, results = other_results
-    path = CORPUS / rel
-    fmt, reasons = _other_expectation(rel, path)
-    if fmt in PARSERS:
-        pytest.skip(f"{fmt} ingest is available now: its own tests cover {rel}")
+@pytest.mark.parametrize("rel", REFUSED_FILES)
+def test_unreadable_files_fail_with_a_clear_reason(refused_results, rel):
     if rel.endswith((".nsys-rep", ".qdrep")) and _nsys_on_path():
         pytest.skip("nsys is installed here: the report may be exported and ingested")
+    root, results = refused_results
+    path = CORPUS / rel
+    reasons = _refusal(rel, path)
     line = _input_error(results[rel])
     assert line.startswith(f"stallscope: error: {path}: {reasons[0]}"), line
     for reason in reasons[1:]:
@@ -279,3 +279,29 @@ def test_nsight_and_csv_files_fail_with_a_clear_reason(other_results, rel):
 
 def _nsys_on_path() -> bool:
     return bool(os.environ.get("STALLSCOPE_NSYS") or shutil.which("nsys"))
+
+
+def test_corpus_matches_its_manifest():
+    """tests/corpus_manifest.json declares every corpus file (path, size, sha256), unchanged."""
+    from tests.conftest import CORPUS_MANIFEST, corpus_problems
+
+    declared = {e["path"] for e in json.loads(CORPUS_MANIFEST.read_text())["files"]}
+    on_disk = {p.relative_to(CORPUS).as_posix() for p in CORPUS.rglob("*") if p.is_file()}
+    assert declared == on_disk - {"MANIFEST.md"}
+    assert corpus_problems() == []
+
+
+def test_a_missing_or_changed_corpus_file_is_reported(tmp_path):
+    from tests.conftest import corpus_problems
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "a.json").write_text("[]")
+    (root / "b.json").write_text("{}")
+    entries = [{"path": "a.json", "size": 2, "sha256": "0" * 64},
+               {"path": "b.json", "size": 2, "sha256": "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"},
+               {"path": "c.json", "size": 1, "sha256": "0" * 64}]  # fmt: skip
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"files": entries}))
+    assert corpus_problems(root, manifest) == ["changed content: a.json", "missing: c.json"]
+    assert corpus_problems(tmp_path / "absent", manifest)[0].startswith("trace corpus not found")

@@ -392,6 +392,7 @@ def test_step_jitter_saving_is_the_excess_over_the_median(store, tmp_path):
 CORPUS_DLRM = "param/dlrm_kineto/worker0_step_12.1694128201545.pt.trace.json.gz"
 
 
+@pytest.mark.corpus
 def test_corpus_dlrm_user_ranges_explain_the_unrecorded_host_time(store):
     """TorchRec DLRM (V100): 1.41 ms of idle time had no recorded host activity; all but
     0.14 ms of it lies inside the program's own ranges (`## copy_batch_to_gpu ##`, …) and is
@@ -399,8 +400,6 @@ def test_corpus_dlrm_user_ranges_explain_the_unrecorded_host_time(store):
     from tests.conftest import CORPUS
 
     path = CORPUS / CORPUS_DLRM
-    if not path.is_file():
-        pytest.skip(f"corpus not found at {CORPUS}")
     (res,) = ingest_paths(store, [str(path)])
     job = JobData(store, store.traces(res.job_id))
     totals = attribute_idle(job, job.traces[0].trace_id, 0).totals

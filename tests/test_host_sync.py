@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stallscope import host_ops
 from stallscope.analyzers import host_sync
 from stallscope.ingest import ingest_paths
 from stallscope.jobdata import JobData
@@ -240,13 +241,13 @@ def test_enclosing_ops_innermost_and_outermost(store, tmp_path):
     (res,) = ingest_paths(store, [str(t.write(tmp_path / "t.json"))])
     job = JobData(store, store.traces(res.job_id))
     trace = job.traces[0].trace_id
-    stack = host_sync.op_stack(job, trace)
+    stack = host_ops.op_stack(job, trace)
     pid = np.array([100, 100, 100, 100, 100, 100])
     tid = np.array([100, 100, 100, 100, 200, 300])
     start = np.array([21_000, 14_000, 70_000, 150_000, 5_000, 5_000])
     end = np.array([22_000, 15_000, 71_000, 151_000, 6_000, 6_000])
-    inner, outer = host_sync.enclosing_ops(stack, pid, tid, start, end)
-    names = host_sync.name_lookup(job, trace, stack.name_id)
+    inner, outer = host_ops.enclosing_ops(stack, pid, tid, start, end)
+    names = host_ops.name_lookup(job, trace, stack.name_id)
     label = [names[int(stack.name_id[i])] if i >= 0 else None for i in inner]
     assert label == ["leaf", "mid", "outer", None, "other_thread", None]
     top = [names[int(stack.name_id[i])] if i >= 0 else None for i in outer]
@@ -300,7 +301,7 @@ def test_cuda_graph_sample_is_not_flagged(store):
     assert metrics[(0, "sync_lost_ns")] < 0.5e6
 
 
-needs_corpus = pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")
+needs_corpus = pytest.mark.corpus
 
 
 def _corpus(store, relative: str):
@@ -394,3 +395,48 @@ def test_sync_is_not_charged_the_data_loader_time(store, tmp_path):
         "launch": 10_000,
         "unknown": 70_000,
     }
+
+
+@pytest.mark.parametrize(
+    "api", ["cudaThreadSynchronize", "hipCtxSynchronize", "cudaCtxSynchronize", "cuCtxSynchronize_v2",
+            "cudaStreamSynchronize_ptsz", "hipDeviceSynchronize"],
+)  # fmt: skip
+def test_every_synchronize_call_is_host_sync_for_idle_and_host_sync(store, tmp_path, api):
+    """One definition (stallscope/sync_calls.py): a draining sync is ``host_sync`` in both places.
+
+    gemm GPU [5k, 105k); ``api`` blocks [14.5k, 108k) (no GPU sync event, as old APIs
+    have none); aten::add [109k, 134k) launches at [131k, 133k) a kernel at GPU [135k, 145k).
+    The gap [105k, 135k) = 30 µs opened while the call blocked: gpu_idle files all of it
+    under host_sync (the sync, then the host work it exposed), and host_sync charges the
+    call min(30 µs, 93.5 µs blocked to the gap's end) = 30 µs.
+    """
+    from stallscope.idle import attribute_idle
+    from stallscope.sync_calls import is_sync_api
+
+    assert is_sync_api(api)
+    t = KinetoTrace()
+    t.step(0, 0, 200_000)
+    t.runtime("cudaLaunchKernel", 1_000, 1_000, corr=t.kernel("gemm", 5_000, 100_000))
+    t.runtime(api, 14_500, 93_500)
+    t.cpu_op("aten::add", 109_000, 25_000)
+    kernel = t.kernel("vectorized_elementwise_kernel", 135_000, 10_000)
+    t.runtime("cudaLaunchKernel", 131_000, 2_000, corr=kernel)
+    (res,) = ingest_paths(store, [str(t.write(tmp_path / "t.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    trace = job.traces[0].trace_id
+    idle = attribute_idle(job, trace, 0).totals
+    result = host_sync.run(job, host_sync.SPEC.params({}))
+    calls = host_sync.blocking_calls(job, trace)
+    job.close()
+    assert calls["api"].tolist() == [api.removesuffix("_v2").removesuffix("_ptsz")]
+    assert idle["host_sync"] == 30_000 and idle["cpu"] == 0  # the rest: before/after the GPU work
+    lost = {(m.device, m.name): m.value for m in result.metrics}[(0, "sync_lost_ns")]
+    assert lost == idle["host_sync"]
+
+
+def test_not_synchronize_calls():
+    from stallscope.sync_calls import is_sync_api
+
+    for name in ("cudaStreamWaitEvent", "cudaEventQuery", "cudaMemcpyAsync", "cudaLaunchKernel",
+                 "cudaStreamSynchronizeX", "hipStreamWaitEvent"):  # fmt: skip
+        assert not is_sync_api(name), name

@@ -224,7 +224,7 @@ def test_healthy_sample(store):
     assert f.evidence["top_ops"][0]["name"] in ("aten::addmm", "aten::mm")
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")
+@pytest.mark.corpus
 def test_corpus_fp32_gemms_get_the_tf32_advice(store):
     """PARAM's linear benchmark on a V100 runs volta_sgemm (FP32, no Tensor Cores)."""
     (res,) = ingest_paths(store, [str(CORPUS / "param/linear_kineto.json.gz")])

@@ -168,7 +168,7 @@ def test_healthy_sample_is_not_flagged(store):
     assert findings == {}  # one loss.item() per step, data already on the GPU
 
 
-@pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")
+@pytest.mark.corpus
 def test_corpus_resnet_pageable_copies(store):
     """PARAM's ResNet (RTX 2080 Ti, no steps): 61 pageable batches, 2.2 GB at 3.7 GB/s."""
     results = ingest_paths(store, [str(CORPUS / "param/resnet_kineto.json.gz")])

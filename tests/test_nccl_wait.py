@@ -312,7 +312,7 @@ def test_ddp_overlap_has_no_straggler(store):
 DLRM = CORPUS / "param" / "dlrm_kineto"
 
 
-@pytest.mark.skipif(not DLRM.is_dir(), reason="trace corpus not found")
+@pytest.mark.corpus
 def test_dlrm_8_ranks_all_collectives_matched(store):
     (res,) = ingest_paths(store, sorted(str(p) for p in DLRM.glob("*.json.gz")))
     job = JobData(store, store.traces(res.job_id))
@@ -333,3 +333,39 @@ def test_no_matched_collective_leaves_no_straggler(store, tmp_path):
     assert [f.severity for f in result.findings] == ["info"]
     assert result.findings[0].evidence["critical_path"] == []
     job.close()
+
+
+@pytest.mark.parametrize("tolerance_us", [None, 10_000.0])
+def test_one_skew_tolerance_per_job(store, tmp_path, tolerance_us):
+    """nccl_wait, overlap and the Distributed page's wait matrix use one clock correction.
+
+    Rank 1's clock runs 5 ms ahead (as above). The default tolerance (100 µs)
+    corrects it: rank 0 waits 2 ms per all-reduce. A 10 ms tolerance, set through
+    the nccl_wait threshold, leaves the clocks as they are: rank 0 then waits 3 ms
+    (its whole kernel). All three readers give the same wait either way.
+    """
+    from stallscope import job_settings
+    from stallscope.report import analyze_job
+    from stallscope.views import wait_matrix
+
+    r0, r1 = KinetoTrace(rank=0, world_size=2), KinetoTrace(rank=1, world_size=2)
+    for i in range(4):
+        base = i * 20 * MS
+        r0.kernel(ALLREDUCE, base, 3 * MS, stream=20, extra=meta())
+        r1.kernel(ALLREDUCE, base + 7 * MS, 1 * MS, device=1, stream=20, extra=meta())
+    paths = [str(t.write(tmp_path / f"rank{t.rank}.json")) for t in (r0, r1)]
+    (res,) = ingest_paths(store, paths)
+    overrides = {} if tolerance_us is None else {"nccl_wait": {"skew_tolerance_us": tolerance_us}}
+    job = JobData(store, store.traces(res.job_id))
+    result = analyze_job(job, overrides)
+    job.close()
+    by_name = {(m.rank, m.name): m.value for m in result.metrics}
+    waited = {name: by_name[(0, name)] for name in ("nccl_wait_ns", "exposed_comm_wait_ns")}
+    page_job = JobData(store, store.traces(res.job_id))  # as the page opens it: its own JobData
+    job_settings.apply(page_job, overrides)
+    matrix = wait_matrix(page_job)
+    page_job.close()
+    page_wait = round(float(matrix.loc[matrix["rank"] == 0, "wait_ms"].sum()) * 1e6)
+    expected = 4 * (2 if tolerance_us is None else 3) * MS
+    assert waited == {"nccl_wait_ns": expected, "exposed_comm_wait_ns": expected}
+    assert page_wait == expected

@@ -13,8 +13,8 @@ import pytest
 from stallscope.errors import InputError
 from stallscope.ingest import ingest_paths
 from stallscope.ingest.ncu_csv import parse_number, read_ncu_csv, to_base
-from stallscope.ingest.ncu_match import kernel_base_name
 from stallscope.ingest.sniff import sniff
+from stallscope.kernel_names import kernel_base_name
 from tests.conftest import CORPUS, SAMPLES
 from tests.kineto_builder import KinetoTrace
 
@@ -326,8 +326,8 @@ def test_ncu_rep_without_and_with_ncu_on_path(store, tmp_path, monkeypatch):
 CORPUS_CSV = sorted((CORPUS / "ncu-csv").glob("*.csv.gz")) if (CORPUS / "ncu-csv").is_dir() else []
 
 
-@pytest.mark.skipif(not CORPUS_CSV, reason="corpus not available")
-@pytest.mark.parametrize("path", CORPUS_CSV, ids=lambda p: p.name)
+@pytest.mark.corpus
+@pytest.mark.parametrize("path", CORPUS_CSV or [CORPUS / "ncu-csv"], ids=lambda p: p.name)
 def test_corpus_pages_ingest(store, path):
     table = read_ncu_csv(path.name, gzip.decompress(path.read_bytes()))
     (res,) = ingest_paths(store, [str(path)])

@@ -389,7 +389,7 @@ def test_export_without_kernel_table_fails(cli, tmp_path):
 # -- .nsys-rep / .qdrep ---------------------------------------------------------------------
 
 REPORTS = sorted(CORPUS.rglob("*.nsys-rep")) + sorted(CORPUS.rglob("*.qdrep"))
-needs_report = pytest.mark.skipif(not REPORTS, reason=f"no .nsys-rep in {CORPUS}")
+needs_report = pytest.mark.corpus
 
 
 @needs_report

@@ -135,10 +135,12 @@ NCU_PAGES = [NCU / "occupancy.raw.csv"] + sorted((CORPUS / "ncu-csv").glob("*.ra
 NCU_PAGES += [CORPUS / "nsightful" / "copy_blocked.csv"]  # details page only (T4, sm_75)
 
 
-@pytest.mark.parametrize("path", NCU_PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.corpus) if CORPUS in p.parents else p for p in NCU_PAGES],
+    ids=lambda p: p.name,
+)
 def test_theoretical_occupancy_equals_ncu_for_every_profiled_kernel(store, path):
-    if not path.is_file():
-        pytest.skip("corpus not available")
     rows = _agreement(store, path)
     assert rows, path
     for index, ours, ncu in rows:

@@ -23,6 +23,8 @@ from stallscope.report import analyze_job
 from stallscope.store import Store
 from tests.conftest import SAMPLES
 
+pytestmark = pytest.mark.slow
+
 KINETO = SAMPLES / "kineto"
 NSYS = SAMPLES / "nsys" / "train_pageable_d2h.sqlite.gz"
 TRAIN = [

@@ -16,6 +16,8 @@ from stallscope.report import analyze_job
 from stallscope.store import Store
 from tests.conftest import SAMPLES
 
+pytestmark = pytest.mark.slow
+
 KINETO = SAMPLES / "kineto"
 SCENARIOS = sorted(p.name for p in KINETO.iterdir() if p.is_dir()) if KINETO.is_dir() else []
 
@@ -135,10 +137,17 @@ def test_ddp_jobs_carry_collective_metadata(analyzed):
 
 
 def test_straggler_rank_gpu_waits_for_its_host(analyzed):
-    sleep = truth("ddp_straggler")["planted"][0]["amount_ns_per_step"]
-    idle = metric(analyzed, "ddp_straggler", "idle_unknown_ns", rank=1)
-    steps = len([r for r in step_rows(analyzed, "ddp_straggler")]) / 2
-    assert idle >= 0.9 * sleep * (steps - 1)
+    """The straggler's GPU idles through its planted sleep: within 10 % of the sleep the
+    truth file measured in the profiled steps (4 x 50.1 ms), as ``unknown`` idle (a sleep
+    is host time no profiler records)."""
+    truth_file = truth("ddp_straggler")
+    (plant,) = truth_file["planted"]
+    (measured,) = [r for r in truth_file["measured_per_rank"] if r["rank"] == plant["rank"]]
+    sleeps = measured["planted_sleep_ns_measured"]
+    planted_total = sleeps["mean_ns"] * sleeps["n"]  # over the profiled steps
+    assert sleeps["n"] == len(measured["profiled_phase_step_wall_ns_list"])
+    idle = metric(analyzed, "ddp_straggler", "idle_unknown_ns", rank=plant["rank"])
+    assert abs(idle - planted_total) <= 0.10 * planted_total, (idle, planted_total)
 
 
 def test_step_rows_sum_to_the_idle_totals(analyzed):

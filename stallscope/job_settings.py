@@ -1,0 +1,54 @@
+"""Job-level settings: one value per job that several analyzers and views read.
+
+* ``skew_tolerance_ns``: clock offsets between ranks below this are taken as one
+  shared clock, above it (when steady) corrected (:mod:`stallscope.collectives`).
+  ``nccl_wait``, ``overlap`` (its waiting share of exposed communication) and the
+  Distributed page's wait matrix (:func:`stallscope.views.wait_matrix`) all match
+  collectives with it, so one report or page shows one clock correction.
+
+A threshold sets a setting for every reader: the ``nccl_wait`` threshold
+``skew_tolerance_us`` (``--nccl-wait-skew-tolerance-us``, the dashboard's
+threshold panel) is the job's skew tolerance. :func:`apply` puts the values of
+a threshold-overrides dict on a :class:`~stallscope.jobdata.JobData` before
+anything reads them; :func:`of` reads them (defaults when none were applied).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SKEW_TOLERANCE_US = 100.0  # the default of nccl_wait's skew_tolerance_us threshold
+_KEY = ("job_settings",)
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """The job's settings; times in integer ns."""
+
+    skew_tolerance_ns: int = int(SKEW_TOLERANCE_US * 1000)
+
+
+def settings_from(overrides: dict[str, dict[str, float]] | None) -> JobSettings:
+    """The settings a threshold-overrides dict (``overrides[analyzer][threshold]``) implies."""
+    us = ((overrides or {}).get("nccl_wait") or {}).get("skew_tolerance_us")
+    return JobSettings() if us is None else JobSettings(skew_tolerance_ns=int(float(us) * 1000))
+
+
+def apply(job: Any, overrides: dict[str, dict[str, float]] | None) -> JobSettings:
+    """Set ``job``'s settings from ``overrides``; returns them."""
+    settings = settings_from(overrides)
+    job.cache[_KEY] = settings
+    return settings
+
+
+def set_skew_tolerance_us(job: Any, us: float) -> int:
+    """Set ``job``'s skew tolerance (µs); returns it in ns."""
+    settings = JobSettings(skew_tolerance_ns=int(float(us) * 1000))
+    job.cache[_KEY] = settings
+    return settings.skew_tolerance_ns
+
+
+def of(job: Any) -> JobSettings:
+    """``job``'s settings: those applied, else the defaults."""
+    return job.cache.get(_KEY) or JobSettings()
