@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stallscope import intervals
-from stallscope.idle import GRAPH_LAUNCH_REGEX, LAUNCH_API_REGEX, SYNC_API_REGEX, SYNC_OP_REGEX
+from stallscope.idle import GRAPH_LAUNCH_REGEX, LAUNCH_API_REGEX, SYNC_OP_REGEX
 from stallscope.iterations import ITERATION_NAME_REGEX, Iterations
 from stallscope.jobdata import JobData
+from stallscope.sync_calls import API_SQL, SYNC_API_REGEX
 
 IDLE_CAUSES = ("sync", "graph_launch", "launch", "issue", "cpu", "queued", "unknown")
 HOST_WORK = ("sync", "cpu", "unknown")  # host work between iterations: not launching, not queued
@@ -51,7 +52,7 @@ WITH launch_ext AS (
 )
 SELECT h.start_ns, h.end_ns,
   CASE
-    WHEN (h.kind IN ('runtime', 'driver') AND regexp_matches(n.name, '{SYNC_API_REGEX}'))
+    WHEN (h.kind IN ('runtime', 'driver') AND regexp_matches({API_SQL}, '{SYNC_API_REGEX}'))
       OR (h.kind = 'cpu_op' AND regexp_matches(n.name, '{SYNC_OP_REGEX}')) THEN 0
     WHEN h.kind IN ('runtime', 'driver') AND regexp_matches(n.name, '{GRAPH_LAUNCH_REGEX}') THEN 1
     WHEN (h.kind IN ('runtime', 'driver') AND regexp_matches(n.name, '{LAUNCH_API_REGEX}'))
@@ -316,7 +317,7 @@ def _sync_calls(job: JobData, trace_id: str, pids: list[int], starts, ends) -> n
         f"""SELECT h.start_ns, h.kind IN ('runtime', 'driver') AS api FROM host h
            JOIN names n USING (trace_id, name_id)
            WHERE h.trace_id = $t AND h.pid IN (SELECT unnest($pids))
-             AND ((h.kind IN ('runtime', 'driver') AND regexp_matches(n.name, '{SYNC_API_REGEX}'))
+             AND ((h.kind IN ('runtime', 'driver') AND regexp_matches({API_SQL}, '{SYNC_API_REGEX}'))
                OR (h.kind = 'cpu_op' AND n.name = 'aten::item'))""",
         {"t": trace_id, "pids": pids},
     ).fetchnumpy()
