@@ -111,6 +111,15 @@ class AnalyzerResult:
     metrics: list[Metric] = field(default_factory=list)
 
 
+def concatenate(results: list[AnalyzerResult]) -> AnalyzerResult:
+    """The findings and metrics of ``results``, in order."""
+    out = AnalyzerResult()
+    for result in results:
+        out.findings.extend(result.findings)
+        out.metrics.extend(result.metrics)
+    return out
+
+
 @dataclass(frozen=True)
 class AnalyzerSpec:
     """Declaration of one analyzer: id, what it does, thresholds, entry point."""
@@ -120,6 +129,9 @@ class AnalyzerSpec:
     description: str
     run: Callable[[Any, dict[str, float]], AnalyzerResult]
     thresholds: tuple[Threshold, ...] = ()
+    # For an analyzer in ``analyzers.PER_RANK`` (run over each rank alone): the job's
+    # result from the ranks' results, in rank order; None = their concatenation.
+    combine_ranks: Callable[[list[AnalyzerResult]], AnalyzerResult] | None = None
 
     def params(self, overrides: dict[str, float] | None = None) -> dict[str, float]:
         """Defaults merged with overrides keyed by threshold name."""

@@ -115,7 +115,8 @@ def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, par
     s_trace, s_device = _participant_of(inst, straggler)
     key = (s_trace, s_device)
     if key not in activity:
-        activity[key] = _straggler_activity(job, match, s_trace, s_device, min_wait)
+        part = job.part_of(s_trace)  # the straggler's own reads: its rank's files only
+        activity[key] = _straggler_activity(part, match, s_trace, s_device, min_wait)
     doing = activity[key]
     order = np.argsort(-waits, kind="stable")[:MAX_WINDOWS]
     top = np.argsort(-inst["max_wait_ns"][rows["inst"][waiting]], kind="stable")[:5]

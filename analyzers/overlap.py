@@ -61,7 +61,8 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
                 match = match_collectives(job)
             waits = match.waits_of(trace, device) if match else (np.zeros(0, np.int64),) * 2
             rank = int(ref.meta.get("rank", 0))
-            _device(job, result, trace, rank, device, ops, waits, params, missing)
+            part = job.part_of(trace)  # per-trace queries read this rank's files only
+            _device(part, result, trace, rank, device, ops, waits, params, missing)
     return result
 
 

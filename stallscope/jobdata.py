@@ -4,10 +4,21 @@ A :class:`JobData` wraps the store's Parquet files of the job's traces in a
 private in-memory DuckDB connection with views named after the canonical
 tables (``gpu``, ``host``, ``ranges``, ``collectives``, ``names``, ``threads``,
 ``devices``) plus ``catalog``. It is read-only and cheap to create.
+
+Every query on a view binds and prunes every file under it, so a query about
+one trace costs in proportion to the job's rank count: asked once per rank,
+such queries cost the square of it. Per-rank work therefore reads a *part*, a
+JobData over one rank's traces alone (its timeline and any Nsight Compute
+results paired with it): :meth:`JobData.rank_parts` gives each rank's in
+turn (``report.analyze_job`` runs the per-rank analyzers on them) and
+:meth:`JobData.part_of` the part of one trace (for the per-rank reads of the
+analyzers that match collectives across ranks). A job of one rank is its own
+part.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
@@ -20,16 +31,79 @@ from stallscope.store import Store, TraceRef
 class JobData:
     """The traces (ranks) of one job, queryable with SQL."""
 
-    def __init__(self, store: Store, traces: list[TraceRef]):
+    def __init__(
+        self,
+        store: Store,
+        traces: list[TraceRef],
+        *,
+        parent: JobData | None = None,
+        load: bool = False,
+    ):
         self.store = store
+        self.parent = parent  # a part's job: the part's views live on a cursor of its database
+        self.load = load  # a part's tables are read into memory once (for many queries)
         self.traces = sorted(traces, key=lambda r: r.meta.get("rank", 0))
         self.job_id = self.traces[0].job_id if self.traces else ""
         self.cache: dict[
             Any, Any
         ] = {}  # derived results shared by analyzers (e.g. idle attribution)
+        self._part: JobData | None = None  # the last part_of, kept open for the next call
+
+    def rank_groups(self) -> list[list[TraceRef]]:
+        """The traces by rank, in rank order (a rank's traces in job order).
+
+        A store job holds one timeline per rank; an Nsight Compute result
+        shares the rank of the timeline it describes.
+        """
+        groups: dict[Any, list[TraceRef]] = {}
+        for ref in self.traces:
+            groups.setdefault(ref.meta.get("rank", 0), []).append(ref)
+        return list(groups.values())
+
+    def rank_parts(self) -> Iterator[JobData]:
+        """One JobData per rank, in rank order: :meth:`part_of` that rank's traces.
+
+        Each part has its own connection and cache and is closed when the
+        next one is asked for (or the loop ends), so at most one rank's
+        derived data is held at a time. A job of one rank yields itself
+        (left open, its cache kept).
+        """
+        groups = self.rank_groups()
+        if len(groups) <= 1:
+            yield self
+            return
+        for group in groups:
+            part = JobData(self.store, group, parent=self, load=True)
+            try:
+                yield part
+            finally:
+                part.close()
+
+    def part_of(self, trace_id: str) -> JobData:
+        """The JobData of ``trace_id``'s rank alone: queries on it bind that rank's files only.
+
+        ``self`` when the job has one rank. The part stays open (with its
+        cache) until a trace of another rank is asked for or :meth:`close`;
+        its results about that rank equal the whole job's. Raises
+        ``KeyError`` for a trace not in this job.
+        """
+        groups = self.rank_groups()
+        if len(groups) <= 1 and any(r.trace_id == trace_id for r in self.traces):
+            return self
+        if self._part is not None and any(r.trace_id == trace_id for r in self._part.traces):
+            return self._part
+        group = next((g for g in groups if any(r.trace_id == trace_id for r in g)), None)
+        if group is None:
+            raise KeyError(f"trace {trace_id!r} is not in job {self.job_id!r}")
+        if self._part is not None:
+            self._part.close()
+        self._part = JobData(self.store, group, parent=self)
+        return self._part
 
     @cached_property
     def con(self) -> duckdb.DuckDBPyConnection:
+        if self.parent is not None:
+            return self.store.connect(self.traces, cursor_of=self.parent.con, load=self.load)
         return self.store.connect(self.traces)
 
     def sql(self, query: str, params: list[Any] | None = None) -> duckdb.DuckDBPyConnection:
@@ -53,6 +127,9 @@ class JobData:
         return self.cache[key]
 
     def close(self) -> None:
+        if self._part is not None:
+            self._part.close()
+            self._part = None
         if "con" in self.__dict__:
             self.con.close()
             del self.__dict__["con"]

@@ -200,23 +200,39 @@ class Store:
         shutil.rmtree(doomed, ignore_errors=True)
 
     # -- querying ------------------------------------------------------------------
-    def connect(self, traces: list[TraceRef] | None = None) -> duckdb.DuckDBPyConnection:
+    def connect(
+        self,
+        traces: list[TraceRef] | None = None,
+        *,
+        cursor_of: duckdb.DuckDBPyConnection | None = None,
+        load: bool = False,
+    ) -> duckdb.DuckDBPyConnection:
         """In-memory DuckDB with one view per canonical table over ``traces``.
 
         With no argument the views cover the whole store. Views read the
         immutable Parquet files directly, so this never blocks a writer.
+        With ``cursor_of`` (an open connection) the result is a new cursor of
+        that connection's database whose views (and ``catalog``) are
+        temporary: they shadow the database's own, vanish when the cursor is
+        closed, and cost no new database (about 20 ms of CPU each).
+        With ``load`` as well, they are temporary tables holding the rows
+        (read once, then queried in memory): for many queries on few traces.
         """
         refs = self.traces() if traces is None else traces
-        con = duckdb.connect(config={"threads": max(1, min(4, os.cpu_count() or 1))})
+        if cursor_of is None:
+            con = duckdb.connect(config={"threads": max(1, min(4, os.cpu_count() or 1))})
+            view = "VIEW"
+        else:
+            con, view = cursor_of.cursor(), "TEMP TABLE" if load else "TEMP VIEW"
         for table in TABLES:
             files = [str(r.table_path(table)) for r in refs if r.table_path(table).is_file()]
             if files:
                 listing = ", ".join(_sql_str(f) for f in files)
                 con.execute(
-                    f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)"
+                    f"CREATE {view} {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)"
                 )
             else:
-                con.execute(f"CREATE VIEW {table} AS SELECT * FROM {_EMPTY[table]} WHERE false")
+                con.execute(f"CREATE {view} {table} AS SELECT * FROM {_EMPTY[table]} WHERE false")
         _create_catalog(con, refs)
         return con
 
