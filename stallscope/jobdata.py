@@ -55,24 +55,34 @@ class JobData:
         A store job holds one timeline per rank; an Nsight Compute result
         shares the rank of the timeline it describes.
         """
+        return [list(group) for group in self._groups]
+
+    @cached_property
+    def _groups(self) -> list[list[TraceRef]]:
         groups: dict[Any, list[TraceRef]] = {}
         for ref in self.traces:
             groups.setdefault(ref.meta.get("rank", 0), []).append(ref)
         return list(groups.values())
 
-    def rank_parts(self) -> Iterator[JobData]:
-        """One JobData per rank, in rank order: :meth:`part_of` that rank's traces.
+    @cached_property
+    def _group_of(self) -> dict[str, int]:
+        """Trace id -> index of its rank's group in ``_groups``."""
+        return {r.trace_id: i for i, group in enumerate(self._groups) for r in group}
 
-        Each part has its own connection and cache and is closed when the
-        next one is asked for (or the loop ends), so at most one rank's
-        derived data is held at a time. A job of one rank yields itself
-        (left open, its cache kept).
+    def rank_parts(self) -> Iterator[JobData]:
+        """One part per rank, in rank order, for many queries on each rank.
+
+        A part is a JobData over one rank's traces whose tables are read into
+        memory (temporary tables on a cursor of this job's database) when it is
+        first queried. Each has its own cache and is closed when the next one
+        is asked for (or the loop ends), so at most one rank's rows and derived
+        data are held at a time. A job of one rank yields itself (its views,
+        left open, its cache kept).
         """
-        groups = self.rank_groups()
-        if len(groups) <= 1:
+        if len(self._groups) <= 1:
             yield self
             return
-        for group in groups:
+        for group in self._groups:
             part = JobData(self.store, group, parent=self, load=True)
             try:
                 yield part
@@ -80,21 +90,21 @@ class JobData:
                 part.close()
 
     def part_of(self, trace_id: str) -> JobData:
-        """The JobData of ``trace_id``'s rank alone: queries on it bind that rank's files only.
+        """The part of ``trace_id``'s rank, for a few queries: views over that rank's files only.
 
         ``self`` when the job has one rank. The part stays open (with its
         cache) until a trace of another rank is asked for or :meth:`close`;
         its results about that rank equal the whole job's. Raises
         ``KeyError`` for a trace not in this job.
         """
-        groups = self.rank_groups()
-        if len(groups) <= 1 and any(r.trace_id == trace_id for r in self.traces):
-            return self
-        if self._part is not None and any(r.trace_id == trace_id for r in self._part.traces):
-            return self._part
-        group = next((g for g in groups if any(r.trace_id == trace_id for r in g)), None)
-        if group is None:
+        index = self._group_of.get(trace_id)
+        if index is None:
             raise KeyError(f"trace {trace_id!r} is not in job {self.job_id!r}")
+        if len(self._groups) == 1:
+            return self
+        group = self._groups[index]
+        if self._part is not None and self._part.traces == group:
+            return self._part
         if self._part is not None:
             self._part.close()
         self._part = JobData(self.store, group, parent=self)
