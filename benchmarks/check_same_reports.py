@@ -37,7 +37,10 @@ def sample_jobs() -> dict[str, list[Path]]:
     ]
     for f in sorted((SAMPLES / "nsys").glob("*.sqlite.gz")):
         jobs[f"nsys/{f.name}"] = [f]
-    return {name: [p for p in files if not p.name.endswith(".truth.json")] for name, files in jobs.items()}
+    return {
+        name: [p for p in files if not p.name.endswith(".truth.json")]
+        for name, files in jobs.items()
+    }
 
 
 def ingest(cmd: list[str], store: Path, files: list[Path]) -> str:

@@ -269,10 +269,14 @@ _CATALOG_COLUMNS = (
 def _create_catalog(con: duckdb.DuckDBPyConnection, refs: list[TraceRef]) -> None:
     cols = ", ".join(f"{name} {typ}" for name, typ in _CATALOG_COLUMNS)
     con.execute(f"CREATE TEMP TABLE catalog ({cols})")
-    rows = [tuple(r.meta.get(name) for name, _ in _CATALOG_COLUMNS) for r in refs]
-    if rows:
-        marks = ", ".join("?" for _ in _CATALOG_COLUMNS)
-        con.executemany(f"INSERT INTO catalog VALUES ({marks})", rows)
+    rows = [[r.meta.get(name) for name, _ in _CATALOG_COLUMNS] for r in refs]
+    marks = "(" + ", ".join("?" for _ in _CATALOG_COLUMNS) + ")"
+    for at in range(0, len(rows), 500):  # a statement per 500 rows, not one per row (executemany)
+        chunk = rows[at : at + 500]
+        con.execute(
+            f"INSERT INTO catalog VALUES {', '.join(marks for _ in chunk)}",
+            [value for row in chunk for value in row],
+        )
 
 
 def _sql_str(text: str) -> str:
