@@ -47,7 +47,8 @@ class JobData:
         self.cache: dict[
             Any, Any
         ] = {}  # derived results shared by analyzers (e.g. idle attribution)
-        self._part: JobData | None = None  # the last part_of, kept open for the next call
+        self._parts: dict[int, JobData] = {}  # part_of's parts by rank group, open till close()
+        self._current = -1  # the rank group of the last part_of
 
     def rank_groups(self) -> list[list[TraceRef]]:
         """The traces by rank, in rank order (a rank's traces in job order).
@@ -92,23 +93,23 @@ class JobData:
     def part_of(self, trace_id: str) -> JobData:
         """The part of ``trace_id``'s rank, for a few queries: views over that rank's files only.
 
-        ``self`` when the job has one rank. The part stays open (with its
-        cache) until a trace of another rank is asked for or :meth:`close`;
-        its results about that rank equal the whole job's. Raises
-        ``KeyError`` for a trace not in this job.
+        ``self`` when the job has one rank. Its results about that rank equal
+        the whole job's. Its connection (views: it holds no rows) stays open
+        until :meth:`close`, so later passes over the ranks bind nothing
+        again; its cache is dropped when a trace of another rank is asked
+        for. Raises ``KeyError`` for a trace not in this job.
         """
         index = self._group_of.get(trace_id)
         if index is None:
             raise KeyError(f"trace {trace_id!r} is not in job {self.job_id!r}")
         if len(self._groups) == 1:
             return self
-        group = self._groups[index]
-        if self._part is not None and self._part.traces == group:
-            return self._part
-        if self._part is not None:
-            self._part.close()
-        self._part = JobData(self.store, group, parent=self)
-        return self._part
+        if index != self._current and self._current in self._parts:
+            self._parts[self._current].cache.clear()
+        self._current = index
+        if index not in self._parts:
+            self._parts[index] = JobData(self.store, self._groups[index], parent=self)
+        return self._parts[index]
 
     @cached_property
     def con(self) -> duckdb.DuckDBPyConnection:
@@ -137,9 +138,9 @@ class JobData:
         return self.cache[key]
 
     def close(self) -> None:
-        if self._part is not None:
-            self._part.close()
-            self._part = None
+        for part in self._parts.values():
+            part.close()
+        self._parts.clear()
         if "con" in self.__dict__:
             self.con.close()
             del self.__dict__["con"]

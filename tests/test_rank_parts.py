@@ -132,10 +132,15 @@ def test_parts_read_one_rank_and_are_freed(store, tmp_path):
     second = job.traces[1].trace_id
     part = job.part_of(second)
     assert job.part_of(second) is part and part.traces == [job.traces[1]]
-    assert job.part_of(job.traces[2].trace_id) is not part and "con" not in part.__dict__
+    assert part.devices(second) and part.cache
+    third = job.part_of(job.traces[2].trace_id)
+    assert third is not part and third.traces == [job.traces[2]]
+    assert not part.cache, "the other rank's derived data is dropped"
+    assert job.part_of(second) is part, "its views stay open for the next pass"
     with pytest.raises(KeyError):
         job.part_of("not-a-trace")
     job.close()
+    assert "con" not in part.__dict__ and "con" not in third.__dict__
 
 
 def test_a_one_rank_job_is_its_own_part(store):
