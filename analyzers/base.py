@@ -2,7 +2,9 @@
 
 An analyzer is one module with a module-level :data:`SPEC` (:class:`AnalyzerSpec`)
 whose ``run(job, params)`` is pure: it reads the job's canonical tables
-through SQL and returns an :class:`AnalyzerResult`. Thresholds are declared
+through SQL and returns an :class:`AnalyzerResult` (an analyzer listed in
+``analyzers.PER_RANK`` is given one rank's traces at a time, and
+``SPEC.combine_ranks`` joins the ranks' results). Thresholds are declared
 once in ``SPEC.thresholds``; the CLI turns them into flags and the dashboard
 into widgets, so both read the same declaration.
 """
