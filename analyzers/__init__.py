@@ -27,6 +27,28 @@ REPORT_ORDER = (
     "occupancy",
 )
 
+# Analyzers that read one rank at a time. ``report.analyze_job`` runs each over
+# every rank's traces alone (JobData.rank_parts: a connection over that rank's
+# Parquet files, so a query costs the same at 8 ranks as at 256) and joins the
+# ranks' results with ``SPEC.combine_ranks`` (None: concatenated in rank order).
+# Contract, checked by tests/test_rank_parts.py: the joined result equals ``run``
+# over the whole job. The others (overlap, nccl_wait: they match collectives
+# across ranks) get the whole job and read per-rank data through JobData.part_of.
+# An analyzer missing here runs over the whole job: correct, but slower per rank.
+PER_RANK = frozenset(
+    {
+        "utilization",
+        "gpu_idle",
+        "launch_overhead",
+        "step_breakdown",
+        "host_sync",
+        "memcpy",
+        "hotspots",
+        "occupancy",
+        "inference",
+    }
+)
+
 
 @functools.cache
 def registry() -> dict[str, AnalyzerSpec]:

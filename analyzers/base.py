@@ -2,7 +2,9 @@
 
 An analyzer is one module with a module-level :data:`SPEC` (:class:`AnalyzerSpec`)
 whose ``run(job, params)`` is pure: it reads the job's canonical tables
-through SQL and returns an :class:`AnalyzerResult`. Thresholds are declared
+through SQL and returns an :class:`AnalyzerResult` (an analyzer listed in
+``analyzers.PER_RANK`` is given one rank's traces at a time, and
+``SPEC.combine_ranks`` joins the ranks' results). Thresholds are declared
 once in ``SPEC.thresholds``; the CLI turns them into flags and the dashboard
 into widgets, so both read the same declaration.
 """
@@ -111,6 +113,15 @@ class AnalyzerResult:
     metrics: list[Metric] = field(default_factory=list)
 
 
+def concatenate(results: list[AnalyzerResult]) -> AnalyzerResult:
+    """The findings and metrics of ``results``, in order."""
+    out = AnalyzerResult()
+    for result in results:
+        out.findings.extend(result.findings)
+        out.metrics.extend(result.metrics)
+    return out
+
+
 @dataclass(frozen=True)
 class AnalyzerSpec:
     """Declaration of one analyzer: id, what it does, thresholds, entry point."""
@@ -120,6 +131,9 @@ class AnalyzerSpec:
     description: str
     run: Callable[[Any, dict[str, float]], AnalyzerResult]
     thresholds: tuple[Threshold, ...] = ()
+    # For an analyzer in ``analyzers.PER_RANK`` (run over each rank alone): the job's
+    # result from the ranks' results, in rank order; None = their concatenation.
+    combine_ranks: Callable[[list[AnalyzerResult]], AnalyzerResult] | None = None
 
     def params(self, overrides: dict[str, float] | None = None) -> dict[str, float]:
         """Defaults merged with overrides keyed by threshold name."""

@@ -64,7 +64,8 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
                 ranked = match is not None and _participants(match) > 1
             waits = match.waits_of(trace, device) if match else (np.zeros(0, np.int64),) * 2
             rank = int(ref.meta.get("rank", 0))
-            _device(job, result, trace, rank, device, ops, waits, params, missing, ranked)
+            part = job.part_of(trace)  # per-trace queries read this rank's files only
+            _device(part, result, trace, rank, device, ops, waits, params, missing, ranked)
     return result
 
 

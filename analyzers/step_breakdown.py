@@ -80,6 +80,21 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     return result
 
 
+def combine_ranks(results: list[AnalyzerResult]) -> AnalyzerResult:
+    """The job's result from each rank's alone (``run`` over one rank's traces, in rank
+    order): the same as ``run`` over the job, whose one jitter finding names them all."""
+    out = AnalyzerResult()
+    jitters = []
+    for result in results:
+        out.metrics.extend(result.metrics)
+        for finding in result.findings:
+            is_jitter = finding.evidence.get("key") == "jitter"
+            (jitters if is_jitter else out.findings).append(finding)
+    if jitters:
+        out.findings.append(_one_jitter_per_job(jitters))
+    return out
+
+
 def _one_jitter_per_job(jitters: list[Finding]) -> Finding:
     """The worst rank's jitter finding, naming the others: in a synchronous job every rank
     runs at the pace of the slowest, so the same jitter shows on each."""
@@ -257,4 +272,5 @@ SPEC = AnalyzerSpec(
     description="Per-step GPU compute, communication, copies and idle time by cause; step-time jitter.",
     run=run,
     thresholds=THRESHOLDS,
+    combine_ranks=combine_ranks,
 )

@@ -85,8 +85,9 @@ def gpu_activity(job: JobData) -> dict[tuple[str, int], dict[str, np.ndarray]]:
     """
     if "gpu_activity" not in job.cache:
         out = {}
-        for ref in job.traces:  # one query per trace: integer sort keys, small joins
-            cols = job.con.execute(ACTIVITY_SQL, {"trace": ref.trace_id}).fetchnumpy()
+        for ref in job.traces:  # one query per trace, on its rank's files: small joins
+            part = job.part_of(ref.trace_id)
+            cols = part.con.execute(ACTIVITY_SQL, {"trace": ref.trace_id}).fetchnumpy()
             device = cols["device"].astype(np.int64)
             if not device.size:  # CPU-only or Nsight Compute traces: no GPU timeline
                 continue

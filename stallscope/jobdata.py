@@ -4,10 +4,21 @@ A :class:`JobData` wraps the store's Parquet files of the job's traces in a
 private in-memory DuckDB connection with views named after the canonical
 tables (``gpu``, ``host``, ``ranges``, ``collectives``, ``names``, ``threads``,
 ``devices``) plus ``catalog``. It is read-only and cheap to create.
+
+Every query on a view binds and prunes every file under it, so a query about
+one trace costs in proportion to the job's rank count: asked once per rank,
+such queries cost the square of it. Per-rank work therefore reads a *part*, a
+JobData over one rank's traces alone (its timeline and any Nsight Compute
+results paired with it): :meth:`JobData.rank_parts` gives each rank's in
+turn (``report.analyze_job`` runs the per-rank analyzers on them) and
+:meth:`JobData.part_of` the part of one trace (for the per-rank reads of the
+analyzers that match collectives across ranks). A job of one rank is its own
+part.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
 
@@ -20,16 +31,90 @@ from stallscope.store import Store, TraceRef
 class JobData:
     """The traces (ranks) of one job, queryable with SQL."""
 
-    def __init__(self, store: Store, traces: list[TraceRef]):
+    def __init__(
+        self,
+        store: Store,
+        traces: list[TraceRef],
+        *,
+        parent: JobData | None = None,
+        load: bool = False,
+    ):
         self.store = store
+        self.parent = parent  # a part's job: the part's views live on a cursor of its database
+        self.load = load  # a part's tables are read into memory once (for many queries)
         self.traces = sorted(traces, key=lambda r: r.meta.get("rank", 0))
         self.job_id = self.traces[0].job_id if self.traces else ""
         self.cache: dict[
             Any, Any
         ] = {}  # derived results shared by analyzers (e.g. idle attribution)
+        self._parts: dict[int, JobData] = {}  # part_of's parts by rank group, open till close()
+        self._current = -1  # the rank group of the last part_of
+
+    def rank_groups(self) -> list[list[TraceRef]]:
+        """The traces by rank, in rank order (a rank's traces in job order).
+
+        A store job holds one timeline per rank; an Nsight Compute result
+        shares the rank of the timeline it describes.
+        """
+        return [list(group) for group in self._groups]
+
+    @cached_property
+    def _groups(self) -> list[list[TraceRef]]:
+        groups: dict[Any, list[TraceRef]] = {}
+        for ref in self.traces:
+            groups.setdefault(ref.meta.get("rank", 0), []).append(ref)
+        return list(groups.values())
+
+    @cached_property
+    def _group_of(self) -> dict[str, int]:
+        """Trace id -> index of its rank's group in ``_groups``."""
+        return {r.trace_id: i for i, group in enumerate(self._groups) for r in group}
+
+    def rank_parts(self) -> Iterator[JobData]:
+        """One part per rank, in rank order, for many queries on each rank.
+
+        A part is a JobData over one rank's traces whose tables are read into
+        memory (temporary tables on a cursor of this job's database) when it is
+        first queried. Each has its own cache and is closed when the next one
+        is asked for (or the loop ends), so at most one rank's rows and derived
+        data are held at a time. A job of one rank yields itself (its views,
+        left open, its cache kept).
+        """
+        if len(self._groups) <= 1:
+            yield self
+            return
+        for group in self._groups:
+            part = JobData(self.store, group, parent=self, load=True)
+            try:
+                yield part
+            finally:
+                part.close()
+
+    def part_of(self, trace_id: str) -> JobData:
+        """The part of ``trace_id``'s rank, for a few queries: views over that rank's files only.
+
+        ``self`` when the job has one rank. Its results about that rank equal
+        the whole job's. Its connection (views: it holds no rows) stays open
+        until :meth:`close`, so later passes over the ranks bind nothing
+        again; its cache is dropped when a trace of another rank is asked
+        for. Raises ``KeyError`` for a trace not in this job.
+        """
+        index = self._group_of.get(trace_id)
+        if index is None:
+            raise KeyError(f"trace {trace_id!r} is not in job {self.job_id!r}")
+        if len(self._groups) == 1:
+            return self
+        if index != self._current and self._current in self._parts:
+            self._parts[self._current].cache.clear()
+        self._current = index
+        if index not in self._parts:
+            self._parts[index] = JobData(self.store, self._groups[index], parent=self)
+        return self._parts[index]
 
     @cached_property
     def con(self) -> duckdb.DuckDBPyConnection:
+        if self.parent is not None:
+            return self.store.connect(self.traces, cursor_of=self.parent.con, load=self.load)
         return self.store.connect(self.traces)
 
     def sql(self, query: str, params: list[Any] | None = None) -> duckdb.DuckDBPyConnection:
@@ -53,6 +138,9 @@ class JobData:
         return self.cache[key]
 
     def close(self) -> None:
+        for part in self._parts.values():
+            part.close()
+        self._parts.clear()
         if "con" in self.__dict__:
             self.con.close()
             del self.__dict__["con"]

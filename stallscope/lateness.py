@@ -125,8 +125,9 @@ def _timeline(job: JobData, match: CollectiveMatch) -> Timeline:
     frames, syncs, pids, step_start, first_step, skew = [], [], {}, {}, {}, {}
     by_trace: dict[str, dict] = {}
     for p, (rank, tid, dev) in enumerate(parts):
+        own_rank = job.part_of(tid)  # this participant's reads: its rank's files only
         if tid not in by_trace:
-            by_trace[tid] = job.con.execute(_OPS_SQL, {"trace": tid}).df()
+            by_trace[tid] = own_rank.con.execute(_OPS_SQL, {"trace": tid}).df()
         cols = by_trace[tid]
         ops = cols[cols["device"] == dev].copy()
         s = match.skew_ns.get((tid, dev), 0) if match.skew_corrected.get((tid, dev)) else 0
@@ -137,15 +138,15 @@ def _timeline(job: JobData, match: CollectiveMatch) -> Timeline:
             ops[c] = ops[c].astype(np.int64) - s
         ops["launch_ns"] = np.where(ops["launch_ns"] >= 0, ops["launch_ns"] - s, -1)
         frames.append(ops)
-        threads = launch_threads(job, tid, dev)
+        threads = launch_threads(own_rank, tid, dev)
         pids[p] = sorted({pid for pid, _ in threads})
-        sy = job.sql(_SYNCS_SQL, [tid]).df()
+        sy = own_rank.sql(_SYNCS_SQL, [tid]).df()
         if pids[p]:
             sy = sy[sy["pid"].isin(pids[p])]
         syncs.append(
             pd.DataFrame({"part": p, "start_ns": sy["start_ns"] - s, "end_ns": sy["end_ns"] - s})
         )
-        st = job.sql(_STEPS_SQL, [tid]).df()
+        st = own_rank.sql(_STEPS_SQL, [tid]).df()
         if pids[p] and st["pid"].isin(pids[p]).any():
             st = st[st["pid"].isin(pids[p])]
         for step, start in st.groupby("step")["start_ns"].min().items():

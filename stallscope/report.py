@@ -14,8 +14,8 @@ from typing import Any
 import duckdb
 
 from stallscope import job_settings
-from stallscope.analyzers import all_specs
-from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult
+from stallscope.analyzers import PER_RANK, all_specs
+from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult, concatenate
 from stallscope.errors import NotFoundError
 from stallscope.jobdata import JobData
 from stallscope.store import TABLES, Store, TraceRef
@@ -26,11 +26,30 @@ REPORT_SCHEMA = "stallscope.report/1"
 def analyze_job(
     job: JobData, overrides: dict[str, dict[str, float]] | None = None
 ) -> AnalyzerResult:
-    """Run every registered analyzer over one job; ``overrides[analyzer][threshold]``."""
+    """Run every registered analyzer over one job; ``overrides[analyzer][threshold]``.
+
+    The analyzers of ``PER_RANK`` run rank by rank, each rank's together on
+    one part (``JobData.rank_parts``: that rank's files alone, freed before the
+    next rank), and their ranks' results are joined (``SPEC.combine_ranks``);
+    the others run once over the whole job. The result, in report order, is
+    the same as every analyzer's ``run`` over the whole job; the work grows
+    with the rank count instead of its square.
+    """
     job_settings.apply(job, overrides)  # one value per job for every analyzer (and view)
+    specs = all_specs()
+    params = {spec.id: spec.params((overrides or {}).get(spec.id)) for spec in specs}
+    rank_wise = [spec for spec in specs if spec.id in PER_RANK]
+    by_rank: dict[str, list[AnalyzerResult]] = {spec.id: [] for spec in rank_wise}
+    if rank_wise:
+        for part in job.rank_parts():
+            for spec in rank_wise:
+                by_rank[spec.id].append(spec.run(part, params[spec.id]))
     combined = AnalyzerResult()
-    for spec in all_specs():
-        result = spec.run(job, spec.params((overrides or {}).get(spec.id)))
+    for spec in specs:
+        if spec.id in by_rank:
+            result = (spec.combine_ranks or concatenate)(by_rank.pop(spec.id))
+        else:
+            result = spec.run(job, params[spec.id])
         combined.findings.extend(result.findings)
         combined.metrics.extend(result.metrics)
     return combined

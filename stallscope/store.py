@@ -221,24 +221,40 @@ class Store:
         shutil.rmtree(doomed, ignore_errors=True)
 
     # -- querying ------------------------------------------------------------------
-    def connect(self, traces: list[TraceRef] | None = None) -> duckdb.DuckDBPyConnection:
+    def connect(
+        self,
+        traces: list[TraceRef] | None = None,
+        *,
+        cursor_of: duckdb.DuckDBPyConnection | None = None,
+        load: bool = False,
+    ) -> duckdb.DuckDBPyConnection:
         """In-memory DuckDB with one view per canonical table over ``traces``.
 
         With no argument the views cover the whole store. Views read the
         immutable Parquet files directly, so this never blocks a writer.
+        With ``cursor_of`` (an open connection) the result is a new cursor of
+        that connection's database whose views (and ``catalog``) are
+        temporary: they shadow the database's own, vanish when the cursor is
+        closed, and cost no new database (about 20 ms of CPU each).
+        With ``load`` as well, they are temporary tables holding the rows
+        (read once, then queried in memory): for many queries on few traces.
         """
         refs = self.traces() if traces is None else traces
-        con = duckdb.connect(config={"threads": max(1, min(4, os.cpu_count() or 1))})
+        if cursor_of is None:
+            con = duckdb.connect(config={"threads": max(1, min(4, os.cpu_count() or 1))})
+            view = "VIEW"
+        else:
+            con, view = cursor_of.cursor(), "TEMP TABLE" if load else "TEMP VIEW"
         for table in TABLES:
             files = [str(r.table_path(table)) for r in refs if r.table_path(table).is_file()]
             if files:
                 listing = ", ".join(_sql_str(f) for f in files)
                 con.execute(
-                    f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)"
+                    f"CREATE {view} {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = true)"
                 )
             else:
                 con.execute(
-                    f"CREATE VIEW {table} AS SELECT * FROM {EMPTY_TABLES[table]} WHERE false"
+                    f"CREATE {view} {table} AS SELECT * FROM {EMPTY_TABLES[table]} WHERE false"
                 )
         create_catalog(con, [r.meta for r in refs])
         return con
@@ -277,10 +293,14 @@ def create_catalog(con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]]) 
     """A ``catalog`` table with one row per trace catalog row (``meta.json``)."""
     cols = ", ".join(f"{name} {typ}" for name, typ in CATALOG_COLUMNS)
     con.execute(f"CREATE TEMP TABLE catalog ({cols})")
-    rows = [tuple(meta.get(name) for name, _ in CATALOG_COLUMNS) for meta in metas]
-    if rows:
-        marks = ", ".join("?" for _ in CATALOG_COLUMNS)
-        con.executemany(f"INSERT INTO catalog VALUES ({marks})", rows)
+    rows = [[meta.get(name) for name, _ in CATALOG_COLUMNS] for meta in metas]
+    marks = "(" + ", ".join("?" for _ in CATALOG_COLUMNS) + ")"
+    for at in range(0, len(rows), 500):  # a statement per 500 rows, not one per row (executemany)
+        chunk = rows[at : at + 500]
+        con.execute(
+            f"INSERT INTO catalog VALUES {', '.join(marks for _ in chunk)}",
+            [value for row in chunk for value in row],
+        )
 
 
 def _sql_str(text: str) -> str:

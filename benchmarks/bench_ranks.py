@@ -1,0 +1,185 @@
+"""How does ``stallscope analyze`` scale with the number of ranks of a job?
+
+    python benchmarks/bench_ranks.py [--ranks 8 16 32 64 128] [--stallscope CMD] [--keep DIR]
+
+For each N, an N-rank job is built from the real 2-rank sample
+``sample_traces/kineto/ddp_straggler`` (rank 1 sleeps 50 ms before every
+forward, so the other rank waits in the first all-reduce of each step):
+rank 1's trace becomes rank 1 of the job (the one straggler) and rank 0's
+trace every other rank. Each copy gets its rank and the world size rewritten
+(``distributedInfo.rank``/``world_size``, its process-group size and ranks,
+and the same in the collectives' arguments) and its own Kineto ``trace_id``,
+so its bytes (and so its store trace id) are its own. The job is ingested
+into a fresh store (``stallscope ingest``), then analyzed once, as a user
+runs it: ``stallscope analyze <job> --format json``, a whole process whose
+CPU seconds (user + system, all threads; ``os.wait4``, the child's
+``getrusage``) and peak RSS are measured. The fitted exponent is the slope of
+log(analysis CPU-s) against log(N) (least squares over the N measured).
+
+Every N also checks that the straggler is still named: every ``nccl_wait``
+finding of a waiting rank must name rank 1 as the rank waited for.
+``--stallscope`` picks the command (e.g. another checkout's
+``.venv/bin/stallscope``), to measure before and after a change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import benchlib
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "sample_traces" / "kineto" / "ddp_straggler"
+STRAGGLER = 1
+
+
+def load_sample() -> dict[int, dict]:
+    """The sample's two rank traces, by rank."""
+    return {
+        rank: json.loads(gzip.decompress((SAMPLE / f"rank{rank}.pt.trace.json.gz").read_bytes()))
+        for rank in (0, 1)
+    }
+
+
+def rank_trace(sample: dict[int, dict], rank: int, world: int) -> dict:
+    """Rank ``rank`` of a ``world``-rank job: the straggler's trace for rank 1, else rank 0's."""
+    trace = copy.deepcopy(sample[STRAGGLER if rank == STRAGGLER else 0])
+    ranks = str(list(range(world)))
+    info = trace["distributedInfo"]
+    info["rank"], info["world_size"] = rank, world
+    for pg in info.get("pg_config", []):
+        pg["pg_size"], pg["ranks"] = world, list(range(world))
+    trace["trace_id"] = f"{rank:08X}{world:08X}" + "0" * 16  # unique bytes per (rank, world)
+    for event in trace["traceEvents"]:
+        args = event.get("args")
+        if args and "Process Group Ranks" in args:
+            args["Process Group Ranks"] = ranks
+            args["Group size"] = world
+    return trace
+
+
+def build_job(sample: dict[int, dict], world: int, folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rank in range(world):
+        path = folder / f"rank{rank}.pt.trace.json.gz"
+        data = json.dumps(rank_trace(sample, rank, world)).encode()
+        path.write_bytes(gzip.compress(data, compresslevel=1))
+        paths.append(path)
+    return paths
+
+
+def straggler_named(report: dict) -> tuple[int, bool]:
+    """(nccl_wait findings of waiting ranks, whether every one names the straggler)."""
+    waits = [
+        f
+        for f in report["findings"]
+        if f["analyzer"] == "nccl_wait" and "straggler_rank" in f["evidence"]
+    ]
+    return len(waits), bool(waits) and all(
+        f["evidence"]["straggler_rank"] == STRAGGLER for f in waits
+    )
+
+
+def measure(cmd: list[str], world: int, work: Path, sample: dict[int, dict]) -> dict:
+    folder = work / f"job{world}"
+    store = work / f"store{world}"
+    shutil.rmtree(store, ignore_errors=True)
+    build_job(sample, world, folder)
+    ingest_wall, ingest_cpu, _, _ = benchlib.run_child(
+        [*cmd, "ingest", "--store", str(store), str(folder)]
+    )
+    (job_id,) = [p.name for p in (store / "jobs").iterdir() if p.is_dir()]
+    out = work / f"report{world}.json"
+    wall, cpu, rss, _ = benchlib.run_child(
+        [*cmd, "analyze", "--store", str(store), job_id, "--format", "json", "-o", str(out)]
+    )
+    report = json.loads(out.read_text())
+    waits, named = straggler_named(report)
+    return {
+        "ranks": world,
+        "ingest_s": ingest_wall,
+        "ingest_cpu_s": ingest_cpu,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "rss_mb": rss,
+        "findings": len(report["findings"]),
+        "waiting_findings": waits,
+        "straggler_named": named,
+    }
+
+
+def fit_exponent(rows: list[dict]) -> float:
+    """Least-squares slope of log(CPU-s) against log(N)."""
+    xs = [math.log(r["ranks"]) for r in rows]
+    ys = [math.log(r["cpu_s"]) for r in rows]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else math.nan
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        "| ranks | ingest s | analyze wall s | analyze CPU s | CPU s per rank | peak RSS MB "
+        "| findings | straggler named |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(
+            f"| {r['ranks']} | {r['ingest_s']:.1f} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} "
+            f"| {r['cpu_s'] / r['ranks']:.3f} | {r['rss_mb']:.0f} | {r['findings']} "
+            f"| {'yes' if r['straggler_named'] else 'NO'} ({r['waiting_findings']} waiting ranks) |"
+        )
+    if len(rows) > 1:
+        print(f"\nfitted exponent of analysis CPU-s vs ranks: {fit_exponent(rows):.2f}")
+
+
+def _checkout_of(exe: Path) -> Path:
+    """The checkout a venv's ``stallscope`` belongs to (``<checkout>/.venv/bin/stallscope``)."""
+    parts = exe.resolve().parents
+    return parts[2] if len(parts) > 2 and parts[1].name == ".venv" else REPO
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32, 64, 128])
+    parser.add_argument("--stallscope", help="command that runs stallscope (default: this venv's)")
+    parser.add_argument("--keep", metavar="DIR", help="build jobs and stores here and keep them")
+    args = parser.parse_args()
+    cmd = benchlib.stallscope_cmd(args.stallscope)
+    checkout = _checkout_of(Path(cmd[0]))
+    version = subprocess.run(
+        ["git", "-C", str(checkout), "log", "-1", "--format=%h %s"], capture_output=True, text=True
+    ).stdout.strip()
+    print(f"machine: {benchlib.machine()}\ncommand: {' '.join(cmd)}\ncheckout: {version}\n")
+    sample = load_sample()
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_ranks_"))
+    rows = []
+    try:
+        for world in sorted(args.ranks):
+            rows.append(measure(cmd, world, work, sample))
+            r = rows[-1]
+            print(
+                f"N={world}: analyze {r['cpu_s']:.1f} CPU-s, {r['wall_s']:.1f} s, "
+                f"{r['rss_mb']:.0f} MB",
+                flush=True,
+            )
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print_table(rows)
+    return 0 if all(r["straggler_named"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

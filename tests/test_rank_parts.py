@@ -1,0 +1,155 @@
+"""Per-rank parts (JobData.rank_parts / part_of) give the same report as the whole job.
+
+``report.analyze_job`` runs the analyzers of ``PER_RANK`` on one rank's files
+at a time and the others with per-rank reads through ``part_of``; the
+reference here is the old way: every analyzer's ``run`` over one connection
+to all the job's files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from stallscope.analyzers import PER_RANK, all_specs
+from stallscope.analyzers.base import AnalyzerResult
+from stallscope.ingest import ingest_paths
+from stallscope.jobdata import JobData
+from stallscope.report import analyze_job
+from tests.conftest import CORPUS, REPO, SAMPLES
+from tests.kineto_builder import KinetoTrace
+
+US = 1_000
+
+
+def whole_job_result(job: JobData) -> AnalyzerResult:
+    """Every analyzer over the whole job's connection (no parts): the reference."""
+    combined = AnalyzerResult()
+    for spec in all_specs():
+        result = spec.run(job, spec.params())
+        combined.findings.extend(result.findings)
+        combined.metrics.extend(result.metrics)
+    return combined
+
+
+def as_dicts(result: AnalyzerResult) -> tuple[list[dict], list[dict]]:
+    return [f.to_dict() for f in result.findings], [m.to_dict() for m in result.metrics]
+
+
+def both_ways(store, job_id: str) -> tuple[tuple, tuple]:
+    """(parts, whole job) results of one stored job, each on a fresh JobData."""
+    parts = JobData(store, store.traces(job_id))
+    whole = JobData(store, store.traces(job_id))
+    try:
+        return as_dicts(analyze_job(parts)), as_dicts(whole_job_result(whole))
+    finally:
+        parts.close()
+        whole.close()
+
+
+def replicated(world: int, folder) -> list[str]:
+    """The 2-rank ddp_straggler sample grown to ``world`` ranks (benchmarks/bench_ranks.py)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_ranks", REPO / "benchmarks" / "bench_ranks.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return [str(p) for p in module.build_job(module.load_sample(), world, folder)]
+
+
+@pytest.mark.parametrize("scenario", ["ddp_straggler", "ddp_overlap", "ddp_no_overlap"])
+def test_two_rank_samples_match_the_whole_job(store, scenario):
+    (res,) = ingest_paths(store, [str(SAMPLES / "kineto" / scenario)])
+    assert len(store.traces(res.job_id)) == 2
+    by_parts, whole = both_ways(store, res.job_id)
+    assert by_parts[0], "the sample has findings"
+    assert by_parts == whole
+
+
+def test_replicated_job_matches_the_whole_job_and_names_the_straggler(store, tmp_path):
+    (res,) = ingest_paths(store, replicated(6, tmp_path / "job"))
+    by_parts, whole = both_ways(store, res.job_id)
+    assert by_parts == whole
+    waits = [f for f in by_parts[0] if "straggler_rank" in f["evidence"]]
+    assert sorted(f["rank"] for f in waits) == [0, 2, 3, 4, 5]
+    assert all(f["analyzer"] == "nccl_wait" and f["evidence"]["straggler_rank"] == 1 for f in waits)
+
+
+def test_dlrm_eight_ranks_match_the_whole_job(store):
+    folder = CORPUS / "param" / "dlrm_kineto"
+    if not folder.is_dir():
+        pytest.skip("corpus absent")
+    files = sorted(str(p) for p in folder.glob("worker*_step_12.*.pt.trace.json*"))
+    (res,) = ingest_paths(store, files)
+    assert len(store.traces(res.job_id)) == 8
+    by_parts, whole = both_ways(store, res.job_id)
+    assert by_parts == whole
+
+
+def jittery(rank: int, last_us: int) -> KinetoTrace:
+    """Five 100 µs steps, the last ``last_us`` long, one kernel each (p90/median known)."""
+    t = KinetoTrace(rank=rank, world_size=2)
+    for i in range(5):
+        base = 1_000 * US * i
+        t.step(i, base, last_us * US if i == 4 else 100 * US)
+        corr = t.next_corr()
+        t.runtime("cudaLaunchKernel", base + 5 * US, 2 * US, corr=corr)
+        t.kernel("gemm", base + 10 * US, 50 * US, device=rank, corr=corr)
+    return t
+
+
+def test_step_jitter_of_several_ranks_is_one_finding_naming_the_others(store, tmp_path):
+    # p90 of [100, 100, 100, 100, L] µs is 100 + 0.6 (L - 100): 2.2x for L = 300, 3.4x for 500.
+    files = [
+        str(jittery(r, last).write(tmp_path / f"r{r}.json")) for r, last in ((0, 300), (1, 500))
+    ]
+    (res,) = ingest_paths(store, files)
+    by_parts, whole = both_ways(store, res.job_id)
+    assert by_parts == whole
+    (jitter,) = [f for f in by_parts[0] if f["id"].endswith(":jitter")]
+    assert jitter["rank"] == 1 and jitter["evidence"]["p90_over_median"] == 3.4
+    assert jitter["evidence"]["other_ranks"] == [{"rank": 0, "p90_over_median": 2.2}]
+
+
+def test_parts_read_one_rank_and_are_freed(store, tmp_path):
+    (res,) = ingest_paths(store, replicated(3, tmp_path / "job"))
+    job = JobData(store, store.traces(res.job_id))
+    seen = []
+    for part in job.rank_parts():
+        ids = {r[0] for r in part.sql("SELECT DISTINCT trace_id FROM gpu").fetchall()}
+        assert ids == {r.trace_id for r in part.traces} and len(part.traces) == 1
+        if seen:
+            assert "con" not in seen[-1].__dict__, "the previous rank's connection is closed"
+        seen.append(part)
+    assert [p.traces[0].meta["rank"] for p in seen] == [0, 1, 2]
+    second = job.traces[1].trace_id
+    part = job.part_of(second)
+    assert job.part_of(second) is part and part.traces == [job.traces[1]]
+    assert part.devices(second) and part.cache
+    third = job.part_of(job.traces[2].trace_id)
+    assert third is not part and third.traces == [job.traces[2]]
+    assert not part.cache, "the other rank's derived data is dropped"
+    assert job.part_of(second) is part, "its views stay open for the next pass"
+    with pytest.raises(KeyError):
+        job.part_of("not-a-trace")
+    job.close()
+    assert "con" not in part.__dict__ and "con" not in third.__dict__
+
+
+def test_a_one_rank_job_is_its_own_part(store):
+    (res,) = ingest_paths(store, [str(SAMPLES / "kineto" / "healthy")])
+    job = JobData(store, store.traces(res.job_id))
+    assert list(job.rank_parts()) == [job]
+    assert job.part_of(job.traces[0].trace_id) is job
+    job.close()
+
+
+def test_cross_rank_analyzers_are_the_ones_left_out():
+    assert {s.id for s in all_specs()} - PER_RANK == {"overlap", "nccl_wait"}
