@@ -25,6 +25,7 @@ REPORT_ORDER = (
     "memcpy",
     "hotspots",
     "occupancy",
+    "memory",
 )
 
 

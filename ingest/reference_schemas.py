@@ -138,4 +138,18 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("timeline_start_ns", "int64"),
         ("timeline_end_ns", "int64"),
     ),
+    "memory": (
+        ("trace_id", "string"),
+        ("device", "int32"),
+        ("ts_ns", "int64"),
+        ("bytes", "int64"),
+        ("total_allocated", "int64"),
+        ("total_reserved", "int64"),
+        ("addr", "int64"),
+        ("pid", "int64"),
+        ("tid", "int64"),
+        ("external_id", "int64"),
+        ("seq", "int64"),
+        ("source", "string"),
+    ),
 }

@@ -1,0 +1,229 @@
+"""memory: the allocator's [memory] events into the memory table, and the memory analyzer's
+peaks, fragmentation, headroom, live ops and churn on traces where each is known by hand."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from stallscope.analyzers import memory as analyzer
+from stallscope.ingest import ingest_paths
+from stallscope.ingest.kineto_memory import memory_table
+from stallscope.jobdata import JobData
+from tests.conftest import CORPUS
+from tests.kineto_builder import H100, KinetoTrace, us
+
+M = 1 << 20
+
+
+def mem_event(
+    trace: KinetoTrace,
+    t: int,
+    delta: int,
+    addr: int,
+    allocated: int | None,
+    reserved: int | None,
+    *,
+    device: int = 0,
+    device_type: int = 1,
+    tid: int = 100,
+) -> None:
+    """One Kineto ``[memory]`` instant event at ``t`` ns, written as PyTorch writes it."""
+    args = {"Bytes": delta, "Addr": addr, "Device Id": device, "Device Type": device_type}
+    if allocated is not None:
+        args |= {"Total Allocated": allocated, "Total Reserved": reserved}
+    trace.events.append(
+        '{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", '
+        f'"pid": 100, "tid": {tid}, "ts": {us(trace.base_ns + t)}, "args": {json.dumps(args)}}}'
+    )
+
+
+def churning_trace() -> KinetoTrace:
+    """Two steps; allocated peaks at 300 MiB at t=200 µs (aten::mm 100 MiB + aten::relu 200 MiB);
+    reserved peaks at 320 MiB; the reservation changes inside both steps."""
+    t = KinetoTrace(base_ns=1_700_000_000_000_000_123, device_props=[H100])
+    t.step(1, 0, 1_000_000)
+    t.step(2, 1_000_000, 1_000_000)
+    t.cpu_op("aten::mm", 50_000, 100_000)
+    t.cpu_op("aten::empty", 90_000, 20_000)  # the mm's output: charged to aten::mm
+    t.cpu_op("aten::relu", 180_000, 40_000)
+    t.kernel("sgemm", 60_000, 50_000)
+    mem_event(t, 100_000, 100 * M, 1, 100 * M, 128 * M)
+    mem_event(t, 200_000, 200 * M, 2, 300 * M, 320 * M)  # the peak
+    mem_event(t, 300_000, -100 * M, 1, 200 * M, 320 * M)
+    mem_event(t, 400_000, 50 * M, 3, 250 * M, 320 * M)
+    mem_event(t, 500_000, -200 * M, 2, 50 * M, 320 * M)
+    mem_event(t, 600_000, -50 * M, 3, 0, 128 * M)  # empty_cache()
+    mem_event(t, 1_100_000, 100 * M, 4, 100 * M, 320 * M)  # grows again in step 2
+    mem_event(t, 1_200_000, -100 * M, 4, 0, 320 * M)
+    mem_event(t, 1_300_000, 4096, 99, None, None, device=-1, device_type=0)  # CPU: skipped
+    return t
+
+
+def tight_trace(*, malloc_in_step2: bool = False) -> KinetoTrace:
+    """A 1000 MiB device holding 960 MiB reserved (4 % headroom) of which 700 MiB is the most
+    ever allocated at the reserved peak: 260/960 = 27.083 % unused; reserved grows in step 1 only."""
+    device = dict(H100, totalGlobalMem=1000 * M)
+    t = KinetoTrace(device_props=[device])
+    t.step(1, 0, 1_000_000)
+    t.step(2, 1_000_000, 1_000_000)
+    t.kernel("k", 10_000, 10_000)
+    mem_event(t, 100_000, 500 * M, 1, 500 * M, 512 * M)
+    mem_event(t, 200_000, 200 * M, 2, 700 * M, 960 * M)
+    mem_event(t, 300_000, -200 * M, 2, 500 * M, 960 * M)
+    mem_event(t, 1_100_000, 150 * M, 3, 650 * M, 960 * M)
+    if malloc_in_step2:
+        t.runtime("cudaMalloc", 1_099_000, 500_000)
+    return t
+
+
+def run(store, tmp_path, trace: KinetoTrace, params: dict | None = None):
+    (res,) = ingest_paths(store, [str(trace.write(tmp_path / "t.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    try:
+        return job, analyzer.run(job, analyzer.SPEC.params(params))
+    finally:
+        job.close()
+
+
+def metrics(result) -> dict[str, float]:
+    return {m.name: m.value for m in result.metrics}
+
+
+def by_key(result) -> dict[str, object]:
+    return {f.evidence["key"]: f for f in result.findings}
+
+
+def test_memory_table_keeps_cuda_rows_with_exact_times(tmp_path):
+    trace = churning_trace()
+    table, unreadable = memory_table(trace.render().encode(), "T")
+    assert unreadable == 0
+    assert table.num_rows == 8  # the CPU row is left out
+    rows = table.to_pylist()
+    assert rows[0]["ts_ns"] == 1_700_000_000_000_100_123  # epoch µs with 3 decimals, exact
+    assert rows[1] | {"trace_id": None} == {
+        "trace_id": None, "device": 0, "ts_ns": 1_700_000_000_000_200_123, "bytes": 200 * M,
+        "total_allocated": 300 * M, "total_reserved": 320 * M, "addr": 2, "pid": 100,
+        "tid": 100, "external_id": None, "seq": 1, "source": "kineto",
+    }  # fmt: skip
+
+
+def test_no_memory_events_gives_an_empty_table():
+    trace = KinetoTrace()
+    trace.kernel("k", 0, 10)
+    table, unreadable = memory_table(trace.render().encode(), "T")
+    assert (table.num_rows, unreadable) == (0, 0)
+
+
+def test_a_damaged_memory_event_is_counted_not_fatal():
+    text = churning_trace().render().replace('"Bytes": 209715200', '"Bytes": 2097152OOPS', 1)
+    table, unreadable = memory_table(text.encode(), "T")
+    assert (table.num_rows, unreadable) == (7, 1)
+
+
+def test_peaks_live_ops_and_churn_known_by_hand(store, tmp_path):
+    job, result = run(store, tmp_path, churning_trace())
+    assert metrics(result) == {
+        "mem_allocated_peak_bytes": 300 * M,
+        "mem_reserved_peak_bytes": 320 * M,
+        "mem_fragmentation_pct": 6.25,  # (320 - 300) / 320
+        "mem_headroom_pct": round(100 * (85029158912 - 320 * M) / 85029158912, 3),
+    }
+    found = by_key(result)
+    assert set(found) == {"summary", "churn"}  # 6.25 % unused, 99.6 % free: nothing else
+    summary = found["summary"]
+    assert summary.evidence["allocated_peak_ns"] == 1_700_000_000_000_200_123
+    assert summary.windows == [[1_700_000_000_000_200_123, 1_700_000_000_000_300_123]]
+    assert summary.evidence["live_at_peak"] == [
+        {"op": "aten::relu", "bytes": 200 * M, "count": 1},
+        {"op": "aten::mm", "bytes": 100 * M, "count": 1},  # made inside aten::empty
+    ]
+    churn = found["churn"]
+    assert churn.severity == "medium"
+    assert [s["reserved_changes"] for s in churn.evidence["steps"]] == [2, 1]
+
+
+def test_headroom_and_fragmentation_findings(store, tmp_path):
+    _, result = run(store, tmp_path, tight_trace())
+    values = metrics(result)
+    assert values["mem_fragmentation_pct"] == 27.083  # (960 - 700) / 960
+    assert values["mem_headroom_pct"] == 4.0  # (1000 - 960) / 1000
+    found = by_key(result)
+    assert found["headroom"].severity == "high"
+    assert found["fragmentation"].severity == "medium"
+    assert "expandable_segments:True" in found["fragmentation"].recommendation
+    assert "churn" not in found  # the reservation changed in step 1 only
+    assert found["summary"].evidence["live_at_peak"][0] == {
+        "op": "(outside any op)", "bytes": 700 * M, "count": 2,
+    }  # fmt: skip
+
+
+def test_thresholds_move_the_findings(store, tmp_path):
+    _, result = run(store, tmp_path, tight_trace(), {"headroom_pct": 3, "fragmentation_pct": 30})
+    assert set(by_key(result)) == {"summary"}
+
+
+def test_cuda_malloc_calls_count_as_churn(store, tmp_path):
+    _, result = run(store, tmp_path, tight_trace(malloc_in_step2=True))
+    steps = by_key(result)["churn"].evidence["steps"]
+    assert [(s["reserved_changes"], s["driver_calls"]) for s in steps] == [(1, 0), (0, 1)]
+
+
+def test_old_traces_without_totals_use_the_running_sum(store, tmp_path):
+    t = KinetoTrace()
+    t.kernel("k", 0, 10_000)
+    mem_event(t, 1_000, 10 * M, 1, None, None)
+    mem_event(t, 2_000, 30 * M, 2, None, None)
+    mem_event(t, 3_000, -10 * M, 1, None, None)
+    _, result = run(store, tmp_path, t)
+    assert metrics(result) == {"mem_allocated_peak_bytes": 40 * M}  # no device memory known
+    summary = by_key(result)["summary"]
+    assert summary.evidence["allocated_from_deltas"] is True
+    assert "allocated before the capture" in summary.detail
+
+
+def test_capacity_by_name_when_the_trace_has_no_total():
+    assert analyzer.capacity_bytes({"name": "NVIDIA H200", "total_mem_bytes": None}) == (
+        141 * 10**9, "product table (H200)",
+    )  # fmt: skip
+    assert analyzer.capacity_bytes({"name": "NVIDIA A100-SXM4-40GB"})[0] == 40 * (1 << 30)
+    assert analyzer.capacity_bytes({"name": "NVIDIA A100-SXM4-80GB"})[0] == 80 * (1 << 30)
+    assert analyzer.capacity_bytes({"name": "Tesla T4"}) == (None, "unknown")
+
+
+def test_a_store_without_memory_files_reads_an_empty_view(store, tmp_path):
+    (res,) = ingest_paths(store, [str(churning_trace().write(tmp_path / "t.json"))])
+    (ref,) = store.traces(res.job_id)
+    ref.table_path("memory").unlink()  # as written before the memory table existed
+    job = JobData(store, [ref])
+    try:
+        assert job.sql("SELECT count(*) FROM memory").fetchone() == (0,)
+        assert analyzer.run(job, analyzer.SPEC.params()).findings == []
+    finally:
+        job.close()
+
+
+BERT = CORPUS / "tracelens" / "traces" / "h100" / "gaunernst_bert-small-uncased__1016001.json.gz"
+
+
+@pytest.mark.skipif(not BERT.is_file(), reason="corpus not present")
+def test_corpus_trace_peaks_match_a_direct_reading(store):
+    events = json.loads(gzip.decompress(BERT.read_bytes()))["traceEvents"]
+    cuda = [
+        e["args"]
+        for e in events
+        if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 1
+    ]
+    (res,) = ingest_paths(store, [str(BERT)])
+    job = JobData(store, store.traces(res.job_id))
+    try:
+        assert job.sql("SELECT count(*) FROM memory").fetchone() == (len(cuda),)
+        values = metrics(analyzer.run(job, analyzer.SPEC.params()))
+    finally:
+        job.close()
+    assert values["mem_allocated_peak_bytes"] == max(a["Total Allocated"] for a in cuda)
+    assert values["mem_reserved_peak_bytes"] == max(a["Total Reserved"] for a in cuda)
+    assert 0 <= values["mem_fragmentation_pct"] < 100
+    assert values["mem_headroom_pct"] > 99  # a small BERT on an 80 GB H100
