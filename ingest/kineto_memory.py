@@ -54,6 +54,7 @@ class _MemEvent(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_MemEvent)
+_LIST_DECODER = msgspec.json.Decoder(list[_MemEvent])
 
 
 def memory_table(data: bytes | bytearray | memoryview, trace_id: str) -> tuple[pa.Table, int]:
@@ -63,19 +64,38 @@ def memory_table(data: bytes | bytearray | memoryview, trace_id: str) -> tuple[p
     trace's µs ``ts`` times 1000, exactly).
     """
     columns: dict[str, list[Any]] = {name: [] for name in MEMORY_SCHEMA.names}
-    unreadable = 0
     view = bytes(data) if isinstance(data, memoryview) else data
-    position = view.find(_MARK)
-    while position >= 0:
-        start = view.rfind(b"{", 0, position)
-        match = _OBJECT.match(view, start) if start >= 0 else None
-        event = _decode(view[match.start() : match.end()]) if match else None
+    chunks, unreadable = _event_objects(view)
+    for event in _decode_all(chunks):
         if event is None:
             unreadable += 1
         elif event.name == "[memory]" and event.ph == "i":
             _append_row(columns, event, trace_id)
-        position = view.find(_MARK, position + len(_MARK))
     return pa.Table.from_pydict(columns, schema=MEMORY_SCHEMA), unreadable
+
+
+def _event_objects(view: bytes | bytearray) -> tuple[list[bytes], int]:
+    """The JSON text of each object around a ``"[memory]"`` mark; count of marks with none."""
+    chunks: list[bytes] = []
+    missing = 0
+    position = view.find(_MARK)
+    while position >= 0:
+        start = view.rfind(b"{", 0, position)
+        match = _OBJECT.match(view, start) if start >= 0 else None
+        if match is None or match.end() <= position:
+            missing += 1
+        else:
+            chunks.append(bytes(view[match.start() : match.end()]))
+        position = view.find(_MARK, position + len(_MARK))
+    return chunks, missing
+
+
+def _decode_all(chunks: list[bytes]) -> list[_MemEvent | None]:
+    """All events in one decoder call; one by one (None for a bad one) when that fails."""
+    try:
+        return list(_LIST_DECODER.decode(b"[" + b",".join(chunks) + b"]"))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return [_decode(chunk) for chunk in chunks]
 
 
 def _decode(chunk: bytes) -> _MemEvent | None:
