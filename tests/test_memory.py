@@ -227,3 +227,71 @@ def test_corpus_trace_peaks_match_a_direct_reading(store):
     assert values["mem_reserved_peak_bytes"] == max(a["Total Reserved"] for a in cuda)
     assert 0 <= values["mem_fragmentation_pct"] < 100
     assert values["mem_headroom_pct"] > 99  # a small BERT on an 80 GB H100
+
+
+@pytest.fixture
+def page_jobs(store, tmp_path, monkeypatch):
+    import streamlit as st
+
+    from tests.test_utilization import hand_trace
+
+    st.cache_data.clear()
+    ids = {}
+    for name, trace in (("mem", tight_trace()), ("plain", hand_trace())):
+        (res,) = ingest_paths(store, [str(trace.write(tmp_path / f"{name}.pt.trace.json"))])
+        ids[name] = res.job_id
+    monkeypatch.setenv("STALLSCOPE_STORE", str(store.root))
+    return ids
+
+
+def values_of(data) -> list[float]:
+    """A Plotly JSON array, plain or binary-encoded (``{"dtype": "f8", "bdata": base64}``)."""
+    if isinstance(data, dict):
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"]).tolist()
+    return list(data)
+
+
+def test_memory_page_draws_the_timeline_peak_and_findings(page_jobs):
+    from tests.test_pages import page
+
+    at = page("memory", job=page_jobs["mem"])
+    assert not at.exception
+    (chart,) = at.get("plotly_chart")
+    figure = json.loads(chart.proto.spec)
+    series = {t["name"]: t for t in figure["data"]}
+    assert values_of(series["allocated"]["y"]) == [500.0, 700.0, 500.0, 650.0]
+    assert values_of(series["reserved"]["y"]) == [512.0, 960.0, 960.0, 960.0]
+    assert values_of(series["allocated"]["x"]) == [0.0, 0.1, 0.2, 1.0]  # ms since the first event
+    peak = series["allocated peak"]
+    assert (values_of(peak["x"]), values_of(peak["y"])) == ([0.1], [700.0])
+    warnings = " ".join(w.value for w in at.warning)
+    assert "HIGH" in warnings and "MEDIUM" in warnings and "expandable" in warnings
+    assert at.dataframe[0].value["MiB"].tolist() == [700.0]
+
+
+def test_memory_page_without_allocator_events_says_how_to_capture(page_jobs):
+    from tests.test_pages import page
+
+    at = page("memory", job=page_jobs["plain"])
+    assert not at.exception
+    assert any("profile_memory=True" in i.value for i in at.info)
+
+
+def test_thinning_keeps_every_peak():
+    import numpy as np
+    import pandas as pd
+
+    from stallscope.memory_charts import _thin
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(
+        {"device": 0, "ts_ns": np.arange(100_000), "allocated": rng.integers(0, 1000, 100_000)}
+    )
+    frame["reserved"] = frame["allocated"] + 5
+    frame.loc[77_777, ["allocated", "reserved"]] = [5000, 6000]
+    thin = _thin(frame, 3000)
+    assert len(thin) <= 3000 and thin["allocated"].max() == 5000 and thin["reserved"].max() == 6000
