@@ -53,6 +53,7 @@ DRIVER_ALLOC_CALLS = ("cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsyn
 ALLOCATING_OPS = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_",
                   "aten::zeros", "aten::ones", "aten::new_empty", "aten::new_empty_strided",
                   "aten::full", "aten::new_zeros", "aten::new_ones", "aten::zeros_like")  # fmt: skip
+SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
 TOP_OPS = 10
 BEFORE_CAPTURE = "(allocated before the capture)"
 EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
@@ -69,6 +70,8 @@ class DeviceMemory:
     addr: np.ndarray
     tid: np.ndarray
     allocated_from_deltas: bool = False
+    stack: np.ndarray | None = None  # the allocating Python frames (snapshots), else None
+    largest_free_block: int | None = None  # snapshots: the largest inactive block at the end
 
 
 @dataclass
@@ -92,6 +95,9 @@ def device_memory(cols: dict[str, np.ndarray]) -> DeviceMemory:
     the whole series unknown (older traces have none at all).
     """
     delta = np.nan_to_num(_floats(cols["bytes"])).astype(np.int64)
+    if "action" in cols:  # segment rows change the reservation, not what is allocated
+        action = np.asarray(cols["action"], dtype=object)
+        delta = np.where(np.isin(action, SEGMENT_ACTIONS), 0, delta)
     totals = _floats(cols["total_allocated"])
     from_deltas = bool(np.isnan(totals).any())
     allocated = np.cumsum(delta) if from_deltas else totals.astype(np.int64)
@@ -105,6 +111,7 @@ def device_memory(cols: dict[str, np.ndarray]) -> DeviceMemory:
         addr=_ints(cols["addr"], missing=-1),
         tid=_ints(cols["tid"], missing=-1),
         allocated_from_deltas=from_deltas,
+        stack=np.asarray(cols["stack"], dtype=object) if "stack" in cols else None,
     )
 
 
@@ -172,13 +179,22 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     for ref in job.traces:
         rank = int(ref.meta.get("rank", 0))
         cols = job.numpy(
-            "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid "
-            "FROM memory WHERE trace_id = ? ORDER BY device, seq",
+            "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
+            "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
+            "ORDER BY device, seq",
             [ref.trace_id],
+        )
+        free_blocks = dict(
+            job.sql(
+                "SELECT device, max(bytes) FROM memory WHERE trace_id = ? AND action = 'free_block' "
+                "GROUP BY device",
+                [ref.trace_id],
+            ).fetchall()
         )
         for device in np.unique(cols["device"]):
             mask = cols["device"] == device
             mem = device_memory({k: v[mask] for k, v in cols.items()})
+            mem.largest_free_block = free_blocks.get(device)
             _device(job, result, ref.trace_id, rank, int(device), mem, params)
     return result
 
@@ -206,7 +222,7 @@ def _device(job, result, trace, rank, device, mem: DeviceMemory, params) -> None
             _headroom(trace, rank, device, top, held, capacity, capacity_source, headroom, window)
         )
     if top.fragmentation_pct is not None and top.fragmentation_pct > params["fragmentation_pct"]:
-        result.findings.append(_fragmentation(trace, rank, device, top, window))
+        result.findings.append(_fragmentation(trace, rank, device, top, mem, window))
     churn = step_churn(job, trace, mem)
     if churn and all(s["reserved_changes"] or s["driver_calls"] for s in churn):
         result.findings.append(_churn(trace, rank, device, churn))
@@ -246,7 +262,12 @@ def live_ops(job: JobData, trace: str, mem: DeviceMemory, index: int) -> list[di
     )
     totals: dict[str, list[int]] = {}
     for i in live:
-        name = _enclosing_op(ops, int(mem.tid[i]), int(mem.ts_ns[i]))
+        stack = mem.stack[i] if mem.stack is not None else None
+        name = (
+            stack
+            if isinstance(stack, str) and stack
+            else _enclosing_op(ops, int(mem.tid[i]), int(mem.ts_ns[i]))
+        )
         entry = totals.setdefault(name, [0, 0])
         entry[0] += int(mem.delta[i])
         entry[1] += 1
@@ -349,6 +370,7 @@ def _summary(trace, rank, device, mem, top: Peaks, capacity, headroom, ops, wind
             "allocated_at_reserved_peak_bytes": top.allocated_at_reserved_peak,
             "capacity_bytes": capacity,
             "allocated_from_deltas": mem.allocated_from_deltas,
+            "largest_free_block_bytes": mem.largest_free_block,
             "live_at_peak": ops,
         },
         windows=[window],
@@ -380,8 +402,13 @@ def _headroom(trace, rank, device, top, held, capacity, source, headroom, window
     )
 
 
-def _fragmentation(trace, rank, device, top: Peaks, window) -> Finding:
+def _fragmentation(trace, rank, device, top: Peaks, mem: DeviceMemory, window) -> Finding:
     unused = top.reserved_peak - top.allocated_at_reserved_peak
+    block = (
+        f"When the snapshot was taken, the largest free block was {_mb(mem.largest_free_block)}."
+        if mem.largest_free_block is not None
+        else "The trace has no segment map, so the largest free block is not known."
+    )
     return Finding(
         analyzer="memory",
         trace=trace,
@@ -393,7 +420,7 @@ def _fragmentation(trace, rank, device, top: Peaks, window) -> Finding:
             f"While the allocator held its peak of {_mb(top.reserved_peak)}, live tensors used at "
             f"most {_mb(top.allocated_at_reserved_peak)}: {_mb(unused)} sat in cached blocks "
             "that could not serve the requests (fragmentation, or blocks cached for sizes no "
-            "longer asked for). The trace has no segment map, so the largest free block is not known."
+            "longer asked for). " + block
         ),
         recommendation=f"Set {EXPANDABLE} so segments grow in place instead of splitting "
         "into unusable pieces; keep tensor sizes stable across steps (pad variable lengths).",
@@ -403,7 +430,8 @@ def _fragmentation(trace, rank, device, top: Peaks, window) -> Finding:
             "allocated_at_reserved_peak_bytes": top.allocated_at_reserved_peak,
             "unused_bytes": unused,
             "fragmentation_pct": top.fragmentation_pct,
-        },  # fmt: skip
+            "largest_free_block_bytes": mem.largest_free_block,
+        },
         windows=[window],
     )
 

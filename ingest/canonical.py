@@ -52,7 +52,8 @@ MEMORY_SCHEMA = pa.schema(
     [("trace_id", pa.string()), ("device", pa.int32()), ("ts_ns", pa.int64()),
      ("bytes", pa.int64()), ("total_allocated", pa.int64()), ("total_reserved", pa.int64()),
      ("addr", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()),
-     ("external_id", pa.int64()), ("seq", pa.int64()), ("source", pa.string())]
+     ("external_id", pa.int64()), ("seq", pa.int64()), ("source", pa.string()),
+     ("action", pa.string()), ("stack", pa.string())]
 )  # fmt: skip
 
 

@@ -125,6 +125,8 @@ def _append_row(columns: dict[str, list[Any]], event: _MemEvent, trace_id: str) 
     columns["external_id"].append(_as_int(args.external_id))
     columns["seq"].append(len(columns["seq"]))
     columns["source"].append("kineto")
+    columns["action"].append("free" if (columns["bytes"][-1] or 0) < 0 else "alloc")
+    columns["stack"].append(None)
 
 
 def _ts_ns(text: bytes) -> int | None:

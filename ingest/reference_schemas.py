@@ -151,5 +151,7 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("external_id", "int64"),
         ("seq", "int64"),
         ("source", "string"),
+        ("action", "string"),
+        ("stack", "string"),
     ),
 }

@@ -26,8 +26,9 @@ def memory_frame(con: duckdb.DuckDBPyConnection, trace_id: str) -> pd.DataFrame:
     """One row per allocator event of the trace: device, ts_ns, allocated and reserved bytes
     (reserved NaN when the trace has no totals), in event order."""
     cols = con.execute(
-        "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid "
-        "FROM memory WHERE trace_id = ? ORDER BY device, seq",
+        "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
+        "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
+        "ORDER BY device, seq",
         [trace_id],
     ).fetchnumpy()
     parts = []

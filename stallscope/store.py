@@ -266,7 +266,8 @@ EMPTY_TABLES = {
     " NULL::BIGINT timeline_correlation, NULL::BIGINT timeline_start_ns, NULL::BIGINT timeline_end_ns)",
     "memory": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER device, NULL::BIGINT ts_ns, NULL::BIGINT bytes,"
     " NULL::BIGINT total_allocated, NULL::BIGINT total_reserved, NULL::BIGINT addr, NULL::BIGINT pid,"
-    " NULL::BIGINT tid, NULL::BIGINT external_id, NULL::BIGINT seq, NULL::VARCHAR source)",
+    " NULL::BIGINT tid, NULL::BIGINT external_id, NULL::BIGINT seq, NULL::VARCHAR source,"
+    " NULL::VARCHAR action, NULL::VARCHAR stack)",
 }
 
 CATALOG_COLUMNS = (

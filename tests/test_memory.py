@@ -106,7 +106,8 @@ def test_memory_table_keeps_cuda_rows_with_exact_times(tmp_path):
     assert rows[1] | {"trace_id": None} == {
         "trace_id": None, "device": 0, "ts_ns": 1_700_000_000_000_200_123, "bytes": 200 * M,
         "total_allocated": 300 * M, "total_reserved": 320 * M, "addr": 2, "pid": 100,
-        "tid": 100, "external_id": None, "seq": 1, "source": "kineto",
+        "tid": 100, "external_id": None, "seq": 1, "source": "kineto", "action": "alloc",
+        "stack": None,
     }  # fmt: skip
 
 
@@ -295,3 +296,110 @@ def test_thinning_keeps_every_peak():
     frame.loc[77_777, ["allocated", "reserved"]] = [5000, 6000]
     thin = _thin(frame, 3000)
     assert len(thin) <= 3000 and thin["allocated"].max() == 5000 and thin["reserved"].max() == 6000
+
+
+# -- CUDA memory snapshots (torch.cuda.memory._dump_snapshot pickles) -------------------------
+
+SEG_A, SEG_B = 0x7F0000000000, 0x7F0010000000
+
+
+def frames(name: str, where: str) -> list[dict]:
+    file, line = where.split(":")
+    return [
+        {"filename": "/site-packages/torch/nn/modules/module.py", "line": 1, "name": "_call_impl"},
+        {"filename": f"/work/{file}", "line": int(line), "name": name},
+    ]
+
+
+def snapshot() -> dict:
+    """Peak 76 MiB allocated at t=14 µs (attention 40 + mlp 20 + forward 16); reserved 96 MiB
+    from t=13 µs; 20/96 = 20.833 % unused at the reserved peak; largest free block 48 MiB."""
+    trace = [
+        {"action": "segment_alloc", "addr": SEG_A, "size": 64 * M, "time_us": 10},
+        {"action": "alloc", "addr": SEG_A, "size": 16 * M, "time_us": 11,
+         "frames": frames("forward", "train.py:10")},
+        {"action": "alloc", "addr": SEG_A + 16 * M, "size": 40 * M, "time_us": 12,
+         "frames": frames("attention", "model.py:20")},
+        {"action": "segment_alloc", "addr": SEG_B, "size": 32 * M, "time_us": 13},
+        {"action": "alloc", "addr": SEG_B, "size": 20 * M, "time_us": 14,
+         "frames": frames("mlp", "model.py:30")},
+        {"action": "free_requested", "addr": SEG_B, "size": 20 * M, "time_us": 15},
+        {"action": "free_completed", "addr": SEG_B, "size": 20 * M, "time_us": 16},
+        {"action": "free_completed", "addr": SEG_A + 16 * M, "size": 40 * M, "time_us": 17},
+    ]  # fmt: skip
+    segments = [
+        {"device": 0, "address": SEG_A, "total_size": 64 * M, "allocated_size": 16 * M,
+         "is_expandable": False, "blocks": [
+             {"address": SEG_A, "size": 16 * M, "state": "active_allocated"},
+             {"address": SEG_A + 16 * M, "size": 48 * M, "state": "inactive"}]},
+        {"device": 0, "address": SEG_B, "total_size": 32 * M, "allocated_size": 0,
+         "is_expandable": False, "blocks": [
+             {"address": SEG_B, "size": 20 * M, "state": "inactive"},
+             {"address": SEG_B + 20 * M, "size": 12 * M, "state": "inactive"}]},
+    ]  # fmt: skip
+    return {"segments": segments, "device_traces": [trace], "allocator_settings": {}}
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_snapshot_pickle_gives_the_timeline_peak_and_stacks(store, tmp_path, protocol):
+    import pickle
+
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(snapshot(), protocol=protocol))
+    (res,) = ingest_paths(store, [str(path)])
+    job = JobData(store, store.traces(res.job_id))
+    try:
+        rows = job.sql(
+            "SELECT ts_ns, action, total_allocated // 1048576, total_reserved // 1048576 "
+            "FROM memory WHERE action <> 'free_block' ORDER BY seq"
+        ).fetchall()
+        result = analyzer.run(job, analyzer.SPEC.params())
+    finally:
+        job.close()
+    assert rows == [
+        (10_000, "segment_alloc", 0, 64), (11_000, "alloc", 16, 64), (12_000, "alloc", 56, 64),
+        (13_000, "segment_alloc", 56, 96), (14_000, "alloc", 76, 96),
+        (16_000, "free_completed", 56, 96), (17_000, "free_completed", 16, 96),
+    ]  # fmt: skip
+    assert metrics(result) == {
+        "mem_allocated_peak_bytes": 76 * M,
+        "mem_reserved_peak_bytes": 96 * M,
+        "mem_fragmentation_pct": 20.833,
+    }  # no device memory in a snapshot: no headroom
+    found = by_key(result)
+    assert found["fragmentation"].evidence["largest_free_block_bytes"] == 48 * M
+    assert "largest free block was 48.0 MiB" in found["fragmentation"].detail
+    assert found["summary"].evidence["live_at_peak"] == [
+        {"op": "attention (model.py:20)", "bytes": 40 * M, "count": 1},
+        {"op": "mlp (model.py:30)", "bytes": 20 * M, "count": 1},
+        {"op": "forward (train.py:10)", "bytes": 16 * M, "count": 1},
+    ]
+
+
+class _Exploit:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch /tmp/stallscope-memory-pwned",))
+
+
+def test_a_pickle_with_code_is_refused_and_never_run(cli, tmp_path):
+    import pickle
+    from pathlib import Path
+
+    marker = Path("/tmp/stallscope-memory-pwned")
+    marker.unlink(missing_ok=True)
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps({"device_traces": [[_Exploit()]]}, protocol=4))
+    out = cli("ingest", str(path))
+    assert out.returncode == 3 and "refused to load" in out.stderr and "Traceback" not in out.stderr
+    assert not marker.exists()
+
+
+def test_a_plain_pickle_that_is_no_snapshot_is_refused(cli, tmp_path):
+    import pickle
+
+    path = tmp_path / "list.pkl"
+    path.write_bytes(pickle.dumps([1, 2, 3], protocol=2))
+    out = cli("ingest", str(path))
+    assert out.returncode == 3 and "not a CUDA memory snapshot" in out.stderr
