@@ -331,7 +331,11 @@ def _mb(value: int | None) -> str:
 
 
 def _summary(trace, rank, device, mem, top: Peaks, capacity, headroom, ops, window) -> Finding:
-    lines = [f"Allocated peaked at {_mb(top.allocated_peak)} at t={top.allocated_peak_ns} ns"]
+    after_ms = (top.allocated_peak_ns - int(mem.ts_ns[0])) / 1e6
+    lines = [
+        f"Allocated peaked at {_mb(top.allocated_peak)}, {after_ms:,.3f} ms after the first "
+        "allocator event of the capture"
+    ]
     if top.reserved_peak is not None:
         lines.append(
             f"the allocator reserved at most {_mb(top.reserved_peak)} "

@@ -403,3 +403,23 @@ def test_a_plain_pickle_that_is_no_snapshot_is_refused(cli, tmp_path):
     path.write_bytes(pickle.dumps([1, 2, 3], protocol=2))
     out = cli("ingest", str(path))
     assert out.returncode == 3 and "not a CUDA memory snapshot" in out.stderr
+
+
+def test_every_page_opens_on_a_snapshot_only_job(store, tmp_path, monkeypatch):
+    """A job with allocator rows and no GPU activity: per-device memory metrics without a span
+    must not reach the GPU-time tables (the overview once failed on them)."""
+    import pickle
+
+    import streamlit as st
+
+    from tests.test_pages import page
+
+    st.cache_data.clear()
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(snapshot()))
+    (res,) = ingest_paths(store, [str(path)])
+    monkeypatch.setenv("STALLSCOPE_STORE", str(store.root))
+    for name in ("overview", "memory", "timeline", "kernels", "distributed", "occupancy"):
+        at = page(name, job=res.job_id)
+        assert not at.exception, name
+    assert any("No GPU activity" in w.value for w in page("overview", job=res.job_id).warning)
