@@ -181,7 +181,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         cols = job.numpy(
             "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
             "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
-            "ORDER BY device, seq",
+            "ORDER BY device, ts_ns, seq",
             [ref.trace_id],
         )
         free_blocks = dict(
@@ -226,6 +226,10 @@ def _device(job, result, trace, rank, device, mem: DeviceMemory, params) -> None
     churn = step_churn(job, trace, mem)
     if churn and all(s["reserved_changes"] or s["driver_calls"] for s in churn):
         result.findings.append(_churn(trace, rank, device, churn))
+    elif not churn:
+        whole = capture_churn(job, trace, mem)
+        if whole["reserved_changes"] + whole["driver_calls"] >= params["churn_events_no_steps"]:
+            result.findings.append(_churn_unstepped(trace, rank, device, mem, whole))
 
 
 def _device_row(job: JobData, trace: str, device: int) -> dict[str, Any] | None:
@@ -293,6 +297,22 @@ def _enclosing_op(ops: dict[str, np.ndarray], tid: int, ts: int) -> str:
     return "(outside any op)"
 
 
+def capture_churn(job: JobData, trace: str, mem: DeviceMemory) -> dict[str, int]:
+    """Reserved changes and cudaMalloc/cudaFree calls over the whole capture."""
+    changes = int((np.diff(mem.reserved) != 0).sum()) if mem.reserved is not None else 0
+    return {"reserved_changes": changes, "driver_calls": len(_driver_calls(job, trace))}
+
+
+def _driver_calls(job: JobData, trace: str) -> np.ndarray:
+    """Start times (ns) of the host's cudaMalloc/cudaFree calls (:data:`DRIVER_ALLOC_CALLS`)."""
+    return job.numpy(
+        "SELECT h.start_ns FROM host h JOIN names n ON n.trace_id = h.trace_id "
+        "AND n.name_id = h.name_id WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver') "
+        f"AND n.name IN ({', '.join('?' for _ in DRIVER_ALLOC_CALLS)})",
+        [trace, *DRIVER_ALLOC_CALLS],
+    )["start_ns"]
+
+
 def step_churn(job: JobData, trace: str, mem: DeviceMemory) -> list[dict[str, Any]]:
     """Per step: reserved changes and cudaMalloc/cudaFree calls inside it (empty without steps)."""
     steps = job.numpy(
@@ -302,12 +322,7 @@ def step_churn(job: JobData, trace: str, mem: DeviceMemory) -> list[dict[str, An
     )
     if steps["start_ns"].size == 0:
         return []
-    calls = job.numpy(
-        "SELECT h.start_ns FROM host h JOIN names n ON n.trace_id = h.trace_id "
-        "AND n.name_id = h.name_id WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver') "
-        f"AND n.name IN ({', '.join('?' for _ in DRIVER_ALLOC_CALLS)})",
-        [trace, *DRIVER_ALLOC_CALLS],
-    )["start_ns"]
+    calls = _driver_calls(job, trace)
     changed = np.zeros(mem.ts_ns.size, dtype=bool)
     if mem.reserved is not None and mem.reserved.size > 1:
         changed[1:] = np.diff(mem.reserved) != 0
@@ -467,6 +482,29 @@ def _churn(trace, rank, device, churn: list[dict[str, Any]]) -> Finding:
     )
 
 
+def _churn_unstepped(trace, rank, device, mem: DeviceMemory, whole: dict[str, int]) -> Finding:
+    span = [int(mem.ts_ns[0]), int(mem.ts_ns[-1])]
+    return Finding(
+        analyzer="memory",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="low",
+        title=f"GPU {device}: the allocator went back to the driver "
+        f"{whole['reserved_changes'] + whole['driver_calls']} times during the capture",
+        detail=(
+            f"The reserved total changed {whole['reserved_changes']} times and the host made "
+            f"{whole['driver_calls']} cudaMalloc/cudaFree calls over "
+            f"{(span[1] - span[0]) / 1e6:,.1f} ms. The trace has no step markers "
+            "(ProfilerStep#N), so whether this happens in every step cannot be told."
+        ),
+        recommendation="Profile with a schedule (torch.profiler.schedule) so steps are marked; "
+        f"avoid torch.cuda.empty_cache() in the loop, keep shapes stable, or set {EXPANDABLE}.",
+        evidence={"key": "churn", **whole},
+        windows=[span],
+    )
+
+
 SPEC = AnalyzerSpec(
     id="memory",
     title="GPU memory",
@@ -487,6 +525,13 @@ SPEC = AnalyzerSpec(
             "%",
             "Unused share of the reserved peak above which fragmentation is flagged",
             maximum=100,
+        ),
+        Threshold(
+            "churn_events_no_steps",
+            10.0,
+            "count",
+            "Without step markers: reservation changes plus cudaMalloc/cudaFree calls in "
+            "the capture from which churn is reported (low)",
         ),
     ),  # fmt: skip
 )

@@ -28,7 +28,7 @@ def memory_frame(con: duckdb.DuckDBPyConnection, trace_id: str) -> pd.DataFrame:
     cols = con.execute(
         "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
         "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
-        "ORDER BY device, seq",
+        "ORDER BY device, ts_ns, seq",
         [trace_id],
     ).fetchnumpy()
     parts = []

@@ -12,7 +12,7 @@ from stallscope.analyzers import memory as analyzer
 from stallscope.ingest import ingest_paths
 from stallscope.ingest.kineto_memory import memory_table
 from stallscope.jobdata import JobData
-from tests.conftest import CORPUS
+from tests.conftest import CORPUS, SAMPLES
 from tests.kineto_builder import H100, KinetoTrace, us
 
 M = 1 << 20
@@ -423,3 +423,82 @@ def test_every_page_opens_on_a_snapshot_only_job(store, tmp_path, monkeypatch):
         at = page(name, job=res.job_id)
         assert not at.exception, name
     assert any("No GPU activity" in w.value for w in page("overview", job=res.job_id).warning)
+
+
+def test_churn_without_steps_is_low_and_says_what_it_cannot_tell(store, tmp_path):
+    t = KinetoTrace(device_props=[H100])
+    t.kernel("k", 0, 10_000)
+    for i in range(5):  # 5 grow + 5 shrink = 10 reservation changes (the threshold)
+        mem_event(t, 1_000 + 4 * i * 1000, 8 * M, i + 1, 8 * M, 24 * M)
+        mem_event(t, 3_000 + 4 * i * 1000, -8 * M, i + 1, 0, 4 * M)
+    mem_event(t, 0, 0, 99, 0, 4 * M)
+    _, result = run(store, tmp_path, t)
+    churn = by_key(result)["churn"]
+    assert churn.severity == "low" and churn.evidence["reserved_changes"] == 10
+    assert "cannot be told" in churn.detail
+    _, quiet = run(store, tmp_path, t, {"churn_events_no_steps": 11})
+    assert "churn" not in by_key(quiet)
+
+
+MEMORY_SAMPLES = SAMPLES / "kineto"
+
+
+def sample_result(store, path):
+    (res,) = ingest_paths(store, [str(path)])
+    job = JobData(store, store.traces(res.job_id))
+    try:
+        return job, analyzer.run(job, analyzer.SPEC.params())
+    finally:
+        job.close()
+
+
+@pytest.mark.parametrize("name", ["memory_gpt", "memory_gpt_ckpt", "memory_fragment"])
+def test_h200_captures_match_torch_peaks(store, name):
+    """Kineto traces captured on an H200 (tools/capture/memory_capture.py): the peaks equal
+    torch.cuda.max_memory_allocated/reserved over the profiled steps, to the byte."""
+    folder = MEMORY_SAMPLES / name
+    truth = json.loads((folder / f"{name}.truth.json").read_text())
+    _, result = sample_result(store, folder / f"{name}.pt.trace.json.gz")
+    values = metrics(result)
+    assert values["mem_allocated_peak_bytes"] == truth["max_memory_allocated"]
+    assert values["mem_reserved_peak_bytes"] == truth["max_memory_reserved"]
+    held = truth["total_memory"] - truth["max_memory_reserved"]
+    assert values["mem_headroom_pct"] == round(100 * held / truth["total_memory"], 3)
+    found = by_key(result)
+    if name == "memory_gpt":  # warm cache, 12.8 % unused: nothing to flag
+        assert set(found) == {"summary"}
+    if name == "memory_fragment":  # 40 odd sizes, half freed, 80 MiB blocks, empty_cache()
+        assert found["fragmentation"].severity == "medium"
+        assert found["churn"].severity == "low" and found["churn"].evidence["driver_calls"] > 100
+
+
+def test_h200_checkpointing_lowers_the_peak(store, tmp_path):
+    peaks = {}
+    for name in ("memory_gpt", "memory_gpt_ckpt"):
+        path = MEMORY_SAMPLES / name / f"{name}.pt.trace.json.gz"
+        peaks[name] = metrics(sample_result(store, path)[1])["mem_allocated_peak_bytes"]
+    assert peaks["memory_gpt_ckpt"] < 0.75 * peaks["memory_gpt"]  # 1347 vs 1915 MiB
+
+
+def test_h200_snapshot_ends_in_the_state_torch_reported(store):
+    folder = MEMORY_SAMPLES / "memory_fragment"
+    truth = json.loads((folder / "memory_fragment.snapshot.truth.json").read_text())
+    job, result = sample_result(store, folder / "memory_fragment.snapshot.pickle.gz")
+    job = JobData(store, job.traces)
+    try:
+        last, low = job.sql(
+            "SELECT (SELECT [total_allocated, total_reserved] FROM memory "
+            "WHERE action <> 'free_block' ORDER BY seq DESC LIMIT 1), "
+            "min(least(total_allocated, total_reserved)) FROM memory"
+        ).fetchone()
+    finally:
+        job.close()
+    assert last == [truth["allocated_at_snapshot"], truth["reserved_at_snapshot"]]
+    assert low >= 0  # rebuilt backwards from the segments: never below zero
+    values = metrics(result)
+    # the snapshot's history starts one step before the profiled ones: its peak is at least theirs
+    assert values["mem_allocated_peak_bytes"] >= truth["max_memory_allocated_since_reset"]
+    assert values["mem_reserved_peak_bytes"] >= truth["max_memory_reserved_since_reset"]
+    summary = by_key(result)["summary"]
+    assert summary.evidence["largest_free_block_bytes"] > 0
+    assert "memory_capture.py" in summary.evidence["live_at_peak"][0]["op"]
