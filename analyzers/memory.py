@@ -56,6 +56,7 @@ ALLOCATING_OPS = ("aten::empty", "aten::empty_strided", "aten::empty_like", "ate
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
 TOP_OPS = 10
 BEFORE_CAPTURE = "(allocated before the capture)"
+OUTSIDE = "(outside any op)"
 EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
 
@@ -264,13 +265,14 @@ def live_ops(job: JobData, trace: str, mem: DeviceMemory, index: int) -> list[di
         "WHERE h.trace_id = ? AND h.kind = 'cpu_op' ORDER BY h.tid, h.start_ns, h.end_ns DESC",
         [trace],
     )
+    index_of_ops = _OpIndex(ops)
     totals: dict[str, list[int]] = {}
     for i in live:
         stack = mem.stack[i] if mem.stack is not None else None
         name = (
             stack
             if isinstance(stack, str) and stack
-            else _enclosing_op(ops, int(mem.tid[i]), int(mem.ts_ns[i]))
+            else index_of_ops.enclosing(int(mem.tid[i]), int(mem.ts_ns[i]))
         )
         entry = totals.setdefault(name, [0, 0])
         entry[0] += int(mem.delta[i])
@@ -288,13 +290,37 @@ def _with_earlier(ops: list[dict[str, Any]], mem: DeviceMemory, top: Peaks) -> l
     return sorted(ops, key=lambda o: (-o["bytes"], o["op"]))[:TOP_OPS]
 
 
-def _enclosing_op(ops: dict[str, np.ndarray], tid: int, ts: int) -> str:
-    same = np.flatnonzero((ops["tid"] == tid) & (ops["start_ns"] <= ts) & (ops["end_ns"] >= ts))
-    for i in same[::-1]:  # latest start first: the innermost op
-        name = str(ops["name"][i])
-        if name not in ALLOCATING_OPS and not name.startswith("ProfilerStep#"):
-            return name
-    return "(outside any op)"
+class _OpIndex:
+    """CPU ops per thread, sorted by start (outer first on equal starts), for innermost-op lookups."""
+
+    WINDOW = 512  # ops before the allocation checked first; the whole prefix only when needed
+
+    def __init__(self, ops: dict[str, np.ndarray]):
+        self.by_tid: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        tids = np.asarray(ops["tid"])
+        for tid in np.unique(tids):
+            mask = tids == tid
+            self.by_tid[int(tid)] = (
+                np.asarray(ops["start_ns"])[mask],
+                np.asarray(ops["end_ns"])[mask],
+                np.asarray(ops["name"], dtype=object)[mask],
+            )
+
+    def enclosing(self, tid: int, ts: int) -> str:
+        """The innermost op on ``tid`` holding ``ts`` that is not a pure allocation op."""
+        if tid not in self.by_tid:
+            return OUTSIDE
+        starts, ends, names = self.by_tid[tid]
+        stop = int(np.searchsorted(starts, ts, side="right"))
+        for lo in (max(0, stop - self.WINDOW), 0):
+            holding = lo + np.flatnonzero(ends[lo:stop] >= ts)
+            for i in holding[::-1]:  # latest start first: the innermost op
+                name = str(names[i])
+                if name not in ALLOCATING_OPS and not name.startswith("ProfilerStep#"):
+                    return name
+            if lo == 0:
+                break
+        return OUTSIDE
 
 
 def capture_churn(job: JobData, trace: str, mem: DeviceMemory) -> dict[str, int]:

@@ -502,3 +502,19 @@ def test_h200_snapshot_ends_in_the_state_torch_reported(store):
     summary = by_key(result)["summary"]
     assert summary.evidence["largest_free_block_bytes"] > 0
     assert "memory_capture.py" in summary.evidence["live_at_peak"][0]["op"]
+
+
+def test_innermost_op_lookup_reaches_past_many_finished_siblings():
+    import numpy as np
+
+    n = 2000  # more finished siblings than the lookup's first window
+    starts = np.array([0, *range(10, 10 + 10 * n, 10), 50_000, 50_000], dtype=np.int64)
+    ends = np.array([100_000, *range(15, 15 + 10 * n, 10), 50_100, 50_100], dtype=np.int64)
+    names = ["train_step", *["aten::add"] * n, "aten::mm", "aten::empty"]
+    index = analyzer._OpIndex({"tid": np.full(starts.size, 7), "start_ns": starts,
+                               "end_ns": ends, "name": np.array(names, dtype=object)})  # fmt: skip
+    assert index.enclosing(7, 30_000) == "train_step"  # past 2000 finished aten::add
+    assert index.enclosing(7, 50_050) == "aten::mm"  # aten::empty is charged to its parent
+    assert index.enclosing(7, 12) == "aten::add"
+    assert index.enclosing(7, 200_000) == analyzer.OUTSIDE
+    assert index.enclosing(8, 12) == analyzer.OUTSIDE
