@@ -252,9 +252,10 @@ def _peak_window(mem: DeviceMemory, index: int) -> list[int]:
 def live_ops(job: JobData, trace: str, mem: DeviceMemory, index: int) -> list[dict[str, Any]]:
     """All live allocations at event ``index`` by the operator that made them, most bytes first.
 
-    The operator is the innermost CPU op on the allocating thread whose span
-    holds the allocation, skipping pure allocation ops (:data:`ALLOCATING_OPS`);
-    ``(outside any op)`` when none holds it.
+    The operator is the allocation's Python stack when the data has one
+    (snapshots), else the innermost CPU op on the allocating thread whose span
+    holds the allocation, skipping pure allocation ops (:data:`ALLOCATING_OPS`)
+    unless nothing else holds it; ``(outside any op)`` when no op holds it.
     """
     live = live_at(mem, index)
     if live.size == 0:
@@ -307,20 +308,24 @@ class _OpIndex:
             )
 
     def enclosing(self, tid: int, ts: int) -> str:
-        """The innermost op on ``tid`` holding ``ts`` that is not a pure allocation op."""
+        """The innermost op on ``tid`` holding ``ts`` that is not a pure allocation op; the
+        innermost allocation op when only such ops hold it (a bare ``torch.empty``)."""
         if tid not in self.by_tid:
             return OUTSIDE
         starts, ends, names = self.by_tid[tid]
         stop = int(np.searchsorted(starts, ts, side="right"))
+        allocating = None
         for lo in (max(0, stop - self.WINDOW), 0):
             holding = lo + np.flatnonzero(ends[lo:stop] >= ts)
             for i in holding[::-1]:  # latest start first: the innermost op
                 name = str(names[i])
-                if name not in ALLOCATING_OPS and not name.startswith("ProfilerStep#"):
+                if name in ALLOCATING_OPS:
+                    allocating = allocating or name
+                elif not name.startswith("ProfilerStep#"):
                     return name
             if lo == 0:
                 break
-        return OUTSIDE
+        return allocating or OUTSIDE
 
 
 def capture_churn(job: JobData, trace: str, mem: DeviceMemory) -> dict[str, int]:

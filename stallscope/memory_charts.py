@@ -20,6 +20,7 @@ from stallscope.analyzers.memory import device_memory
 MIB = float(1 << 20)
 MAX_POINTS = 20_000  # per series: the figure keeps every peak (see _thin)
 COLORS = {"allocated": "#1565c0", "reserved": "#ef6c00"}
+CAPACITY_LINE_FROM = 0.25  # device memory drawn when the peak uses at least this share of it
 
 
 def memory_frame(con: duckdb.DuckDBPyConnection, trace_id: str) -> pd.DataFrame:
@@ -93,7 +94,8 @@ def memory_figure(frame: pd.DataFrame, device: int, summary: dict[str, Any] | No
             )
         )  # fmt: skip
     capacity = evidence.get("capacity_bytes")
-    if capacity:
+    held = evidence.get("reserved_peak_bytes") or peak or 0
+    if capacity and held >= CAPACITY_LINE_FROM * capacity:  # else the line would flatten the series
         fig.add_hline(
             y=capacity / MIB, line_dash="dot", line_color="#757575",
             annotation_text=f"device memory {capacity / MIB:,.0f} MiB",

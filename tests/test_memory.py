@@ -515,6 +515,9 @@ def test_innermost_op_lookup_reaches_past_many_finished_siblings():
                                "end_ns": ends, "name": np.array(names, dtype=object)})  # fmt: skip
     assert index.enclosing(7, 30_000) == "train_step"  # past 2000 finished aten::add
     assert index.enclosing(7, 50_050) == "aten::mm"  # aten::empty is charged to its parent
+    lone = analyzer._OpIndex({"tid": np.array([1]), "start_ns": np.array([0]),
+                              "end_ns": np.array([10]), "name": np.array(["aten::empty"], dtype=object)})  # fmt: skip
+    assert lone.enclosing(1, 5) == "aten::empty"  # nothing else holds it: keep its own name
     assert index.enclosing(7, 12) == "aten::add"
     assert index.enclosing(7, 200_000) == analyzer.OUTSIDE
     assert index.enclosing(8, 12) == analyzer.OUTSIDE
