@@ -25,6 +25,7 @@ REPORT_ORDER = (
     "memcpy",
     "hotspots",
     "occupancy",
+    "memory",
 )
 
 # Analyzers that read one rank at a time. ``report.analyze_job`` runs each over

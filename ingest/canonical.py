@@ -12,7 +12,9 @@ from typing import Any
 
 import pyarrow as pa
 
-TABLES = ("gpu", "host", "ranges", "collectives", "names", "threads", "devices", "kernel_metrics")
+TABLES = (
+    "gpu", "host", "ranges", "collectives", "names", "threads", "devices", "kernel_metrics", "memory",
+)  # fmt: skip
 
 DEVICE_COLUMNS: dict[str, tuple[str, pa.DataType]] = {
     # canonical column: (Kineto deviceProperties key, type)
@@ -45,6 +47,16 @@ KERNEL_METRICS_SCHEMA = pa.schema(
 )  # fmt: skip
 
 
+# GPU caching-allocator events, one row per allocation or free; docs/schema.md.
+MEMORY_SCHEMA = pa.schema(
+    [("trace_id", pa.string()), ("device", pa.int32()), ("ts_ns", pa.int64()),
+     ("bytes", pa.int64()), ("total_allocated", pa.int64()), ("total_reserved", pa.int64()),
+     ("addr", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()),
+     ("external_id", pa.int64()), ("seq", pa.int64()), ("source", pa.string()),
+     ("action", pa.string()), ("stack", pa.string())]
+)  # fmt: skip
+
+
 @dataclass
 class CanonicalTrace:
     """One rank's data in canonical form, ready for the store."""
@@ -57,6 +69,7 @@ class CanonicalTrace:
     threads: pa.Table
     devices: pa.Table
     kernel_metrics: pa.Table = field(default_factory=KERNEL_METRICS_SCHEMA.empty_table)
+    memory: pa.Table = field(default_factory=MEMORY_SCHEMA.empty_table)
     event_count: int = 0
     dropped_events: int = 0
     warnings: list[str] = field(default_factory=list)

@@ -102,7 +102,15 @@ def _nsys_report(source: Source, payload: Payload, ctx: ParseContext) -> list[Pa
 
 
 PARSERS: dict[str, Parser] = {"kineto": _kineto, "ncu": _ncu}
-PARSERS.update({"nsys": _nsys, "nsys-rep": _nsys_report})
+
+
+def _memory_snapshot(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
+    from stallscope.ingest.memory_snapshot import parse_snapshot
+
+    return parse_snapshot(source, payload.take(), ctx)
+
+
+PARSERS.update({"nsys": _nsys, "nsys-rep": _nsys_report, "memory-snapshot": _memory_snapshot})
 
 
 def detect_format(name: str, data: bytes) -> str:

@@ -17,6 +17,7 @@ from stallscope.errors import InputError
 from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace
 from stallscope.ingest.kineto_canonical import to_canonical
 from stallscope.ingest.kineto_decode import decode_kineto
+from stallscope.ingest.kineto_memory import memory_table
 from stallscope.ingest.reader import Source
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
@@ -24,12 +25,14 @@ _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNOREC
 
 def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
     """One rank's trace. ``data`` is freed once decoded when the caller holds no other reference."""
+    memory, unreadable_memory = memory_table(data, ctx.trace_id(""))
     decoded = decode_kineto(source.name, data)
     del data  # the Arrow events hold everything needed from here on
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
     negative = _negative_durations(decoded.events)
     canonical = to_canonical(decoded.events, header, ctx.trace_id(""), rank)
+    canonical.memory = memory
     if not (canonical.gpu.num_rows or canonical.host.num_rows or canonical.ranges.num_rows):
         raise InputError(
             source.name,
@@ -38,6 +41,8 @@ def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedT
     warnings = list(decoded.warnings)
     if negative:
         warnings.append(f"{negative:,} events had a negative duration (dur < 0): given duration 0")
+    if unreadable_memory:
+        warnings.append(f"skipped {unreadable_memory:,} unreadable [memory] events")
     if canonical.dropped_events:
         warnings.append(f"dropped {canonical.dropped_events} events with unreadable timestamps")
     version = header.get("schemaVersion")

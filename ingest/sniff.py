@@ -38,7 +38,8 @@ _WHITESPACE = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*")
 
 
 def sniff(name: str, data: bytes) -> str:
-    """Format of decompressed ``data``: ``"kineto"`` or ``"ncu"`` (Nsight Compute CSV or report)."""
+    """Format of decompressed ``data``: ``"kineto"``, ``"ncu"`` (Nsight Compute CSV or report),
+    ``"nsys"`` or ``"memory-snapshot"`` (a pickle: a CUDA memory snapshot, or refused by its parser)."""
     head = data[:4096]
     for magic, reason in _MAGIC:
         if head.startswith(magic):
@@ -53,9 +54,7 @@ def sniff(name: str, data: bytes) -> str:
     if name.lower().endswith(".ncu-rep") or head.startswith((b"NVIDIA Nsight Compute", b"NVR\x00")):
         return "ncu"  # ingest/ncu.py exports it with ncu, or says how to
     if head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05":
-        raise InputError(
-            name, "Python pickle (e.g. a CUDA memory snapshot), not a PyTorch profiler trace"
-        )
+        return "memory-snapshot"  # ingest/memory_snapshot.py reads plain values only, or refuses
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise InputError(name, "UTF-16 text: save the trace as UTF-8 JSON")
     start = _WHITESPACE.match(data).end()

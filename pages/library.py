@@ -23,7 +23,9 @@ ACCEPTED = [
     "nsys-rep",
     "qdrep",
     "ncu-rep",
-]  # reports need nsys/ncu on the server
+    "pickle",
+    "pkl",
+]  # reports need nsys/ncu on the server; pickles: CUDA memory snapshots, read as plain data
 
 
 def render() -> None:

@@ -74,6 +74,7 @@ def main() -> None:
         inference,
         kernels,
         library,
+        memory,
         occupancy,
         overview,
         sql,
@@ -88,6 +89,7 @@ def main() -> None:
         "distributed": st.Page(distributed.render, title="Distributed", url_path="distributed"),
         "inference": st.Page(inference.render, title="Inference", url_path="inference"),
         "occupancy": st.Page(occupancy.render, title="Occupancy", url_path="occupancy"),
+        "memory": st.Page(memory.render, title="Memory", url_path="memory"),
         "compare": st.Page(compare.render, title="Compare", url_path="compare"),
         "sql": st.Page(sql.render, title="SQL", url_path="sql"),
     }

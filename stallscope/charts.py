@@ -28,7 +28,8 @@ IDLE_CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "
 
 
 def device_time_table(report: dict[str, Any]) -> pd.DataFrame:
-    """One row per (trace, rank, device): span and ms of busy categories and idle causes."""
+    """One row per (trace, rank, device) with GPU activity: span and ms of busy categories and idle
+    causes (a device known only from other metrics, e.g. a memory snapshot's, has no row)."""
     rows: dict[tuple, dict[str, Any]] = {}
     for m in report["metrics"]:
         if m["device"] is None:
@@ -38,7 +39,7 @@ def device_time_table(report: dict[str, Any]) -> pd.DataFrame:
             {"trace": m["trace"], "rank": m["rank"], "device": m["device"]},
         )
         row[m["name"]] = m["value"]
-    frame = pd.DataFrame(list(rows.values()))
+    frame = pd.DataFrame([row for row in rows.values() if row.get("gpu_span_ns") is not None])
     if frame.empty:
         return frame
     span_ms = frame.get("gpu_span_ns", 0) / 1e6

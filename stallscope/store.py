@@ -43,7 +43,9 @@ import duckdb
 from stallscope.errors import NotFoundError, environment_problem
 
 STORE_FORMAT = "stallscope-store/1"
-TABLES = ("gpu", "host", "ranges", "collectives", "names", "threads", "devices", "kernel_metrics")
+TABLES = (
+    "gpu", "host", "ranges", "collectives", "names", "threads", "devices", "kernel_metrics", "memory",
+)  # fmt: skip
 
 
 def default_store_path() -> Path:
@@ -278,6 +280,10 @@ EMPTY_TABLES = {
     " NULL::VARCHAR section, NULL::VARCHAR metric, NULL::DOUBLE value, NULL::VARCHAR value_text,"
     " NULL::VARCHAR unit, NULL::VARCHAR timeline_trace_id, NULL::INTEGER timeline_name_id,"
     " NULL::BIGINT timeline_correlation, NULL::BIGINT timeline_start_ns, NULL::BIGINT timeline_end_ns)",
+    "memory": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER device, NULL::BIGINT ts_ns, NULL::BIGINT bytes,"
+    " NULL::BIGINT total_allocated, NULL::BIGINT total_reserved, NULL::BIGINT addr, NULL::BIGINT pid,"
+    " NULL::BIGINT tid, NULL::BIGINT external_id, NULL::BIGINT seq, NULL::VARCHAR source,"
+    " NULL::VARCHAR action, NULL::VARCHAR stack)",
 }
 
 CATALOG_COLUMNS = (

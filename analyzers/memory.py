@@ -1,0 +1,568 @@
+"""``memory``: GPU memory peaks, fragmentation, headroom and allocator churn.
+
+Reads the ``memory`` table (one row per caching-allocator call, from Kineto
+``[memory]`` events: docs/schema.md). Definitions (docs/analyzers/memory.md),
+per trace and device:
+
+* allocated(t) = the allocator's ``Total Allocated`` after each call (when the
+  trace lacks it: the running sum of ``bytes``, counted from 0 at the first
+  event, since memory allocated before the capture is not visible);
+* ``mem_allocated_peak_bytes`` = max allocated(t); ``mem_reserved_peak_bytes``
+  = max ``Total Reserved``;
+* ``mem_fragmentation_pct`` = (reserved peak − the highest allocated while the
+  reservation is at its peak) / reserved peak × 100: the share of the peak
+  reservation no live tensor used even at its fullest;
+* ``mem_headroom_pct`` = (capacity − reserved peak) / capacity × 100, capacity
+  from the devices table (``total_mem_bytes``) or :data:`CAPACITY_BY_NAME`;
+* churn: per ``ProfilerStep``, the reserved total changing inside the step, or
+  ``cudaMalloc``/``cudaFree`` host calls inside it.
+
+Findings: an ``info`` summary per device (peak and when, the operators whose
+allocations are live at the peak); headroom < ``headroom_pct`` (high);
+fragmentation > ``fragmentation_pct`` (medium, expandable segments advice);
+allocator churn in every step (medium).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.jobdata import JobData
+
+GIB = 1 << 30
+# Device memory by product name, for traces whose devices table has no
+# total_mem_bytes (e.g. nsys, or Kineto without deviceProperties). Longest
+# match first; the figures are the usable totals CUDA reports.
+CAPACITY_BY_NAME: tuple[tuple[str, int], ...] = (
+    ("H200", 141 * 10**9),
+    ("H100 NVL", 94 * 10**9),
+    ("H100", 80 * GIB),
+    ("A100-SXM4-40GB", 40 * GIB),
+    ("A100-PCIE-40GB", 40 * GIB),
+    ("A100 40GB", 40 * GIB),
+    ("A100", 80 * GIB),
+    ("B200", 180 * 10**9),
+)
+# Host calls that are the allocator reaching the driver (churn evidence).
+DRIVER_ALLOC_CALLS = ("cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync")
+# Ops that only allocate: an allocation made inside them is charged to their parent.
+ALLOCATING_OPS = ("aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_",
+                  "aten::zeros", "aten::ones", "aten::new_empty", "aten::new_empty_strided",
+                  "aten::full", "aten::new_zeros", "aten::new_ones", "aten::zeros_like")  # fmt: skip
+SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
+TOP_OPS = 10
+BEFORE_CAPTURE = "(allocated before the capture)"
+OUTSIDE = "(outside any op)"
+EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+@dataclass
+class DeviceMemory:
+    """One device's allocator history, in event order (times in ns, sizes in bytes)."""
+
+    ts_ns: np.ndarray
+    delta: np.ndarray
+    allocated: np.ndarray
+    reserved: np.ndarray | None  # None when the trace has no Total Reserved
+    addr: np.ndarray
+    tid: np.ndarray
+    allocated_from_deltas: bool = False
+    stack: np.ndarray | None = None  # the allocating Python frames (snapshots), else None
+    largest_free_block: int | None = None  # snapshots: the largest inactive block at the end
+
+
+@dataclass
+class Peaks:
+    """Peak figures of one device (see the module docstring)."""
+
+    allocated_peak: int
+    allocated_peak_ns: int
+    allocated_peak_index: int
+    reserved_peak: int | None = None
+    reserved_peak_ns: int | None = None
+    allocated_at_reserved_peak: int | None = None
+    fragmentation_pct: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def device_memory(cols: dict[str, np.ndarray]) -> DeviceMemory:
+    """A :class:`DeviceMemory` from the memory table's columns of one device (event order).
+
+    Columns may be numpy masked arrays (DuckDB's NULLs); a null total makes
+    the whole series unknown (older traces have none at all).
+    """
+    delta = np.nan_to_num(_floats(cols["bytes"])).astype(np.int64)
+    if "action" in cols:  # segment rows change the reservation, not what is allocated
+        action = np.asarray(cols["action"], dtype=object)
+        delta = np.where(np.isin(action, SEGMENT_ACTIONS), 0, delta)
+    totals = _floats(cols["total_allocated"])
+    from_deltas = bool(np.isnan(totals).any())
+    allocated = np.cumsum(delta) if from_deltas else totals.astype(np.int64)
+    reserved_raw = _floats(cols["total_reserved"])
+    reserved = None if np.isnan(reserved_raw).any() else reserved_raw.astype(np.int64)
+    return DeviceMemory(
+        ts_ns=np.asarray(cols["ts_ns"], dtype=np.int64),
+        delta=delta,
+        allocated=allocated,
+        reserved=reserved,
+        addr=_ints(cols["addr"], missing=-1),
+        tid=_ints(cols["tid"], missing=-1),
+        allocated_from_deltas=from_deltas,
+        stack=np.asarray(cols["stack"], dtype=object) if "stack" in cols else None,
+    )
+
+
+def _floats(column: np.ndarray) -> np.ndarray:
+    """As float64 with NaN for NULL (exact for the byte counts a GPU has: < 2**53)."""
+    if np.ma.isMaskedArray(column):
+        return np.ma.asarray(column, dtype=np.float64).filled(np.nan)
+    return np.asarray(column, dtype=np.float64)
+
+
+def _ints(column: np.ndarray, *, missing: int) -> np.ndarray:
+    """As int64, NULL -> ``missing`` (addresses need all 64 bits: no float round trip)."""
+    if np.ma.isMaskedArray(column):
+        return np.ma.asarray(column).astype(np.int64).filled(missing)
+    return np.asarray(column, dtype=np.int64)
+
+
+def peaks(mem: DeviceMemory) -> Peaks:
+    """Allocated and reserved peaks (the first time each is reached) and the fragmentation."""
+    index = int(np.argmax(mem.allocated))
+    out = Peaks(int(mem.allocated[index]), int(mem.ts_ns[index]), index)
+    if mem.reserved is None:
+        return out
+    r_index = int(np.argmax(mem.reserved))
+    top = int(mem.reserved[r_index])
+    at_top = mem.reserved == top
+    used = int(mem.allocated[at_top].max())
+    out.reserved_peak, out.reserved_peak_ns = top, int(mem.ts_ns[r_index])
+    out.allocated_at_reserved_peak = used
+    out.fragmentation_pct = round(100.0 * (top - used) / top, 3) if top > 0 else 0.0
+    return out
+
+
+def live_at(mem: DeviceMemory, index: int) -> np.ndarray:
+    """Indices of the allocations (positive ``delta``) still live just after event ``index``.
+
+    An allocation is freed by the first later event with the same address and
+    a negative delta; frees of blocks allocated before the capture are ignored.
+    """
+    live: dict[int, int] = {}
+    for i in range(index + 1):
+        if mem.delta[i] > 0:
+            live[int(mem.addr[i])] = i
+        elif mem.delta[i] < 0:
+            live.pop(int(mem.addr[i]), None)
+    return np.array(sorted(live.values()), dtype=np.int64)
+
+
+def capacity_bytes(row: dict[str, Any] | None) -> tuple[int | None, str]:
+    """(device memory in bytes or None, where it came from)."""
+    if not row:
+        return None, "unknown"
+    total = row.get("total_mem_bytes")
+    if total is not None and total == total and int(total) > 0:
+        return int(total), "devices.total_mem_bytes"
+    name = str(row.get("name") or "")
+    for key, size in CAPACITY_BY_NAME:
+        if key.lower() in name.lower():
+            return size, f"product table ({key})"
+    return None, "unknown"
+
+
+def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    result = AnalyzerResult()
+    for ref in job.traces:
+        rank = int(ref.meta.get("rank", 0))
+        cols = job.numpy(
+            "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
+            "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
+            "ORDER BY device, ts_ns, seq",
+            [ref.trace_id],
+        )
+        free_blocks = dict(
+            job.sql(
+                "SELECT device, max(bytes) FROM memory WHERE trace_id = ? AND action = 'free_block' "
+                "GROUP BY device",
+                [ref.trace_id],
+            ).fetchall()
+        )
+        for device in np.unique(cols["device"]):
+            mask = cols["device"] == device
+            mem = device_memory({k: v[mask] for k, v in cols.items()})
+            mem.largest_free_block = free_blocks.get(device)
+            _device(job, result, ref.trace_id, rank, int(device), mem, params)
+    return result
+
+
+def _device(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
+    top = peaks(mem)
+    row = _device_row(job, trace, device)
+    capacity, capacity_source = capacity_bytes(row)
+    metrics = {"mem_allocated_peak_bytes": (top.allocated_peak, "bytes")}
+    if top.reserved_peak is not None:
+        metrics["mem_reserved_peak_bytes"] = (top.reserved_peak, "bytes")
+        metrics["mem_fragmentation_pct"] = (top.fragmentation_pct, "%")
+    held = top.reserved_peak if top.reserved_peak is not None else top.allocated_peak
+    headroom = round(100.0 * (capacity - held) / capacity, 3) if capacity else None
+    if headroom is not None:
+        metrics["mem_headroom_pct"] = (headroom, "%")
+    for name, (value, unit) in metrics.items():
+        result.metrics.append(Metric(trace, rank, device, name, value, unit))
+    ops = live_ops(job, trace, mem, top.allocated_peak_index)
+    ops = _with_earlier(ops, mem, top)
+    window = _peak_window(mem, top.allocated_peak_index)
+    result.findings.append(_summary(trace, rank, device, mem, top, capacity, headroom, ops, window))
+    if headroom is not None and headroom < params["headroom_pct"]:
+        result.findings.append(
+            _headroom(trace, rank, device, top, held, capacity, capacity_source, headroom, window)
+        )
+    if top.fragmentation_pct is not None and top.fragmentation_pct > params["fragmentation_pct"]:
+        result.findings.append(_fragmentation(trace, rank, device, top, mem, window))
+    churn = step_churn(job, trace, mem)
+    if churn and all(s["reserved_changes"] or s["driver_calls"] for s in churn):
+        result.findings.append(_churn(trace, rank, device, churn))
+    elif not churn:
+        whole = capture_churn(job, trace, mem)
+        if whole["reserved_changes"] + whole["driver_calls"] >= params["churn_events_no_steps"]:
+            result.findings.append(_churn_unstepped(trace, rank, device, mem, whole))
+
+
+def _device_row(job: JobData, trace: str, device: int) -> dict[str, Any] | None:
+    cur = job.sql(
+        "SELECT name, total_mem_bytes FROM devices WHERE trace_id = ? AND device = ?",
+        [trace, device],
+    )
+    found = cur.fetchone()
+    return None if found is None else {"name": found[0], "total_mem_bytes": found[1]}
+
+
+def _peak_window(mem: DeviceMemory, index: int) -> list[int]:
+    """From the peak event to the next event (how long the peak held), in ns."""
+    start = int(mem.ts_ns[index])
+    end = int(mem.ts_ns[index + 1]) if index + 1 < mem.ts_ns.size else start
+    return [start, max(end, start)]
+
+
+def live_ops(job: JobData, trace: str, mem: DeviceMemory, index: int) -> list[dict[str, Any]]:
+    """All live allocations at event ``index`` by the operator that made them, most bytes first.
+
+    The operator is the allocation's Python stack when the data has one
+    (snapshots), else the innermost CPU op on the allocating thread whose span
+    holds the allocation, skipping pure allocation ops (:data:`ALLOCATING_OPS`)
+    unless nothing else holds it; ``(outside any op)`` when no op holds it.
+    """
+    live = live_at(mem, index)
+    if live.size == 0:
+        return []
+    ops = job.numpy(
+        "SELECT h.tid, h.start_ns, h.end_ns, n.name FROM host h "
+        "JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id "
+        "WHERE h.trace_id = ? AND h.kind = 'cpu_op' ORDER BY h.tid, h.start_ns, h.end_ns DESC",
+        [trace],
+    )
+    index_of_ops = _OpIndex(ops)
+    totals: dict[str, list[int]] = {}
+    for i in live:
+        stack = mem.stack[i] if mem.stack is not None else None
+        name = (
+            stack
+            if isinstance(stack, str) and stack
+            else index_of_ops.enclosing(int(mem.tid[i]), int(mem.ts_ns[i]))
+        )
+        entry = totals.setdefault(name, [0, 0])
+        entry[0] += int(mem.delta[i])
+        entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    return [{"op": op, "bytes": b, "count": n} for op, (b, n) in ranked]
+
+
+def _with_earlier(ops: list[dict[str, Any]], mem: DeviceMemory, top: Peaks) -> list[dict[str, Any]]:
+    """The :data:`TOP_OPS` largest of ``ops`` plus the bytes live at the peak that were
+    allocated before the capture began (peak total minus what the capture saw allocated)."""
+    earlier = top.allocated_peak - sum(o["bytes"] for o in ops)
+    if not mem.allocated_from_deltas and earlier > 0:
+        ops = [*ops, {"op": BEFORE_CAPTURE, "bytes": int(earlier), "count": None}]
+    return sorted(ops, key=lambda o: (-o["bytes"], o["op"]))[:TOP_OPS]
+
+
+class _OpIndex:
+    """CPU ops per thread, sorted by start (outer first on equal starts), for innermost-op lookups."""
+
+    WINDOW = 512  # ops before the allocation checked first; the whole prefix only when needed
+
+    def __init__(self, ops: dict[str, np.ndarray]):
+        self.by_tid: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        tids = np.asarray(ops["tid"])
+        for tid in np.unique(tids):
+            mask = tids == tid
+            self.by_tid[int(tid)] = (
+                np.asarray(ops["start_ns"])[mask],
+                np.asarray(ops["end_ns"])[mask],
+                np.asarray(ops["name"], dtype=object)[mask],
+            )
+
+    def enclosing(self, tid: int, ts: int) -> str:
+        """The innermost op on ``tid`` holding ``ts`` that is not a pure allocation op; the
+        innermost allocation op when only such ops hold it (a bare ``torch.empty``)."""
+        if tid not in self.by_tid:
+            return OUTSIDE
+        starts, ends, names = self.by_tid[tid]
+        stop = int(np.searchsorted(starts, ts, side="right"))
+        allocating = None
+        for lo in (max(0, stop - self.WINDOW), 0):
+            holding = lo + np.flatnonzero(ends[lo:stop] >= ts)
+            for i in holding[::-1]:  # latest start first: the innermost op
+                name = str(names[i])
+                if name in ALLOCATING_OPS:
+                    allocating = allocating or name
+                elif not name.startswith("ProfilerStep#"):
+                    return name
+            if lo == 0:
+                break
+        return allocating or OUTSIDE
+
+
+def capture_churn(job: JobData, trace: str, mem: DeviceMemory) -> dict[str, int]:
+    """Reserved changes and cudaMalloc/cudaFree calls over the whole capture."""
+    changes = int((np.diff(mem.reserved) != 0).sum()) if mem.reserved is not None else 0
+    return {"reserved_changes": changes, "driver_calls": len(_driver_calls(job, trace))}
+
+
+def _driver_calls(job: JobData, trace: str) -> np.ndarray:
+    """Start times (ns) of the host's cudaMalloc/cudaFree calls (:data:`DRIVER_ALLOC_CALLS`)."""
+    return job.numpy(
+        "SELECT h.start_ns FROM host h JOIN names n ON n.trace_id = h.trace_id "
+        "AND n.name_id = h.name_id WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver') "
+        f"AND n.name IN ({', '.join('?' for _ in DRIVER_ALLOC_CALLS)})",
+        [trace, *DRIVER_ALLOC_CALLS],
+    )["start_ns"]
+
+
+def step_churn(job: JobData, trace: str, mem: DeviceMemory) -> list[dict[str, Any]]:
+    """Per step: reserved changes and cudaMalloc/cudaFree calls inside it (empty without steps)."""
+    steps = job.numpy(
+        "SELECT step, start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step' "
+        "ORDER BY start_ns",
+        [trace],
+    )
+    if steps["start_ns"].size == 0:
+        return []
+    calls = _driver_calls(job, trace)
+    changed = np.zeros(mem.ts_ns.size, dtype=bool)
+    if mem.reserved is not None and mem.reserved.size > 1:
+        changed[1:] = np.diff(mem.reserved) != 0
+    out = []
+    for step, lo, hi in zip(steps["step"], steps["start_ns"], steps["end_ns"], strict=True):
+        inside = (mem.ts_ns >= lo) & (mem.ts_ns <= hi)
+        out.append(
+            {
+                "step": None if step is None or step != step else int(step),
+                "start_ns": int(lo),
+                "end_ns": int(hi),
+                "reserved_changes": int((changed & inside).sum()),
+                "driver_calls": int(((calls >= lo) & (calls <= hi)).sum()),
+            }
+        )
+    return out
+
+
+def _mb(value: int | None) -> str:
+    return "?" if value is None else f"{value / 2**20:,.1f} MiB"
+
+
+def _summary(trace, rank, device, mem, top: Peaks, capacity, headroom, ops, window) -> Finding:
+    after_ms = (top.allocated_peak_ns - int(mem.ts_ns[0])) / 1e6
+    lines = [
+        f"Allocated peaked at {_mb(top.allocated_peak)}, {after_ms:,.3f} ms after the first "
+        "allocator event of the capture"
+    ]
+    if top.reserved_peak is not None:
+        lines.append(
+            f"the allocator reserved at most {_mb(top.reserved_peak)} "
+            f"({top.fragmentation_pct:.1f}% of it unused at its peak)"
+        )
+    if capacity:
+        lines.append(f"{headroom:.1f}% of the device's {_mb(capacity)} left free")
+    if ops:
+        lines.append(
+            "live at the peak: " + ", ".join(f"{o['op']} {_mb(o['bytes'])}" for o in ops[:3])
+        )
+    caveat = (
+        " The trace records no allocator totals: allocated is counted from 0 at the first event, "
+        "so memory allocated before the capture is missing."
+        if mem.allocated_from_deltas
+        else ""
+    )
+    return Finding(
+        analyzer="memory",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="info",
+        title=f"GPU {device} memory peak {_mb(top.allocated_peak)} allocated"
+        + (f", {_mb(top.reserved_peak)} reserved" if top.reserved_peak is not None else ""),
+        detail="; ".join(lines) + "." + caveat,
+        recommendation="See the Memory page for the timeline; the ops live at the peak are the "
+        "ones to shrink (activation checkpointing, smaller batch, lower precision).",
+        evidence={
+            "key": "summary",
+            "events": int(mem.ts_ns.size),
+            "allocated_peak_bytes": top.allocated_peak,
+            "allocated_peak_ns": top.allocated_peak_ns,
+            "reserved_peak_bytes": top.reserved_peak,
+            "reserved_peak_ns": top.reserved_peak_ns,
+            "allocated_at_reserved_peak_bytes": top.allocated_at_reserved_peak,
+            "capacity_bytes": capacity,
+            "allocated_from_deltas": mem.allocated_from_deltas,
+            "largest_free_block_bytes": mem.largest_free_block,
+            "live_at_peak": ops,
+        },
+        windows=[window],
+    )
+
+
+def _headroom(trace, rank, device, top, held, capacity, source, headroom, window) -> Finding:
+    return Finding(
+        analyzer="memory",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="high",
+        title=f"GPU {device} has {headroom:.1f}% memory headroom",
+        detail=(
+            f"The allocator held {_mb(held)} of the device's {_mb(capacity)} ({source}): "
+            "a larger batch, a longer sequence or another process's context can run out of memory."
+        ),
+        recommendation="Free headroom before scaling up: activation checkpointing, a smaller "
+        "micro-batch, lower-precision weights or optimizer state, or sharding (FSDP/ZeRO).",
+        evidence={
+            "key": "headroom",
+            "held_bytes": held,
+            "capacity_bytes": capacity,
+            "capacity_source": source,
+            "headroom_pct": headroom,
+        },  # fmt: skip
+        windows=[window],
+    )
+
+
+def _fragmentation(trace, rank, device, top: Peaks, mem: DeviceMemory, window) -> Finding:
+    unused = top.reserved_peak - top.allocated_at_reserved_peak
+    block = (
+        f"When the snapshot was taken, the largest free block was {_mb(mem.largest_free_block)}."
+        if mem.largest_free_block is not None
+        else "The trace has no segment map, so the largest free block is not known."
+    )
+    return Finding(
+        analyzer="memory",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="medium",
+        title=f"GPU {device}: {top.fragmentation_pct:.1f}% of reserved memory unused at its peak",
+        detail=(
+            f"While the allocator held its peak of {_mb(top.reserved_peak)}, live tensors used at "
+            f"most {_mb(top.allocated_at_reserved_peak)}: {_mb(unused)} sat in cached blocks "
+            "that could not serve the requests (fragmentation, or blocks cached for sizes no "
+            "longer asked for). " + block
+        ),
+        recommendation=f"Set {EXPANDABLE} so segments grow in place instead of splitting "
+        "into unusable pieces; keep tensor sizes stable across steps (pad variable lengths).",
+        evidence={
+            "key": "fragmentation",
+            "reserved_peak_bytes": top.reserved_peak,
+            "allocated_at_reserved_peak_bytes": top.allocated_at_reserved_peak,
+            "unused_bytes": unused,
+            "fragmentation_pct": top.fragmentation_pct,
+            "largest_free_block_bytes": mem.largest_free_block,
+        },
+        windows=[window],
+    )
+
+
+def _churn(trace, rank, device, churn: list[dict[str, Any]]) -> Finding:
+    changes = sum(s["reserved_changes"] for s in churn)
+    calls = sum(s["driver_calls"] for s in churn)
+    return Finding(
+        analyzer="memory",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="medium",
+        title=f"GPU {device}: the allocator grows or shrinks its reservation in every step",
+        detail=(
+            f"In each of the {len(churn)} steps the reserved total changed or the allocator "
+            f"called cudaMalloc/cudaFree ({changes} reservation changes, {calls} driver calls in "
+            "all). Each cudaMalloc/cudaFree synchronizes the device and costs up to milliseconds."
+        ),
+        recommendation="Keep the cache warm: avoid torch.cuda.empty_cache() in the loop, keep "
+        f"shapes stable, or set {EXPANDABLE}.",
+        evidence={
+            "key": "churn",
+            "steps": churn,
+            "reserved_changes": changes,
+            "driver_calls": calls,
+        },  # fmt: skip
+        windows=[[s["start_ns"], s["end_ns"]] for s in churn[:20]],
+    )
+
+
+def _churn_unstepped(trace, rank, device, mem: DeviceMemory, whole: dict[str, int]) -> Finding:
+    span = [int(mem.ts_ns[0]), int(mem.ts_ns[-1])]
+    return Finding(
+        analyzer="memory",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="low",
+        title=f"GPU {device}: the allocator went back to the driver "
+        f"{whole['reserved_changes'] + whole['driver_calls']} times during the capture",
+        detail=(
+            f"The reserved total changed {whole['reserved_changes']} times and the host made "
+            f"{whole['driver_calls']} cudaMalloc/cudaFree calls over "
+            f"{(span[1] - span[0]) / 1e6:,.1f} ms. The trace has no step markers "
+            "(ProfilerStep#N), so whether this happens in every step cannot be told."
+        ),
+        recommendation="Profile with a schedule (torch.profiler.schedule) so steps are marked; "
+        f"avoid torch.cuda.empty_cache() in the loop, keep shapes stable, or set {EXPANDABLE}.",
+        evidence={"key": "churn", **whole},
+        windows=[span],
+    )
+
+
+SPEC = AnalyzerSpec(
+    id="memory",
+    title="GPU memory",
+    description="Allocated and reserved peaks, fragmentation, headroom and allocator churn "
+    "from the allocator's events (Kineto profile_memory=True).",
+    run=run,
+    thresholds=(
+        Threshold(
+            "headroom_pct",
+            5.0,
+            "%",
+            "Free device memory below which headroom is flagged",
+            maximum=100,
+        ),
+        Threshold(
+            "fragmentation_pct",
+            20.0,
+            "%",
+            "Unused share of the reserved peak above which fragmentation is flagged",
+            maximum=100,
+        ),
+        Threshold(
+            "churn_events_no_steps",
+            10.0,
+            "count",
+            "Without step markers: reservation changes plus cudaMalloc/cudaFree calls in "
+            "the capture from which churn is reported (low)",
+        ),
+    ),  # fmt: skip
+)

@@ -1,0 +1,118 @@
+"""The Memory page's figure: allocated and reserved bytes over time, per device, peak marked.
+
+Input: the ``memory`` table of some traces (read here through a store
+connection) and the ``memory`` analyzer's summary findings; output: frames and
+Plotly figures. No analysis beyond what the analyzer defines (its
+:func:`~stallscope.analyzers.memory.device_memory` rebuilds the series).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from stallscope.analyzers.memory import device_memory
+
+MIB = float(1 << 20)
+MAX_POINTS = 20_000  # per series: the figure keeps every peak (see _thin)
+COLORS = {"allocated": "#1565c0", "reserved": "#ef6c00"}
+CAPACITY_LINE_FROM = 0.25  # device memory drawn when the peak uses at least this share of it
+
+
+def memory_frame(con: duckdb.DuckDBPyConnection, trace_id: str) -> pd.DataFrame:
+    """One row per allocator event of the trace: device, ts_ns, allocated and reserved bytes
+    (reserved NaN when the trace has no totals), in event order."""
+    cols = con.execute(
+        "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
+        "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
+        "ORDER BY device, ts_ns, seq",
+        [trace_id],
+    ).fetchnumpy()
+    parts = []
+    for device in np.unique(cols["device"]):
+        mask = cols["device"] == device
+        mem = device_memory({k: v[mask] for k, v in cols.items()})
+        parts.append(
+            pd.DataFrame(
+                {
+                    "device": int(device),
+                    "ts_ns": mem.ts_ns,
+                    "allocated": mem.allocated,
+                    "reserved": mem.reserved if mem.reserved is not None else np.nan,
+                }
+            )
+        )
+    if not parts:
+        return pd.DataFrame(columns=["device", "ts_ns", "allocated", "reserved"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def _thin(frame: pd.DataFrame, limit: int = MAX_POINTS) -> pd.DataFrame:
+    """At most about ``limit`` rows: per bucket of events its first row and the rows holding the
+    bucket's highest allocated and reserved values, so no peak is lost."""
+    if len(frame) <= limit:
+        return frame
+    buckets = np.arange(len(frame)) * (limit // 3) // len(frame)
+    keep = set(frame.groupby(buckets).head(1).index)
+    keep |= set(frame.groupby(buckets)["allocated"].idxmax())
+    if frame["reserved"].notna().any():
+        keep |= set(frame.groupby(buckets)["reserved"].idxmax().dropna().astype(int))
+    return frame.loc[sorted(keep)]
+
+
+def memory_figure(frame: pd.DataFrame, device: int, summary: dict[str, Any] | None) -> go.Figure:
+    """Allocated and reserved MiB of one device against ms since its first event, as steps;
+    the allocated peak (from the analyzer's summary evidence) marked."""
+    part = _thin(frame[frame["device"] == device].reset_index(drop=True))
+    fig = go.Figure()
+    if part.empty:
+        return fig
+    t0 = int(part["ts_ns"].iloc[0])
+    x = (part["ts_ns"] - t0) / 1e6
+    for name in ("reserved", "allocated"):
+        if part[name].notna().any():
+            fig.add_trace(
+                go.Scattergl(
+                    x=x, y=part[name] / MIB, name=name, mode="lines",
+                    line={"shape": "hv", "color": COLORS[name]},
+                    hovertemplate=f"{name} %{{y:,.1f}} MiB at %{{x:.3f}} ms<extra></extra>",
+                )
+            )  # fmt: skip
+    evidence = (summary or {}).get("evidence", {})
+    peak_ns = evidence.get("allocated_peak_ns")
+    peak = evidence.get("allocated_peak_bytes")
+    if peak_ns is not None and peak is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=[(peak_ns - t0) / 1e6], y=[peak / MIB], name="allocated peak",
+                mode="markers+text", text=[f"peak {peak / MIB:,.1f} MiB"], textposition="top center",
+                marker={"size": 11, "color": "#c62828", "symbol": "diamond"},
+            )
+        )  # fmt: skip
+    capacity = evidence.get("capacity_bytes")
+    held = evidence.get("reserved_peak_bytes") or peak or 0
+    if capacity and held >= CAPACITY_LINE_FROM * capacity:  # else the line would flatten the series
+        fig.add_hline(
+            y=capacity / MIB, line_dash="dot", line_color="#757575",
+            annotation_text=f"device memory {capacity / MIB:,.0f} MiB",
+        )  # fmt: skip
+    fig.update_layout(
+        xaxis_title="ms since the first allocator event",
+        yaxis_title="MiB",
+        height=380,
+        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        legend={"orientation": "h"},
+    )
+    return fig
+
+
+def live_ops_frame(summary: dict[str, Any]) -> pd.DataFrame:
+    """The summary's ``live_at_peak`` rows with MiB, for a table."""
+    frame = pd.DataFrame(summary.get("evidence", {}).get("live_at_peak", []))
+    if not frame.empty:
+        frame["MiB"] = (frame["bytes"] / MIB).round(2)
+    return frame
