@@ -47,6 +47,7 @@ PER_RANK = frozenset(
         "hotspots",
         "occupancy",
         "inference",
+        "memory",
     }
 )
 
