@@ -15,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Add traces to the store: PyTorch profiler (Kineto) JSON, Nsight Systems exports (.sqlite, "
             ".sqlite.gz, .nsys-rep, .qdrep) and Nsight Compute CSVs (.ncu-rep with ncu). Files given "
             "together form one job (the ranks of one run; use --each for unrelated files); each "
-            "directory or .zip is one job. "
+            "directory or .zip is one job (its files that are not traces, such as a meta.json or "
+            "notes, are skipped with a warning). "
             "Re-ingesting the same files finds the stored job instead of duplicating it."
         ),
     )
