@@ -96,6 +96,7 @@ def publish_job(store: Store, prepared: PreparedJob) -> IngestResult:
     Races are settled here: a job published by another process meanwhile gets
     this upload recorded; a stored job removed meanwhile is ingested afresh.
     """
+    again = prepared.again
     for _ in range(20):
         job_id = prepared.result.job_id
         if prepared.staging is not None and store.publish(prepared.staging, job_id):
@@ -104,9 +105,9 @@ def publish_job(store: Store, prepared: PreparedJob) -> IngestResult:
         if store.add_upload(job_id, prepared.upload):
             prepared.result.existed = True
             return prepared.result
-        if prepared.again is None:
+        if again is None:
             break
-        prepared = prepared.again()  # removed between our look and our upload
+        prepared = again()  # removed between our look and our upload: ingest it afresh
     raise EnvironmentProblem(f"job {prepared.result.job_id} keeps vanishing: try again")
 
 

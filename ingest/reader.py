@@ -517,6 +517,12 @@ def directory_sources(path: Path) -> tuple[list[Source], list[Skipped]]:
         raise InputError(str(path), f"cannot read directory ({exc.strerror or exc})") from None
     if not files:
         raise InputError(str(path), "directory holds no files")
+    if len(files) > MAX_ZIP_MEMBERS:  # each file's head is read to tell traces apart: bound it
+        raise InputError(
+            str(path),
+            f"directory holds {len(files):,} files (more than {MAX_ZIP_MEMBERS:,}): "
+            "not the folder of one job",
+        )
     skipped = [
         Skipped(str(p), p.relative_to(path).as_posix(), reason)
         for p in files

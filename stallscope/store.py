@@ -262,12 +262,17 @@ class Store:
         rename fails and the caller ingests the job afresh.
         """
         folder = self.jobs_dir / job_id
-        try:
-            _materialize_uploads(folder)
-            _atomic_write_text(folder / UPLOADS / f"{entry['upload_id']}.json", json.dumps(entry))
-        except FileNotFoundError:
-            return False
-        return True
+        for _ in range(3):
+            try:
+                _materialize_uploads(folder)
+                path = folder / UPLOADS / f"{entry['upload_id']}.json"
+                _atomic_write_text(path, json.dumps(entry))
+                return True
+            except FileNotFoundError:
+                self._wait_if_being_put_back(job_id)  # a remover may be putting it back
+                if not (folder / "job.json").is_file():
+                    return False
+        return False
 
     def remove_upload(self, job_id: str, user: str) -> bool:
         """Remove ``user``'s uploads of a job; True when that was the last and the job is gone.
@@ -278,6 +283,7 @@ class Store:
         this removal) puts it back (see :meth:`_restore`).
         """
         folder = self.jobs_dir / job_id
+        self._wait_if_being_put_back(job_id)
         if not (folder / "job.json").is_file():
             raise NotFoundError(f"no job {job_id!r} in store {self.root}")
         try:
@@ -304,6 +310,15 @@ class Store:
             return False
         shutil.rmtree(doomed, ignore_errors=True)
         return True
+
+    def _wait_if_being_put_back(self, job_id: str, timeout_s: float = 5.0) -> None:
+        """A job another remover has just taken into ``trash/`` may be put back at once (an
+        upload was recorded meanwhile): wait for it to reappear or for the trash copy to go."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.jobs_dir / job_id / "job.json").is_file() and time.monotonic() < deadline:
+            if not any(self.trash_dir.glob(f"*-{job_id}-*")):
+                return
+            time.sleep(0.01)
 
     def _restore(self, doomed: Path, job_id: str) -> None:
         """Put a job taken into ``trash/`` back, or (when the same job was ingested afresh

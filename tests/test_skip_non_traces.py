@@ -185,3 +185,12 @@ def test_packed_files_may_be_traces_and_refuse_the_job(tmp_path, data):
     with pytest.raises(InputError):
         ingest_paths(_store(tmp_path, "s"), [str(folder)])
     assert _store(tmp_path, "s").jobs() == []
+
+
+def test_a_folder_of_thousands_of_files_is_refused_before_reading_them(tmp_path):
+    folder = tmp_path / "home"
+    folder.mkdir()
+    for i in range(4097):
+        (folder / f"f{i}.json").write_bytes(b"{}")
+    with pytest.raises(InputError, match="holds 4,097 files"):
+        plan_jobs([str(folder)])
