@@ -7,8 +7,9 @@ Entry point: :func:`ingest_paths`. One module per format (``kineto_*``);
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
-from stallscope.errors import UsageError, environment_problem
+from stallscope.errors import InputError, UsageError, environment_problem
 from stallscope.ingest.job import (
     IngestResult,
     PreparedJob,
@@ -19,51 +20,96 @@ from stallscope.ingest.job import (
     publish_job,
 )
 from stallscope.ingest.limits import check_deadline
-from stallscope.ingest.reader import Source, expand_path
+from stallscope.ingest.reader import Expanded, Skipped, Source, check_rank_count, expand
 from stallscope.store import Store
+
+
+class PlannedJob(NamedTuple):
+    """One job to ingest: its name, its trace files, and the files of its directory or zip
+    that are not traces (left out of the job and of its id, named in its warnings)."""
+
+    name: str
+    sources: list[Source]
+    skipped: list[Skipped] = []
 
 
 def plan_jobs(
     paths: Iterable[str], *, each: bool = False, upload_root: str | None = None
-) -> list[tuple[str, list[Source]]]:
+) -> list[PlannedJob]:
     """Group user arguments into jobs.
 
-    Each directory or zip is one job. Plain files given together form one job
-    (the ranks of one run) unless ``each`` is set, in which case every file
-    is its own job. ``upload_root`` is the dashboard's: each uploaded file
-    lies in a folder of its own under it (``ROOT/<n>/<original name>``, so
-    files that share a name never overwrite each other) and is named by its
-    original name alone, in messages, stored metadata and job names.
+    Each directory or zip is one job; inside it, files that are not traces
+    (told by name, then by content: :func:`~stallscope.ingest.formats.not_a_trace`)
+    are skipped, and one with no trace at all is refused (InputError). Plain
+    files given together form one job (the ranks of one run) unless ``each``
+    is set, in which case every file is its own job; a plain file that is not
+    a trace is refused when parsed. ``upload_root`` is the dashboard's: each
+    uploaded file lies in a folder of its own under it (``ROOT/<n>/<original
+    name>``, so files that share a name never overwrite each other) and is
+    named by its original name alone, in messages, stored metadata and job names.
     """
-    jobs: list[tuple[str, list[Source]]] = []
+    jobs: list[PlannedJob] = []
     loose: list[Source] = []
     for arg in paths:
-        name, sources = expand_path(arg)
-        is_container = len(sources) != 1 or sources[0].name != arg
+        expanded = expand(arg)
         if upload_root is not None:
-            _rename_uploaded(sources, upload_root)
-        if is_container or each:
-            jobs.append((name, sources))
+            _rename_uploaded([*expanded.sources, *expanded.skipped], upload_root)
+            arg = _uploaded_name(arg, upload_root)
+        if expanded.container:
+            jobs.append(_container_job(arg, expanded))
+        elif each:
+            jobs.append(PlannedJob(expanded.name, expanded.sources))
         else:
-            loose.append(sources[0])
+            loose.append(expanded.sources[0])
     if loose:
         if len(loose) == 1:
             name = loose[0].name.rsplit("/", 1)[-1]
         else:
             name = _common_name(loose, use_folder=upload_root is None)
-        jobs.insert(0, (name, loose))
+        jobs.insert(0, PlannedJob(name, loose))
     return jobs
 
 
-def _rename_uploaded(sources: list[Source], upload_root: str) -> None:
+def _container_job(display: str, expanded: Expanded) -> PlannedJob:
+    """A directory's or zip's job: its traces, the rest skipped with a reason."""
+    from stallscope.ingest.formats import not_a_trace
+
+    traces = []
+    skipped = list(expanded.skipped)  # by name
+    for source in expanded.sources:
+        check_deadline(source.name)
+        reason = not_a_trace(source)  # by content: the decompressed head only
+        if reason is None:
+            traces.append(source)
+        else:
+            skipped.append(Skipped(source.name, source.member or source.name, reason))
+    skipped.sort(key=lambda s: s.short)
+    if not traces:
+        names = ", ".join(s.short for s in skipped)
+        raise InputError(display, f"holds no traces (skipped: {names})")
+    check_rank_count(display, len(traces), expanded.container)
+    return PlannedJob(expanded.name, traces, skipped)
+
+
+def skipped_warnings(skipped: list[Skipped]) -> list[str]:
+    """One warning per skipped file: its name and why it is not a trace."""
+    return [f"{s.name}: skipped ({s.reason})" for s in skipped]
+
+
+def _rename_uploaded(sources: list[Source | Skipped], upload_root: str) -> None:
     """``ROOT/<n>/a.json`` -> ``a.json`` (zip members: ``ROOT/<n>/x.zip:m`` -> ``x.zip:m``)."""
+    for source in sources:
+        source.name = _uploaded_name(source.name, upload_root)
+
+
+def _uploaded_name(name: str, upload_root: str) -> str:
+    """``ROOT/<n>/a.json`` -> ``a.json``; other names unchanged."""
     import os.path
 
     root = os.path.abspath(upload_root) + os.sep
-    for source in sources:
-        if os.path.abspath(source.name).startswith(root):
-            relative = os.path.abspath(source.name)[len(root) :]
-            source.name = relative.split(os.sep, 1)[-1]
+    if os.path.abspath(name).startswith(root):
+        return os.path.abspath(name)[len(root) :].split(os.sep, 1)[-1]
+    return name
 
 
 def _common_name(sources: list[Source], *, use_folder: bool = True) -> str:
@@ -104,10 +150,10 @@ def ingest_paths(
                 f"a job name names one job, and these paths make {len(planned)} jobs "
                 "(--each, or several directories/zips): leave the name out"
             )
-        planned = [(name.strip(), planned[0][1])]
+        planned = [planned[0]._replace(name=name.strip())]
     prepared: list[PreparedJob] = []
     try:
-        for job_name, sources in planned:
+        for job_name, sources, skipped in planned:
             check_deadline(job_name)
             options = {
                 "uploaded_by": uploaded_by,
@@ -115,7 +161,9 @@ def ingest_paths(
                 "notes": notes,
                 "progress": progress,
             }
-            prepared.append(prepare_job(store, job_name, sources, **options))
+            job = prepare_job(store, job_name, sources, **options)
+            job.result.warnings[:0] = skipped_warnings(skipped)
+            prepared.append(job)
     except BaseException as exc:
         for job in prepared:
             discard_job(store, job)
@@ -131,4 +179,4 @@ def ingest_paths(
         raise problem from None
 
 
-__all__ = ["IngestResult", "Source", "ingest_job", "ingest_paths", "plan_jobs"]
+__all__ = ["IngestResult", "PlannedJob", "Source", "ingest_job", "ingest_paths", "plan_jobs"]

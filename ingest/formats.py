@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stallscope.errors import InputError
 from stallscope.ingest.canonical import CanonicalTrace
-from stallscope.ingest.reader import Source
+from stallscope.ingest.reader import Source, decompressed_head
 
 
 @dataclass
@@ -125,3 +126,38 @@ def detect_format(name: str, data: bytes) -> str:
     if is_report(name, data[:64]):
         return "nsys-rep"
     return sniff(name, data)
+
+
+# How much of a file's decompressed head tells whether it is a trace: sniff
+# looks at the first MiB at most (Nsight Systems table names in an SQLite file).
+SNIFF_HEAD_BYTES = 1 << 20
+# One of these sits in the first 64 KiB of every JSON trace we know.
+_TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"',
+               b'"displayTimeUnit"', b'"ph"')  # fmt: skip
+_JSON_KEYS_HEAD = 1 << 16
+# Refusals about how a file is packed, not what it is (empty, compressed twice, another
+# archive, UTF-16): it may well be a rank's trace, so it refuses the job, never skipped.
+_PACKING = ("empty file", "compressed twice", "decompress it first", "unpack it first", "UTF-16")
+
+
+def not_a_trace(source: Source) -> str | None:
+    """Why a file inside a directory or zip is not a trace, from its content; ``None`` when it is one.
+
+    Reads only the decompressed head (:data:`SNIFF_HEAD_BYTES`). Not a trace:
+    what :func:`detect_format` refuses (an image, a CSV, an empty file...), and
+    JSON with none of a trace's keys in its first 64 KiB (a run's
+    ``meta.json``). A trace that is broken further on (truncated, corrupt) is a
+    trace here: its parse refuses the job; so is a file packed in a way that
+    hides what it is (empty, compressed twice, a nested archive, UTF-16), and
+    a head that cannot be decoded at all: the full read says why.
+    """
+    head = decompressed_head(source, SNIFF_HEAD_BYTES)
+    if head is None:
+        return None
+    try:
+        fmt = detect_format(source.name, head)
+    except InputError as exc:
+        return None if any(word in exc.reason for word in _PACKING) else exc.reason
+    if fmt == "kineto" and not any(key in head[:_JSON_KEYS_HEAD] for key in _TRACE_KEYS):
+        return "JSON without any trace keys (traceEvents, schemaVersion, ph...), not a trace"
+    return None

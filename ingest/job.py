@@ -9,7 +9,6 @@ is an error, never a silent guess.
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import os
 import time
@@ -26,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from stallscope import __version__
-from stallscope.errors import InputError
+from stallscope.errors import EnvironmentProblem, InputError
 from stallscope.ingest.canonical import conform
 from stallscope.ingest.formats import (
     PARSERS,
@@ -49,20 +48,22 @@ from stallscope.ingest.ncu import source_is_ncu
 from stallscope.ingest.ncu_match import pair_ncu_traces
 from stallscope.ingest.reader import Source
 from stallscope.ingest.startup import skip_pandas_probe
-from stallscope.store import Store, write_json
+from stallscope.store import Store, current_user, new_upload, write_json, write_upload
 
 Progress = Callable[[str, int, int], None]
 
 
 @dataclass
 class IngestResult:
-    """What one job ingest produced (``existed`` when it was already stored)."""
+    """What one job ingest produced (``existed`` when it was already stored: this upload was
+    then recorded beside the earlier ones, ``upload_id`` names it)."""
 
     job_id: str
     job_name: str
     trace_ids: list[str]
     existed: bool
     warnings: list[str] = field(default_factory=list)
+    upload_id: str = ""
 
 
 def short_hash(*parts: str) -> str:
@@ -71,10 +72,17 @@ def short_hash(*parts: str) -> str:
 
 @dataclass
 class PreparedJob:
-    """A parsed job waiting in its staging folder (``None`` when already stored)."""
+    """A parsed job waiting in its staging folder (``None`` when already stored).
+
+    ``upload`` is this upload's entry (see :func:`stallscope.store.new_upload`);
+    ``again`` prepares the job afresh, for when the stored job was removed
+    before this upload could be recorded.
+    """
 
     result: IngestResult
     staging: Path | None
+    upload: dict[str, Any] = field(default_factory=dict)
+    again: Callable[[], PreparedJob] | None = None
 
 
 def ingest_job(store: Store, job_name: str, sources: list[Source], **options: Any) -> IngestResult:
@@ -83,10 +91,24 @@ def ingest_job(store: Store, job_name: str, sources: list[Source], **options: An
 
 
 def publish_job(store: Store, prepared: PreparedJob) -> IngestResult:
-    """Make a prepared job visible (or find it already stored)."""
-    if prepared.staging is not None:
-        prepared.result.existed = not store.publish(prepared.staging, prepared.result.job_id)
-    return prepared.result
+    """Make a prepared job visible, or record this upload of the job already stored.
+
+    Races are settled here: a job published by another process meanwhile gets
+    this upload recorded; a stored job removed meanwhile is ingested afresh.
+    """
+    again = prepared.again
+    for _ in range(20):
+        job_id = prepared.result.job_id
+        if prepared.staging is not None and store.publish(prepared.staging, job_id):
+            prepared.result.existed = False
+            return prepared.result
+        if store.add_upload(job_id, prepared.upload):
+            prepared.result.existed = True
+            return prepared.result
+        if again is None:
+            break
+        prepared = again()  # removed between our look and our upload: ingest it afresh
+    raise EnvironmentProblem(f"job {prepared.result.job_id} keeps vanishing: try again")
 
 
 def discard_job(store: Store, prepared: PreparedJob) -> None:
@@ -104,7 +126,35 @@ def prepare_job(
     notes: str = "",
     progress: Progress | None = None,
 ) -> PreparedJob:
-    """Parse every source of one job into a staging folder; nothing is visible yet."""
+    """Parse every source of one job into a staging folder; nothing is visible yet.
+
+    A job already stored is not parsed again: publishing records this upload
+    (``uploaded_by``, job name, ``tags``, ``notes``) beside the earlier ones.
+    """
+    options = {"uploaded_by": uploaded_by, "tags": tags, "notes": notes, "progress": progress}
+    now = datetime.now(UTC).isoformat(timespec="microseconds")
+    upload = new_upload(uploaded_by or current_user(), job_name, tags, notes, now)
+
+    def again() -> PreparedJob:
+        return _prepare(store, job_name, sources, upload, force=True, **options)
+
+    prepared = _prepare(store, job_name, sources, upload, **options)
+    prepared.again = again
+    return prepared
+
+
+def _prepare(
+    store: Store,
+    job_name: str,
+    sources: list[Source],
+    upload: dict[str, Any],
+    *,
+    uploaded_by: str | None,
+    tags: list[str] | None,
+    notes: str,
+    progress: Progress | None,
+    force: bool = False,
+) -> PreparedJob:
     if len(sources) == 1:
         sources[0].load_hashed()  # read and hashed in one pass, then parsed from the same bytes
     hashes = []
@@ -113,16 +163,15 @@ def prepare_job(
         check_deadline(source.name)
     _reject_duplicate_files(sources, hashes)
     job_id = short_hash(*sorted(hashes))
-    if store.has_job(job_id):
+    if not force and store.has_job(job_id):
         stored = store.job(job_id).get("trace_ids", [])
         warnings = [
             f"{ref.meta.get('file_name')}: {w}"
             for ref in store.traces(job_id)
             for w in ref.meta.get("warnings", [])
         ]
-        return PreparedJob(
-            IngestResult(job_id, job_name, stored, existed=True, warnings=warnings), None
-        )
+        result = IngestResult(job_id, job_name, stored, True, warnings, upload["upload_id"])
+        return PreparedJob(result, None, upload)
     staging = store.new_staging()
     try:
         metas = []
@@ -138,8 +187,8 @@ def prepare_job(
             source.release()
         pair_ncu_traces(metas, staging)
         _check_ranks(metas)
-        now = datetime.now(UTC).isoformat(timespec="seconds")
-        user = uploaded_by or _current_user()
+        now = datetime.fromisoformat(upload["uploaded_at"]).isoformat(timespec="seconds")
+        user = upload["uploaded_by"]
         world = max([len({m["rank"] for m in metas})] + [m["world_size"] or 0 for m in metas])
         for meta in metas:
             meta.update(job_id=job_id, uploaded_by=user, uploaded_at=now)
@@ -158,15 +207,15 @@ def prepare_job(
             "notes": notes,
         }
         write_json(staging / "job.json", job)
+        write_upload(staging, upload)
         if progress:
             progress("publishing", len(sources), len(sources))
     except BaseException:
         store.discard(staging)
         raise
     warnings = [f"{m['file_name']}: {w}" for m in metas for w in m.get("warnings", [])]
-    return PreparedJob(
-        IngestResult(job_id, job_name, ordered, existed=False, warnings=warnings), staging
-    )
+    result = IngestResult(job_id, job_name, ordered, False, warnings, upload["upload_id"])
+    return PreparedJob(result, staging, upload)
 
 
 def _reject_duplicate_files(sources: list[Source], hashes: list[str]) -> None:
@@ -367,16 +416,6 @@ def _active_devices(canonical) -> list[dict[str, Any]]:
         }
         for d in active
     ]
-
-
-def _current_user() -> str:
-    env = os.environ.get("STALLSCOPE_USER")
-    if env:
-        return env
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 (no passwd entry in some containers)
-        return "unknown"
 
 
 __all__ = ["IngestResult", "PreparedJob", "discard_job", "ingest_job", "prepare_job", "publish_job"]

@@ -38,6 +38,8 @@ _HASH_BLOCK = 16 << 20
 _SKIP_NAMES = {".DS_Store", "Thumbs.db"}
 # Files that sit beside traces in a job folder or zip and are never traces:
 # notes, logs, scripts, images, and stallscope's own ground-truth sidecars.
+# They are skipped by name (never read) and named in the job's warnings;
+# other non-traces are told apart by content (stallscope.ingest.formats.not_a_trace).
 _SKIP_SUFFIXES = (
     ".truth.json",
     ".md",
@@ -72,6 +74,25 @@ def _limit_reason(limit: int) -> str:
 
 
 @dataclass
+class Skipped:
+    """A file inside a directory or zip that is not a trace: left out of the job, named in a warning."""
+
+    name: str  # as Source.name: what users see
+    short: str  # its path inside the directory or zip
+    reason: str
+
+
+@dataclass
+class Expanded:
+    """One user argument: its job name, trace candidates and (directories, zips) skipped files."""
+
+    name: str
+    sources: list[Source]
+    skipped: list[Skipped]
+    container: str  # "directory" or "zip archive" (its non-traces are skipped), "" for a file
+
+
+@dataclass
 class Source:
     """One input file (or zip member) of a job.
 
@@ -85,6 +106,7 @@ class Source:
     file_bytes: int
     path: Path | None = None  # plain files: hashed by streaming, without keeping the bytes
     streamer: Callable[[], Iterator[bytes]] | None = None  # zip members: hashed the same way
+    member: str | None = None  # its path inside the directory or zip it came from
     _raw: bytes | None = None
     _hash: str | None = None
 
@@ -197,6 +219,74 @@ class Source:
         self._raw = None
 
 
+def decompressed_head(source: Source, size: int) -> bytes | None:
+    """The first ``size`` bytes of a source's decompressed contents, reading only what that needs.
+
+    Plain files are read in 64 KiB blocks and zip members streamed (their caps
+    apply); a gzip file is inflated up to ``size`` output bytes, so a bomb
+    costs at most ``size``. ``None`` when the head cannot be decoded (a corrupt
+    gzip header, an unreadable member): the full read then says why.
+    """
+    chunks = _stored_chunks(source)
+    try:
+        first = next(chunks, b"")
+        if first[:2] != GZIP_MAGIC:
+            out = bytearray(first[:size])
+            for chunk in chunks:
+                if len(out) >= size:
+                    break
+                out += chunk[: size - len(out)]
+            return bytes(out)
+        return _gunzip_head(first, chunks, size)
+    except (InputError, zlib.error):
+        return None
+    finally:
+        chunks.close()
+
+
+def _stored_chunks(source: Source) -> Iterator[bytes]:
+    """The stored bytes of a source, block by block, without loading the whole file."""
+    if source._raw is not None:
+        yield bytes(source._raw[: 1 << 22])
+        return
+    if source.streamer is not None:
+        stream = source.streamer()
+        try:
+            yield from stream
+        finally:
+            stream.close()
+        return
+    if source.path is None:
+        yield source.raw()
+        return
+    try:
+        with open(source.path, "rb") as fh:
+            while chunk := fh.read(1 << 16):
+                yield chunk
+    except OSError as exc:
+        raise InputError(source.name, f"cannot read file ({exc.strerror or exc})") from None
+
+
+def _gunzip_head(first: bytes, rest: Iterator[bytes], size: int) -> bytes:
+    """Inflate gzip data (maybe several members) until ``size`` bytes come out or the input ends."""
+    out = bytearray()
+    dec = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    pending = first
+    while len(out) < size:
+        if not pending:
+            pending = next(rest, b"")
+            if not pending:
+                break  # truncated (or done): the head is what there is
+        out += dec.decompress(pending, size - len(out))
+        pending = dec.unconsumed_tail
+        if dec.eof:
+            pending = dec.unused_data
+            if pending[:2] != GZIP_MAGIC:
+                break
+            dec = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    return bytes(out)
+
+
 def gunzip_limited(name: str, data: bytes) -> bytearray:
     """Decompress gzip data (possibly several members) into one buffer, refusing bombs.
 
@@ -297,8 +387,12 @@ def _file_source(path: Path, display: str) -> Source:
     return Source(name=display, loader=load, file_bytes=size, path=path)
 
 
-def zip_sources(path: Path, display: str) -> list[Source]:
-    """Members of a zip archive that look like trace files, largest first."""
+def zip_sources(path: Path, display: str) -> tuple[list[Source], list[Skipped]]:
+    """Members of a zip archive that may be traces, and those skipped by name (notes, images...).
+
+    Members are read only when used, one at a time. The caller tells traces
+    from other files by content and checks the rank count.
+    """
     limit = max_trace_bytes()
     try:
         zf = zipfile.ZipFile(path)
@@ -318,10 +412,15 @@ def zip_sources(path: Path, display: str) -> list[Source]:
                 f"zip archive has an unsafe member path {info.filename!r} "
                 "(absolute or with '..'): refusing a hostile archive",
             )
-    members = [i for i in infos if not i.is_dir() and _wanted_member(i.filename)]
-    if not members:
-        raise InputError(display, "zip archive holds no trace files")
-    _check_rank_count(display, len(members), "zip archive")
+    files = [i for i in infos if not i.is_dir() and not _junk(i.filename)]
+    if not files:
+        raise InputError(display, "zip archive holds no files")
+    skipped = [
+        Skipped(f"{display}:{i.filename}", i.filename, reason)
+        for i in files
+        if (reason := _skip_by_name(i.filename))
+    ]
+    members = [i for i in files if not _skip_by_name(i.filename)]
     total = sum(i.file_size for i in members)
     if total > limit:
         raise InputError(display, f"zip archive expands to more than {_limit_reason(limit)}")
@@ -338,7 +437,7 @@ def zip_sources(path: Path, display: str) -> list[Source]:
                 f"(over {RATIO_CAP}x its size plus a headroom): a zip bomb, not a trace",
             )
         sources.append(_zip_member_source(zf, info, member, cap))
-    return sources
+    return sources, skipped
 
 
 def _zip_member_source(zf: zipfile.ZipFile, info: zipfile.ZipInfo, member: str, cap: int) -> Source:
@@ -368,7 +467,13 @@ def _zip_member_source(zf: zipfile.ZipFile, info: zipfile.ZipInfo, member: str, 
             out += chunk
         return out
 
-    return Source(name=member, loader=load, file_bytes=info.compress_size, streamer=stream)
+    return Source(
+        name=member,
+        loader=load,
+        file_bytes=info.compress_size,
+        streamer=stream,
+        member=info.filename,
+    )
 
 
 def _check_rank_count(name: str, count: int, what: str) -> None:
@@ -391,38 +496,60 @@ def _unsafe_member_name(name: str) -> bool:
     )
 
 
-def _wanted_member(name: str) -> bool:
-    base = name.rsplit("/", 1)[-1]
-    return (
-        bool(base)
-        and not base.startswith(".")
-        and base not in _SKIP_NAMES
-        and not base.lower().endswith(_SKIP_SUFFIXES)
-        and "__MACOSX" not in name
-    )
+def _junk(name: str) -> bool:
+    """Files an operating system or archiver leaves behind: ignored without a word."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    return not base or base.startswith(".") or base in _SKIP_NAMES or "__MACOSX" in name
 
 
-def directory_sources(path: Path) -> list[Source]:
-    """Trace-like files directly inside (or below) a directory, sorted by name."""
+def _skip_by_name(name: str) -> str | None:
+    """Why a file is not a trace, from its name alone (notes, logs, scripts, images), else None."""
+    base = name.rsplit("/", 1)[-1].lower()
+    suffix = next((s for s in _SKIP_SUFFIXES if base.endswith(s)), None)
+    return f"a {suffix} file, not a trace" if suffix else None
+
+
+def directory_sources(path: Path) -> tuple[list[Source], list[Skipped]]:
+    """Files inside (or below) a directory that may be traces, and those skipped by name."""
     try:
-        files = sorted(p for p in path.rglob("*") if p.is_file() and _wanted_member(p.name))
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not _junk(p.name))
     except OSError as exc:
         raise InputError(str(path), f"cannot read directory ({exc.strerror or exc})") from None
     if not files:
         raise InputError(str(path), "directory holds no files")
-    _check_rank_count(str(path), len(files), "directory")
-    return [_file_source(p, str(p)) for p in files]
+    if len(files) > MAX_ZIP_MEMBERS:  # each file's head is read to tell traces apart: bound it
+        raise InputError(
+            str(path),
+            f"directory holds {len(files):,} files (more than {MAX_ZIP_MEMBERS:,}): "
+            "not the folder of one job",
+        )
+    skipped = [
+        Skipped(str(p), p.relative_to(path).as_posix(), reason)
+        for p in files
+        if (reason := _skip_by_name(p.name))
+    ]
+    sources = []
+    for p in files:
+        if not _skip_by_name(p.name):
+            sources.append(_file_source(p, str(p)))
+            sources[-1].member = p.relative_to(path).as_posix()
+    return sources, skipped
 
 
-def expand_path(arg: str) -> tuple[str, list[Source]]:
-    """One user argument -> (job name, its sources). Directories and zips are one job each."""
+def check_rank_count(name: str, count: int, what: str) -> None:
+    """Refuse a directory or zip with more trace files than one job may hold."""
+    _check_rank_count(name, count, what)
+
+
+def expand(arg: str) -> Expanded:
+    """One user argument -> its job name, sources and skipped files. Directories and zips are one job each."""
     path = Path(arg)
     if not path.exists():
         if path.is_symlink():
             raise InputError(arg, "broken symbolic link (its target does not exist)")
         raise InputError(arg, "no such file or directory")
     if path.is_dir():
-        return path.name or str(path), directory_sources(path)
+        return Expanded(path.name or str(path), *directory_sources(path), container="directory")
     if not path.is_file():
         raise InputError(arg, "not a regular file (a device, pipe or socket)")
     try:
@@ -431,8 +558,14 @@ def expand_path(arg: str) -> tuple[str, list[Source]]:
     except OSError as exc:
         raise InputError(arg, f"cannot read file ({exc.strerror or exc})") from None
     if head == ZIP_MAGIC:
-        return path.stem, zip_sources(path, arg)
-    return path.name, [_file_source(path, arg)]
+        return Expanded(path.stem, *zip_sources(path, arg), container="zip archive")
+    return Expanded(path.name, [_file_source(path, arg)], [], container="")
+
+
+def expand_path(arg: str) -> tuple[str, list[Source]]:
+    """One user argument -> (job name, its trace candidates); see :func:`expand`."""
+    expanded = expand(arg)
+    return expanded.name, expanded.sources
 
 
 def iter_sources(args: Iterable[str]) -> Iterable[tuple[str, list[Source]]]:

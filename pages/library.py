@@ -135,7 +135,7 @@ def _ingest(files, user: str, tags: list[str], notes: str, each: bool, name: str
         st.error(literal(error))
         return False
     for r in results:
-        verb = "Already in the store" if r.existed else "Ingested"
+        verb = "Already stored; your upload was recorded" if r.existed else "Ingested"
         st.success(f"{verb}: {literal(r.job_name)} — job `{r.job_id}`, {len(r.trace_ids)} rank(s)")
         _link("overview", "Open its overview", {"job": r.job_id})
         for warning in r.warnings:
@@ -161,7 +161,7 @@ def _job_list() -> None:
                 "job": j["job_id"],
                 "ranks": len(j.get("trace_ids", [])),
                 "source": ", ".join(j.get("sources", [])),
-                "uploaded by": j.get("uploaded_by"),
+                "uploaded by": ", ".join(j.get("uploaders") or [j.get("uploaded_by") or ""]),
                 "uploaded": (j.get("uploaded_at") or "")[:16].replace("T", " "),
                 "tags": ", ".join(j.get("tags", [])),
             }
@@ -175,6 +175,8 @@ def _job_list() -> None:
         width="stretch",
         column_config={"open": st.column_config.LinkColumn("open", display_text="overview")},
     )
+    if message := st.session_state.pop("deleted", None):
+        st.success(message)
     _manage(shown)
 
 
@@ -183,10 +185,10 @@ def _matches(job: dict, query: str, tags: list[str]) -> bool:
         return False
     if not query:
         return True
-    haystack = (
-        " ".join(str(job.get(k, "")) for k in ("name", "job_id", "uploaded_by", "notes"))
-        + " "
-        + " ".join(job.get("tags", []))
+    haystack = " ".join(
+        [str(job.get(k, "")) for k in ("name", "job_id", "uploaded_by", "notes")]
+        + job.get("tags", [])
+        + job.get("uploaders", [])
     )
     return query.lower() in haystack.lower()
 
@@ -204,13 +206,45 @@ def _manage(shown: list[dict]) -> None:
         if st.button("Save name, tags and notes"):
             get_store().annotate(job_id, tags=tags.split(","), notes=notes, name=new_name)
             st.rerun()
-        confirm = st.checkbox(
-            f"Yes, delete job {job_id} and all its ranks", key=f"confirm_{job_id}"
+        _delete(job)
+
+
+def _delete(job: dict) -> None:
+    """Remove this user's upload of a job (its data goes with its last upload), or the job
+    for everyone."""
+    job_id, uploaders = job["job_id"], job.get("uploaders", [])
+    st.caption(f"Uploaded by {literal(', '.join(uploaders))}")
+    user = st.text_input(
+        "Your name (whose upload to remove)",
+        value=st.session_state.get("uploader", "") or "browser",
+        key=f"remover_{job_id}",
+    ).strip()
+    everyone = st.checkbox(
+        f"Delete job {job_id} for everyone ({len(uploaders)} uploader(s)), not just my upload",
+        key=f"everyone_{job_id}",
+    )
+    confirm = st.checkbox(
+        f"Yes, delete job {job_id} and all its ranks"
+        if everyone or uploaders == [user]
+        else f"Yes, remove {literal(user)}'s upload of job {job_id}",
+        key=f"confirm_{job_id}",
+    )
+    if st.button("Delete", disabled=not confirm, type="secondary"):
+        try:
+            if everyone:
+                get_store().delete_job(job_id)
+                gone = True
+            else:
+                gone = get_store().remove_upload(job_id, user)
+        except StallscopeError as exc:
+            st.error(literal(str(exc)))
+            return
+        st.session_state["deleted"] = (
+            f"Deleted job {job_id}."
+            if gone
+            else f"Removed {literal(user)}'s upload of job {job_id}."
         )
-        if st.button("Delete", disabled=not confirm, type="secondary"):
-            get_store().delete_job(job_id)
-            st.success(f"Deleted job {job_id}.")
-            st.rerun()
+        st.rerun()
 
 
 def _link(page: str, label: str, query: dict[str, str]) -> None:

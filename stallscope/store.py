@@ -5,6 +5,7 @@ Layout under the store root (see docs/store.md)::
     STORE_VERSION
     jobs/<job_id>/job.json                 job catalog row (immutable)
     jobs/<job_id>/annotations.json         tags and notes (replaced atomically)
+    jobs/<job_id>/uploads/<upload_id>.json one per upload of these files (who, when, name, tags, notes)
     jobs/<job_id>/<trace_id>/meta.json     trace catalog row (immutable)
     jobs/<job_id>/<trace_id>/<table>.parquet
     staging/<pid>-<hostkey>-<random>/      ingests in progress (never read)
@@ -16,6 +17,13 @@ staging directory, so readers never see half a job, any number of processes
 may ingest at once, and a process killed mid-ingest leaves only a staging
 directory that later ingests remove. Nothing is ever modified in place except
 ``annotations.json``, which is replaced with ``os.replace``.
+
+Uploads: a job is stored once per content but uploaded by many; each upload is
+one file in ``uploads/`` (created by ``os.replace``, removed by ``unlink``), and
+the job's data goes when its last upload goes (:meth:`Store.remove_upload`).
+A job folder without ``uploads/`` (an older store) counts its ``job.json`` as
+one upload; it is turned into an ``uploads/`` folder by one atomic ``rename``
+before any upload is added or removed.
 
 Shared stores (NFS, containers): a staging folder is owned by its ``.lease``
 (host id, pid, heartbeat refreshed every :data:`HEARTBEAT_S` while the ingest
@@ -104,12 +112,28 @@ class Store:
         return path
 
     def clean_stale(self) -> None:
-        """Remove the staging folders whose owner is gone (see :meth:`Lease.is_stale`), and the trash."""
-        for folder in _children(self.staging_dir):
+        """Remove the staging and trash folders whose owner is gone (see :meth:`Lease.is_stale`).
+
+        A trash folder's owner may still put it back (:meth:`remove_upload`):
+        it is never removed while its lease is live.
+        """
+        for folder in _children(self.staging_dir) + _children(self.trash_dir):
             if Lease.is_stale(folder):
                 shutil.rmtree(folder, ignore_errors=True)
-        for folder in _children(self.trash_dir):
-            shutil.rmtree(folder, ignore_errors=True)
+
+    def _take_away(self, job_id: str) -> Path | None:
+        """Rename a job into ``trash/`` (it vanishes at once), owned by a lease written first,
+        so no other writer's clean-up removes it while this one may still put it back.
+        None when the job is already gone."""
+        self.ensure()
+        folder = self.jobs_dir / job_id
+        doomed = self.trash_dir / f"{os.getpid()}-{host_key()}-{job_id}-{uuid.uuid4().hex[:8]}"
+        try:
+            Lease.write(folder)
+            os.rename(folder, doomed)
+        except FileNotFoundError:
+            return None
+        return doomed
 
     def publish(self, staging: Path, job_id: str) -> bool:
         """Make a complete staging folder visible as ``jobs/<job_id>``.
@@ -145,8 +169,7 @@ class Store:
             job = _read_json(folder / "job.json")
             if job is None:
                 continue
-            job.update(_read_json(folder / "annotations.json") or {})
-            rows.append(job)
+            rows.append(_job_row(folder, job))
         rows.sort(key=lambda j: (j.get("uploaded_at", ""), j.get("job_id", "")), reverse=True)
         return rows
 
@@ -186,11 +209,11 @@ class Store:
         raise NotFoundError(f"no trace or job {ref!r} in store {self.root}")
 
     def job(self, job_id: str) -> dict[str, Any]:
+        """One job's catalog row (see :func:`_job_row`)."""
         job = _read_json(self.jobs_dir / job_id / "job.json")
         if job is None:
             raise NotFoundError(f"no job {job_id!r} in store {self.root}")
-        job.update(_read_json(self.jobs_dir / job_id / "annotations.json") or {})
-        return job
+        return _job_row(self.jobs_dir / job_id, job)
 
     def annotate(
         self,
@@ -206,6 +229,7 @@ class Store:
         current = _read_json(folder / "annotations.json") or {}
         if tags is not None:
             current["tags"] = sorted({t.strip() for t in tags if t.strip()})
+            current["tags_at"] = _now()  # later uploads' tags add to these
         if notes is not None:
             current["notes"] = notes
         if name is not None and name.strip():
@@ -213,14 +237,112 @@ class Store:
         _atomic_write_text(folder / "annotations.json", json.dumps(current, indent=1))
 
     def delete_job(self, job_id: str) -> None:
-        """Remove a job: it vanishes atomically, its files are removed after."""
+        """Remove a job for everyone: it vanishes atomically, its files are removed after."""
         folder = self.jobs_dir / job_id
         if not (folder / "job.json").is_file():
             raise NotFoundError(f"no job {job_id!r} in store {self.root}")
-        self.ensure()
-        doomed = self.trash_dir / f"{job_id}-{uuid.uuid4().hex[:8]}"
-        os.rename(folder, doomed)
+        doomed = self._take_away(job_id)
+        if doomed is None:
+            raise NotFoundError(f"no job {job_id!r} in store {self.root}")
         shutil.rmtree(doomed, ignore_errors=True)
+
+    # -- uploads -------------------------------------------------------------------
+    def uploads(self, job_id: str) -> list[dict[str, Any]]:
+        """A job's uploads, oldest first (an older store's job: its ``job.json`` as one)."""
+        folder = self.jobs_dir / job_id
+        job = _read_json(folder / "job.json")
+        if job is None:
+            raise NotFoundError(f"no job {job_id!r} in store {self.root}")
+        return _uploads_of(folder, job)
+
+    def add_upload(self, job_id: str, entry: dict[str, Any]) -> bool:
+        """Record one more upload of a stored job; False when the job is gone (removed meanwhile).
+
+        The entry is written beside its final name and renamed into
+        ``uploads/``: a remover that takes the job away at that moment either
+        finds the entry in what it took (and puts the job back) or this
+        rename fails and the caller ingests the job afresh.
+        """
+        folder = self.jobs_dir / job_id
+        for _ in range(3):
+            try:
+                _materialize_uploads(folder)
+                path = folder / UPLOADS / f"{entry['upload_id']}.json"
+                _atomic_write_text(path, json.dumps(entry))
+                return True
+            except FileNotFoundError:
+                self._wait_if_being_put_back(job_id)  # a remover may be putting it back
+                if not (folder / "job.json").is_file():
+                    return False
+        return False
+
+    def remove_upload(self, job_id: str, user: str) -> bool:
+        """Remove ``user``'s uploads of a job; True when that was the last and the job is gone.
+
+        Raises NotFoundError when ``user`` has no upload of it. The job's data
+        goes only with its last upload: the folder is renamed into ``trash/``,
+        then looked at again; an upload recorded meanwhile (a re-upload racing
+        this removal) puts it back (see :meth:`_restore`).
+        """
+        folder = self.jobs_dir / job_id
+        self._wait_if_being_put_back(job_id)
+        if not (folder / "job.json").is_file():
+            raise NotFoundError(f"no job {job_id!r} in store {self.root}")
+        try:
+            _materialize_uploads(folder)
+        except FileNotFoundError:
+            raise NotFoundError(f"no job {job_id!r} in store {self.root}") from None
+        mine = [p for p, e in _upload_files(folder / UPLOADS) if e.get("uploaded_by") == user]
+        if not mine:
+            others = sorted({e.get("uploaded_by") or "?" for e in self.uploads(job_id)})
+            raise NotFoundError(
+                f"job {job_id} has no upload by {user!r} (uploaded by {', '.join(others)}): "
+                "pass --user NAME, or --all to delete it for everyone"
+            )
+        for path in mine:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        if _upload_files(folder / UPLOADS):
+            return False
+        doomed = self._take_away(job_id)
+        if doomed is None:
+            return True  # another remover took it first
+        if _upload_files(doomed / UPLOADS):  # recorded between the look and the rename
+            self._restore(doomed, job_id)
+            return False
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+
+    def _wait_if_being_put_back(self, job_id: str, timeout_s: float = 5.0) -> None:
+        """A job another remover has just taken into ``trash/`` may be put back at once (an
+        upload was recorded meanwhile): wait for it to reappear or for the trash copy to go."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.jobs_dir / job_id / "job.json").is_file() and time.monotonic() < deadline:
+            if not any(self.trash_dir.glob(f"*-{job_id}-*")):
+                return
+            time.sleep(0.01)
+
+    def _restore(self, doomed: Path, job_id: str) -> None:
+        """Put a job taken into ``trash/`` back, or (when the same job was ingested afresh
+        meanwhile) move its uploads into that one; never loses an upload."""
+        target = self.jobs_dir / job_id
+        for _ in range(100):
+            try:
+                os.rename(doomed, target)
+                Lease.release(target)
+                return
+            except OSError:
+                if not target.exists():
+                    continue  # it went again between the two looks: try again
+            try:
+                _materialize_uploads(target)
+                for path, _entry in _upload_files(doomed / UPLOADS):
+                    os.rename(path, target / UPLOADS / path.name)
+            except FileNotFoundError:
+                continue  # that one is being removed too: the loop puts ours back
+            shutil.rmtree(doomed, ignore_errors=True)
+            return
+        raise RuntimeError(f"could not put job {job_id} back into the store")
 
     # -- querying ------------------------------------------------------------------
     def connect(
@@ -307,6 +429,166 @@ def create_catalog(con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]]) 
             f"INSERT INTO catalog VALUES {', '.join(marks for _ in chunk)}",
             [value for row in chunk for value in row],
         )
+
+
+UPLOADS = "uploads"
+
+
+def current_user() -> str:
+    """The uploader's name: ``$STALLSCOPE_USER``, else the login name, else ``unknown``."""
+    import getpass
+
+    env = os.environ.get("STALLSCOPE_USER")
+    if env:
+        return env
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 (no passwd entry in some containers)
+        return "unknown"
+
+
+def _now() -> str:
+    """Now, ISO 8601 UTC to the microsecond (upload entries, edits: their order matters)."""
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def _when(text: Any):
+    """An ISO time as a comparable datetime (the earliest possible when missing or bad)."""
+    from datetime import UTC, datetime
+
+    try:
+        value = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=UTC)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _seconds(text: str) -> str:
+    """An ISO time to the second, as ``job.json`` shows it."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).isoformat(timespec="seconds")
+    except (TypeError, ValueError):
+        return ""
+
+
+def new_upload(
+    uploaded_by: str, name: str, tags: list[str] | None, notes: str, uploaded_at: str
+) -> dict[str, Any]:
+    """One upload entry: who uploaded, when (ISO 8601 UTC), under which name, tags and notes.
+
+    Its id sorts by time: ``<compact time>-<random>``.
+    """
+    stamp = "".join(c for c in uploaded_at if c.isdigit())[:14]
+    return {
+        "upload_id": f"{stamp}-{uuid.uuid4().hex[:10]}",
+        "uploaded_by": uploaded_by,
+        "uploaded_at": uploaded_at,
+        "name": name,
+        "tags": sorted({t.strip() for t in tags or [] if t.strip()}),
+        "notes": notes,
+    }
+
+
+def write_upload(folder: Path, entry: dict[str, Any]) -> None:
+    """Write an upload entry into a staging folder (not yet visible)."""
+    (folder / UPLOADS).mkdir(exist_ok=True)
+    write_json(folder / UPLOADS / f"{entry['upload_id']}.json", entry)
+
+
+def _legacy_upload(job: dict[str, Any]) -> dict[str, Any]:
+    """An older store's job (no ``uploads/``): its ``job.json`` is its one upload."""
+    return {
+        "upload_id": "job",
+        "uploaded_by": job.get("uploaded_by"),
+        "uploaded_at": job.get("uploaded_at", ""),
+        "name": job.get("name"),
+        "tags": list(job.get("tags", [])),
+        "notes": job.get("notes", ""),
+    }
+
+
+def _upload_files(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The readable upload entries in ``folder``, oldest first (temporary files ignored)."""
+    try:
+        paths = sorted(p for p in folder.iterdir() if p.suffix == ".json" and p.name[0] != ".")
+    except OSError:
+        return []
+    out = []
+    for path in paths:
+        entry = _read_json(path)
+        if entry is not None:
+            out.append((path, entry))
+    out.sort(key=lambda pe: (_when(pe[1].get("uploaded_at")), pe[0].name))
+    return out
+
+
+def _uploads_of(folder: Path, job: dict[str, Any]) -> list[dict[str, Any]]:
+    if not (folder / UPLOADS).is_dir():
+        return [_legacy_upload(job)]
+    return [entry for _, entry in _upload_files(folder / UPLOADS)]
+
+
+def _materialize_uploads(folder: Path) -> None:
+    """Give an older store's job its ``uploads/`` folder (its ``job.json`` as the one upload).
+
+    Built aside and renamed into place: of two writers doing it at once, one
+    rename wins and the other's copy is dropped. FileNotFoundError when the
+    job is gone.
+    """
+    if (folder / UPLOADS).is_dir():
+        return
+    job = _read_json(folder / "job.json")
+    if job is None:
+        raise FileNotFoundError(folder / "job.json")
+    aside = folder / f".{UPLOADS}-{uuid.uuid4().hex[:8]}"
+    aside.mkdir()
+    try:
+        _atomic_write_text(aside / "job.json", json.dumps(_legacy_upload(job)))
+        os.rename(aside, folder / UPLOADS)
+    except OSError:
+        shutil.rmtree(aside, ignore_errors=True)
+        if not (folder / UPLOADS).is_dir():
+            raise
+
+
+def _job_row(folder: Path, job: dict[str, Any]) -> dict[str, Any]:
+    """A job's catalog row: ``job.json``, its uploads, then its annotations.
+
+    ``name``, ``uploaded_by`` and ``uploaded_at`` are the first remaining
+    upload's; ``uploaders`` lists every uploader (first upload first);
+    ``tags`` is the union of the uploads' tags (after an edit of the tags:
+    the edited tags plus those of later uploads); ``notes`` joins the
+    uploads' notes (an edit replaces them); ``uploads`` keeps each entry.
+    An edited name (annotations) wins over the first upload's.
+    """
+    uploads = _uploads_of(folder, job)
+    annotations = _read_json(folder / "annotations.json") or {}
+    row = dict(job)
+    if uploads:
+        first = uploads[0]
+        row["name"] = first.get("name") or job.get("name")
+        row["uploaded_by"] = first.get("uploaded_by")
+        row["uploaded_at"] = _seconds(first.get("uploaded_at", "")) or job.get("uploaded_at", "")
+    row["uploaders"] = list(dict.fromkeys(u.get("uploaded_by") or "?" for u in uploads))
+    row["uploads"] = uploads
+    # An edit of the tags replaces those of the uploads before it (an older store's edit,
+    # without its time, those of the job.json upload).
+    since = _when(
+        annotations.get("tags_at") or ("" if "tags" not in annotations else job.get("uploaded_at"))
+    )
+    tags = set(annotations.get("tags", []))
+    tags |= {t for u in uploads if _when(u.get("uploaded_at")) > since for t in u.get("tags", [])}
+    row["tags"] = sorted(tags)
+    notes = [u.get("notes", "") for u in uploads if u.get("notes", "").strip()]
+    row["notes"] = "\n\n".join(dict.fromkeys(notes))
+    for key in ("name", "notes"):
+        if key in annotations:
+            row[key] = annotations[key]
+    return row
 
 
 def _sql_str(text: str) -> str:

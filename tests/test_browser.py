@@ -122,3 +122,31 @@ def test_sql_page_refuses_explain_analyze_copy_and_shows_text_literally(server, 
         page.get_by_text("1 rows").wait_for(timeout=30_000)
         browser.close()
     assert snapshot(store) == before
+
+
+def test_zip_upload_skips_the_files_that_are_not_traces(server, tmp_path):
+    import json
+    import zipfile
+
+    from playwright.sync_api import sync_playwright
+
+    url, store = server
+    path = tmp_path / "run7.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        for rank in sorted((SAMPLES / "kineto" / "ddp_overlap").glob("rank*.pt.trace.json.gz")):
+            zf.write(rank, f"run7/{rank.name}")
+        zf.writestr("run7/meta.json", json.dumps({"run": 7}))
+        zf.writestr("run7/notes.yaml", "lr: 0.1\n")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.goto(url)
+        wait_idle(page)
+        page.locator("input[type=file]").set_input_files(str(path))
+        page.get_by_role("button", name="Ingest").click()
+        page.get_by_text(re.compile("Ingested: run7")).wait_for(timeout=120_000)
+        page.get_by_text("run7.zip:run7/meta.json: skipped (JSON without any trace keys").wait_for()
+        page.get_by_text("run7.zip:run7/notes.yaml: skipped (a .yaml file, not a trace)").wait_for()
+        browser.close()
+    (job,) = Store(store).jobs()
+    assert len(job["trace_ids"]) == 2

@@ -103,7 +103,7 @@ def test_same_named_uploads_are_stored_apart(server):
         page.get_by_text("Unrelated files (one job each)").click()
         page.get_by_role("button", name="Ingest").click()
         page.get_by_text(re.compile("Ingested: trace.json.gz")).nth(2).wait_for(timeout=180_000)
-        assert page.get_by_text("Already in the store").count() == 0
+        assert page.get_by_text("Already stored; your upload was recorded").count() == 0
         assert len(store.jobs()) == 3
         page.reload()
         wait_idle(page)

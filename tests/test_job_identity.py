@@ -53,7 +53,7 @@ def test_default_upload_name_is_never_the_temporary_folder(tmp_path):
         target.parent.mkdir(parents=True)
         shutil.copy(source, target)
         paths.append(str(target))
-    ((name, sources),) = plan_jobs(paths, upload_root=str(root))
+    ((name, sources, _),) = plan_jobs(paths, upload_root=str(root))
     assert name == "rank"  # the rank files' common prefix, not 'stallscope-upload-abc' or '0'
     assert [s.name for s in sources] == [p.name for p in ranks]
 

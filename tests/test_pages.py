@@ -273,3 +273,47 @@ def test_thresholds_one_analyzer_at_a_time_and_kept(app_store):
     ).run()
     assert not at.exception
     assert "1 changed" in at.sidebar.expander[0].label  # kept while another analyzer is shown
+
+
+def test_library_delete_removes_my_upload_then_the_job(app_store, tmp_path):
+    hand = job_id(app_store, "hand.pt.trace.json")
+    again = tmp_path / "again"
+    again.mkdir()
+    ingest_paths(
+        app_store,
+        [str(hand_trace().write(again / "hand.pt.trace.json"))],
+        uploaded_by="cy",
+        tags=["cy"],
+    )
+    at = page("library")
+    row = at.dataframe[0].value.set_index("job").loc[hand]
+    assert row["uploaded by"] == "ana, cy" and row["tags"] == "cy, demo"
+    at.selectbox(key="manage_job").set_value(hand).run()
+    at.text_input(key=f"remover_{hand}").set_value("cy").run()
+    at.checkbox(key=f"confirm_{hand}").check().run()
+    _delete_button(at).click().run()
+    assert not at.exception
+    assert app_store.job(hand)["uploaders"] == ["ana"]
+    assert any(f"Removed cy's upload of job {hand}" in s.value for s in at.success)
+    at.selectbox(key="manage_job").set_value(hand).run()
+    at.text_input(key=f"remover_{hand}").set_value("ana").run()
+    at.checkbox(key=f"confirm_{hand}").check().run()
+    _delete_button(at).click().run()
+    assert any(f"Deleted job {hand}" in s.value for s in at.success)
+    assert [j["name"] for j in app_store.jobs()] == ["idle.pt.trace.json"]
+
+
+def test_library_delete_for_everyone(app_store):
+    idle = job_id(app_store, "idle.pt.trace.json")
+    at = page("library")
+    at.selectbox(key="manage_job").set_value(idle).run()
+    at.text_input(key=f"remover_{idle}").set_value("someone else").run()
+    at.checkbox(key=f"everyone_{idle}").check().run()
+    at.checkbox(key=f"confirm_{idle}").check().run()
+    _delete_button(at).click().run()
+    assert not at.exception
+    assert [j["name"] for j in app_store.jobs()] == ["hand.pt.trace.json"]
+
+
+def _delete_button(at):
+    return next(b for b in at.button if b.label == "Delete")

@@ -15,8 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Add traces to the store: PyTorch profiler (Kineto) JSON, Nsight Systems exports (.sqlite, "
             ".sqlite.gz, .nsys-rep, .qdrep) and Nsight Compute CSVs (.ncu-rep with ncu). Files given "
             "together form one job (the ranks of one run; use --each for unrelated files); each "
-            "directory or .zip is one job. "
-            "Re-ingesting the same files finds the stored job instead of duplicating it."
+            "directory or .zip is one job (its files that are not traces, such as a meta.json or "
+            "notes, are skipped with a warning). "
+            "Re-ingesting the same files finds the stored job instead of duplicating it, and "
+            "records this upload (uploader, name, tags, notes) beside the earlier ones."
         ),
     )
     p.add_argument(
@@ -112,7 +114,7 @@ def _ingest(args: argparse.Namespace) -> int:
         print_json([r.__dict__ for r in results])
         return EXIT_OK
     for r in results:
-        state = "already in store" if r.existed else "ingested"
+        state = "already stored; your upload was recorded" if r.existed else "ingested"
         print(
             f"{state}: job {r.job_id} '{r.job_name}' ({len(r.trace_ids)} trace(s): {', '.join(r.trace_ids)})"
         )
