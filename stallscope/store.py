@@ -770,6 +770,9 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether a local process ``pid`` still runs. A zombie (exited, not yet reaped: the
+    orphaned ingest worker of a killed CLI waits for an init that may never reap it) is
+    dead: it holds nothing and will write nothing."""
     if pid == os.getpid():
         return True
     try:
@@ -778,7 +781,17 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """Linux: the state field of ``/proc/<pid>/stat`` is Z (zombie) or X (dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[:1]  # the name in parentheses may hold spaces
+    return state in (["Z"], ["X"])
 
 
 def write_json(path: Path, value: dict[str, Any]) -> None:

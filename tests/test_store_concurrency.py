@@ -203,3 +203,23 @@ def test_repeatedly_killed_ingests_leave_a_consistent_store_and_no_temp_files(tm
     assert list(staging.iterdir()) == []
     assert [p for p in store_dir.rglob("*") if ".tmp" in p.name] == []
     assert list(tmpdir.iterdir()) == []
+
+
+def test_a_zombie_owner_is_dead():
+    """An exited but unreaped process (an orphaned worker whose init never reaps it) owns
+    nothing: its staging folder is stale."""
+    import subprocess
+
+    from stallscope.store import _pid_alive
+
+    child = subprocess.Popen(["true"])
+    deadline = time.time() + 10
+    while time.time() < deadline:  # exited, not yet waited for: a zombie
+        if Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+            break
+        time.sleep(0.01)
+    try:
+        assert not _pid_alive(child.pid)
+    finally:
+        child.wait()
+    assert _pid_alive(os.getpid())
