@@ -429,7 +429,7 @@ def test_report_is_exported_with_nsys_and_cached(cli, tmp_path):
         assert len(calls) == 1, calls  # the second ingest reads the cached export
         assert calls[0].startswith("export --type sqlite")
         assert calls[0].endswith(str(report))
-        (trace,) = [p for p in (store_dir / "jobs").glob("*/*") if p.is_dir()]
+        (trace,) = [p for p in (store_dir / "jobs").glob("*/*") if (p / "meta.json").is_file()]
         gpu = pq.read_table(trace / "gpu.parquet")
         assert gpu.num_rows == 6, attempt
     assert len(list((tmp_path / "cache").glob("*.sqlite"))) == 1

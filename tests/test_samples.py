@@ -79,7 +79,8 @@ def test_every_sample_ingests_with_its_ranks(analyzed):
         ranks = sorted(r.meta["rank"] for r in job.traces)
         expected = (truth(scenario).get("capture") or {}).get("ranks") or 1
         assert ranks == list(range(expected)), scenario
-        assert all(r.meta["kernel_count"] > 0 for r in job.traces)
+        if not scenario.startswith("memory_"):  # memory captures: allocations, maybe no kernels
+            assert all(r.meta["kernel_count"] > 0 for r in job.traces), scenario
         assert all(d["name"] == "NVIDIA H200" for r in job.traces for d in r.meta["devices"])
 
 
@@ -166,7 +167,8 @@ def test_step_rows_sum_to_the_idle_totals(analyzed):
 
 
 def test_savings_are_time_inside_the_steps(analyzed):
-    """A saving is never negative nor more than the trace's summed step time."""
+    """A saving is never negative nor more than the trace's summed step time (its GPU span
+    when the trace has no steps)."""
     for scenario, (job, result) in analyzed.items():
         for f in result.findings:
             if f.saving_ns is None:
@@ -175,7 +177,9 @@ def test_savings_are_time_inside_the_steps(analyzed):
                 "SELECT coalesce(sum(end_ns - start_ns), 0) FROM ranges WHERE trace_id = ? AND kind = 'step'",
                 [f.trace],
             ).fetchone()[0]
-            assert 0 <= f.saving_ns <= steps, (scenario, f.analyzer, f.title)
+            ref = next(r for r in job.traces if r.trace_id == f.trace)
+            bound = steps or ref.meta["span_ns"]
+            assert 0 <= f.saving_ns <= bound, (scenario, f.analyzer, f.title)
 
 
 def test_graph_replays_raise_no_queued_stall(analyzed):
