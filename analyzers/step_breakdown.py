@@ -15,6 +15,7 @@ import numpy as np
 
 from stallscope import intervals
 from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.host_ops import LAUNCH_CTE
 from stallscope.idle import CAUSES, attribute_idle
 from stallscope.jobdata import JobData
 
@@ -120,15 +121,12 @@ def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
     in the row of the step that launched it.
     """
     gpu = job.numpy(
-        """WITH launch AS (
-             SELECT correlation, min(start_ns) AS launch_ns FROM host
-             WHERE trace_id = $1 AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL
-             GROUP BY correlation)
+        f"""WITH {LAUNCH_CTE}
            SELECT g.device, g.kind, g.is_comm, g.start_ns, g.end_ns,
                   coalesce(l.launch_ns, g.start_ns) AS launch_ns
            FROM gpu g LEFT JOIN launch l ON l.correlation = g.correlation
-           WHERE g.trace_id = $1 AND g.kind IN ('kernel', 'memcpy', 'memset') ORDER BY g.device, g.start_ns""",
-        [trace],
+           WHERE g.trace_id = $trace AND g.kind IN ('kernel', 'memcpy', 'memset') ORDER BY g.device, g.start_ns""",
+        {"trace": trace},
     )
     rows = []
     for device in np.unique(gpu["device"]).tolist():

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stallscope import job_settings
+from stallscope.host_ops import LAUNCH_CTE
 from stallscope.jobdata import JobData
 
 SKEW_TOLERANCE_NS = job_settings.JobSettings().skew_tolerance_ns  # the default
@@ -50,11 +51,8 @@ ALGO_REGEX = r"_(RING|TREE|NVLS_TREE|NVLS|COLLNET_DIRECT|COLLNET_CHAIN|PAT)_(LL1
 
 # One trace's GPU operations, each with the step whose host ProfilerStep range
 # holds its launch call (else its own start). Per trace: integer keys only.
-ACTIVITY_SQL = """
-WITH launch AS (
-  SELECT correlation, min(start_ns) AS launch_ns FROM host
-  WHERE trace_id = $trace AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1
-), steps AS (
+ACTIVITY_SQL = f"""
+WITH {LAUNCH_CTE}, steps AS (
   SELECT step, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE trace_id = $trace AND kind = 'step'
 ), ops AS (
   SELECT g.device, g.stream, g.kind = 'kernel' AS is_kernel, g.is_comm, g.start_ns, g.end_ns,

@@ -27,6 +27,7 @@ import numpy as np
 
 from stallscope.analyzers.base import SEVERITY_RANK
 from stallscope.compare_inference import inference_deltas, inference_summary, inference_table
+from stallscope.host_ops import LAUNCH_CTE
 from stallscope.jobdata import JobData
 from stallscope.report import build_report
 from stallscope.store import Store, TraceRef
@@ -85,11 +86,8 @@ def rank_step_means(job: JobData) -> dict[int, float]:
 
 # The GPU operations of one trace launched inside a step (the launch call's start, else the
 # operation's own, inside a step range; scope.py's rule), or all of them when it has no steps.
-_IN_STEPS_SQL = """
-WITH launch AS (
-  SELECT correlation, min(start_ns) AS launch_ns FROM host
-  WHERE trace_id = $trace AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1
-), steps AS (
+_IN_STEPS_SQL = f"""
+WITH {LAUNCH_CTE}, steps AS (
   SELECT start_ns AS step_start, end_ns AS step_end FROM ranges WHERE trace_id = $trace AND kind = 'step'
 ), ops AS (
   SELECT g.kind, g.name_id, g.start_ns, g.end_ns, coalesce(g.bytes, 0) AS bytes,

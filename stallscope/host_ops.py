@@ -15,6 +15,13 @@ import numpy as np
 
 from stallscope.jobdata import JobData
 
+# A trace's launch calls by correlation id: when the host launched each GPU operation (the
+# first runtime/driver call carrying its correlation). A CTE for queries bound with $trace.
+LAUNCH_CTE = """launch AS (
+  SELECT correlation, min(start_ns) AS launch_ns FROM host
+  WHERE trace_id = $trace AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1
+)"""
+
 
 @dataclass
 class OpStack:

@@ -49,15 +49,13 @@ from stallscope.critical_path import (
     saving,
     step_times,
 )
+from stallscope.host_ops import LAUNCH_CTE
 from stallscope.idle import CAUSES, DATALOADER_REGEX, attribute_idle, launch_threads
 from stallscope.jobdata import JobData
 from stallscope.sync_calls import API_SQL, SYNC_API_REGEX
 
-_OPS_SQL = """
-WITH launch AS (
-  SELECT correlation, min(start_ns) AS launch_ns FROM host
-  WHERE trace_id = $trace AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1
-), steps AS (
+_OPS_SQL = f"""
+WITH {LAUNCH_CTE}, steps AS (
   SELECT step, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE trace_id = $trace AND kind = 'step'
 ), ops AS (
   SELECT g.device, g.stream, g.kind = 'kernel' AS is_kernel, g.is_comm, g.start_ns, g.end_ns,
