@@ -72,3 +72,14 @@ def test_timeline_names_the_selected_hostile_kernel_literally(hostile_store):
     assert not at.exception
     (title,) = [h.value for h in at.subheader]
     assert title.startswith("Selected: ") and "[p" in title and not ACTIVE.search(title)
+
+
+def test_literal_breaks_bare_urls():
+    """GFM autolinks bare URLs after parsing (escapes are gone by then): a zero-width space
+    inside ``://`` and after ``www`` leaves no URL to link."""
+    text = literal("see http://127.0.0.1:9/x and WWW.example.com")
+    assert "://" not in text and "WWW." not in text
+    assert (
+        text.replace("\u200b", "").replace("\\", "")
+        == "see http://127.0.0.1:9/x and WWW.example.com"
+    )
