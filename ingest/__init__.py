@@ -106,9 +106,9 @@ def _uploaded_name(name: str, upload_root: str) -> str:
     """``ROOT/<n>/a.json`` -> ``a.json``; other names unchanged."""
     import os.path
 
-    root = os.path.abspath(upload_root) + os.sep
-    if os.path.abspath(name).startswith(root):
-        return os.path.abspath(name)[len(root) :].split(os.sep, 1)[-1]
+    root, path = os.path.abspath(upload_root) + os.sep, os.path.abspath(name)
+    if path.startswith(root):
+        return path[len(root) :].split(os.sep, 1)[-1]
     return name
 
 
