@@ -76,6 +76,10 @@ class Args(msgspec.Struct, gc=False):
     seq: Any = _f("Seq")
     seq_alt: Any = _f("seq")
     meta_name: Any = _f("name")
+    # Operator input shapes (``record_shapes=True``): kept as their JSON text, never parsed.
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_dims_old: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input dims")
+    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
 
 
 class Event(msgspec.Struct, gc=False):
@@ -101,7 +105,7 @@ RAW_COLUMNS = (
     "registers", "shared_memory", "blocks_per_sm", "warps_per_sm", "est_occupancy",
     "bytes", "kind", "sync_kind", "wait_on_stream",
     "collective", "in_nelems", "out_nelems", "group_size", "dtype",
-    "pg_name", "pg_desc", "pg_ranks", "seq", "meta_name",
+    "pg_name", "pg_desc", "pg_ranks", "seq", "meta_name", "input_dims", "input_types",
 )  # fmt: skip
 
 
@@ -417,8 +421,30 @@ def _to_batch(events: list[Event]) -> pa.RecordBatch:
             _int_col(_either([a.seq for a in gpu_args], lambda: [a.seq_alt for a in gpu_args]))
         ),
         "meta_name": meta_rows.spread(_str_col([a.meta_name for a in meta_rows.pick(args)])),
+        **_shapes(args),
     }
     return pa.RecordBatch.from_pydict(cols)
+
+
+def _shapes(args: list[Args]) -> dict[str, pa.Array]:
+    """``input_dims`` and ``input_types``: the JSON text of ``Input Dims`` (or the older
+    ``Input dims``) and ``Input type``, null where absent; all-null at once when no
+    event of the batch has them (a trace profiled without ``record_shapes``)."""
+    dims = _raw_text([a.input_dims for a in args])
+    if dims.null_count == len(dims):
+        dims = _raw_text([a.input_dims_old for a in args])
+    if dims.null_count == len(dims):
+        return {"input_dims": dims, "input_types": pa.nulls(len(args), pa.string())}
+    return {"input_dims": dims, "input_types": _raw_text([a.input_types for a in args])}
+
+
+def _raw_text(values: list[msgspec.Raw]) -> pa.Array:
+    """Raw JSON values as text, null where absent (empty) or JSON ``null``."""
+    text = _raw_col(values)
+    if not len(text) or text.buffers()[2] is None or not text.buffers()[2].size:
+        return pa.nulls(len(values), pa.string())
+    absent = pc.or_(pc.equal(pc.binary_length(text), 0), pc.equal(text, "null"))
+    return pc.if_else(absent, pa.scalar(None, pa.string()), text)
 
 
 # Lower-cased categories whose rows read the GPU-only args (kineto_canonical.GPU_KINDS).
