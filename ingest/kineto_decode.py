@@ -431,8 +431,9 @@ def _shapes(args: list[Args]) -> dict[str, pa.Array]:
     ``Input dims``) and ``Input type``, null where absent; all-null at once when no
     event of the batch has them (a trace profiled without ``record_shapes``)."""
     dims = _raw_text([a.input_dims for a in args])
-    if dims.null_count == len(dims):
-        dims = _raw_text([a.input_dims_old for a in args])
+    if dims.null_count:
+        old = _raw_text([a.input_dims_old for a in args])
+        dims = dims if old.null_count == len(old) else pc.coalesce(dims, old)
     if dims.null_count == len(dims):
         return {"input_dims": dims, "input_types": pa.nulls(len(args), pa.string())}
     return {"input_dims": dims, "input_types": _raw_text([a.input_types for a in args])}

@@ -262,10 +262,11 @@ def _forward_ends(
     job: JobData, trace_id: str, calls: list[tuple], starts: np.ndarray
 ) -> np.ndarray:
     """Each forward's host end: the next forward's start, cut at the end of the profiler
-    step that holds the forward; the last one (outside a step) at its thread's last operator."""
+    step that holds the forward; the last one (outside a step) at its thread's last activity."""
     pid, tid = calls[-1][2], calls[-1][3]
     last = job.sql(
-        "SELECT max(end_ns) FROM host WHERE trace_id = ? AND pid = ? AND tid = ? AND kind = 'cpu_op'",
+        "SELECT max(end_ns) FROM host WHERE trace_id = ? AND pid = ? AND tid = ? "
+        "AND kind IN ('cpu_op', 'python', 'runtime', 'driver')",
         [trace_id, pid, tid],
     ).fetchone()[0]
     ends = np.append(starts[1:], np.int64(last if last is not None else calls[-1][1]))
