@@ -10,7 +10,8 @@ looks, in this order, for
 2. host ranges named by an engine or by the user: vLLM V1 ``execute_model``
    and its layerwise ``execute_<tokens>_context_<n>(…)_generation_<m>(…)``
    ranges, SGLang ``forward_batch``/``run_batch``/``step[DECODE bs=…]``,
-   TensorRT-LLM ``_forward_step``/``forward_step``, and user ranges whose
+   TensorRT-LLM ``[Executor] _forward_step N: c ctx reqs, g gen reqs`` (its
+   PyTorch executor) and ``_forward_step``/``forward_step``, and user ranges whose
    names say prefill, decode, generate, extend or iteration;
 3. CUDA/HIP graph replays (``cudaGraphLaunch``), one replay per iteration,
    when the trace also shows an inference marker (a range or kernel named for
@@ -69,6 +70,11 @@ TRAINING_REGEX = r"(?i)(backward|autograd::engine|^Optimizer\.)"
 _INDEX_TYPES = ("long int", "long", "int", "int64", "int32", "c10::Long", "c10::Int")
 
 _VLLM_LAYERWISE = re.compile(r"execute_(?:(\d+)_)?context_(\d+)\(.*?\)_generation_(\d+)")
+# TensorRT-LLM's PyTorch executor: "[Executor] _forward_step 12: 2 ctx reqs, 8 gen reqs"
+# (newer: "..., 2 ctx reqs, 4096 ctx tokens, 8 gen reqs").
+_TRTLLM_STEP = re.compile(
+    r"_forward_step(?: \d+)?: (\d+) ctx reqs(?:, (\d+) ctx tokens)?, (\d+) gen reqs"
+)
 _BATCH_SIZE = re.compile(r"(?i)\bbs\s*=\s*(\d+)")
 _PREFILL_WORDS = re.compile(r"(?i)(prefill|extend|context|prompt|encode)")
 _DECODE_WORDS = re.compile(r"(?i)(decode|generat|sampl|next_token)")
@@ -112,8 +118,22 @@ def classify(name: str) -> tuple[str, int, int]:
     """(phase, tokens, batch) from an iteration range's name (-1 where unknown).
 
     vLLM's layerwise names carry the token count and the numbers of prefill
-    (``context``) and decode (``generation``) requests; SGLang's carry ``bs=``.
+    (``context``) and decode (``generation``) requests, as TensorRT-LLM's
+    ``[Executor] _forward_step N: c ctx reqs[, t ctx tokens], g gen reqs`` do
+    (a decode request adds one token); SGLang's carry ``bs=``.
     """
+    match = _TRTLLM_STEP.search(name)
+    if match:
+        context, context_tokens, generation = (int(g) if g else None for g in match.groups())
+        phase = "mixed" if context and generation else "prefill" if context else "decode"
+        tokens = (
+            context_tokens + generation
+            if context_tokens is not None
+            else generation
+            if not context
+            else -1
+        )
+        return phase, tokens, context + generation
     match = _VLLM_LAYERWISE.search(name)
     if match:
         tokens, context, generation = (int(g) if g else -1 for g in match.groups())

@@ -12,7 +12,7 @@ from stallscope import job_settings
 from stallscope.analyzers import inference
 from stallscope.errors import UsageError
 from stallscope.ingest import ingest_paths
-from stallscope.iterations import classify_indices, find_iterations, has_shapes
+from stallscope.iterations import classify, classify_indices, find_iterations, has_shapes
 from stallscope.jobdata import JobData
 from tests.kineto_builder import KinetoTrace
 
@@ -130,6 +130,21 @@ def test_a_prefill_of_other_requests_stalls_the_running_batch(store, tmp_path):
 )
 def test_classify_indices(ids, expected):
     assert classify_indices(ids) == expected
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("[Executor] _forward_step 12587: 0 ctx reqs, 18 gen reqs", ("decode", 18, 18)),
+        (
+            "[Executor] _forward_step 7: 2 ctx reqs, 4096 ctx tokens, 8 gen reqs",
+            ("mixed", 4104, 10),
+        ),
+        ("[Executor] _forward_step: 3 ctx reqs, 0 gen reqs", ("prefill", -1, 3)),
+    ],
+)
+def test_classify_tensorrt_llm_executor_steps(name, expected):
+    assert classify(name) == expected
 
 
 def test_iteration_range_setting_wins_and_is_recorded(store, tmp_path, monkeypatch):
