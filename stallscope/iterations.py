@@ -37,7 +37,9 @@ Each iteration gets its GPU window: first start to last end of the GPU
 operations its host range launched (correlation id -> launch call inside the
 range, any thread of the range's process). Times are int64 ns on the trace's
 clock. Phase, tokens and batch size come from the name where it carries them,
-or from the input shapes.
+else from the input shapes: a named iteration whose name does not say its
+batch takes tokens and batch (and, when the name says no phase, the phase)
+from the first token-embedding call inside its range.
 """
 
 from __future__ import annotations
@@ -171,7 +173,31 @@ def find_iterations(
         return shape_iterations(job, trace_id, device)
     if not ranges:
         return None
-    return _with_gpu_windows(job, trace_id, device, ranges, source)
+    its = _with_gpu_windows(job, trace_id, device, ranges, source)
+    if its is not None and source != "graph":
+        _fill_from_shapes(job, trace_id, its)
+    return its
+
+
+def _fill_from_shapes(job: JobData, trace_id: str, its: Iterations) -> None:
+    """Tokens and batch (and an unknown phase) of named iterations from the token
+    embedding's index shape of the first forward inside each range, where the name
+    did not say them; a phase the name gives is kept."""
+    if not (its.batch < 0).any() and "unknown" not in its.phases:
+        return
+    calls = _embedding_calls(job, trace_id, min_calls=1)
+    if not calls:
+        return
+    starts = np.array([c[0] for c in calls], dtype=np.int64)
+    first = np.searchsorted(starts, its.host_start, side="left")
+    for i, k in enumerate(first.tolist()):
+        if k >= len(calls) or calls[k][0] >= its.host_end[i]:
+            continue
+        phase, tokens, batch = classify_indices(calls[k][4])
+        if its.batch[i] < 0:
+            its.tokens[i], its.batch[i] = tokens, batch
+        if its.phases[i] == "unknown":
+            its.phases[i] = phase
 
 
 def shape_iterations(job: JobData, trace_id: str, device: int) -> Iterations | None:
@@ -212,11 +238,11 @@ def has_shapes(job: JobData) -> bool:
     return job.cache[key]
 
 
-def _embedding_calls(job: JobData, trace_id: str) -> list[tuple]:
+def _embedding_calls(job: JobData, trace_id: str, min_calls: int = 2) -> list[tuple]:
     """(start, end, pid, tid, index shape) of the token embedding's calls, in time order.
 
-    Calls are grouped by (weight shape, thread); a group needs two calls or more
-    and integer indices of one or two dimensions. The group with 2-D indices
+    Calls are grouped by (weight shape, thread); a group needs ``min_calls`` calls
+    or more and integer indices of one or two dimensions. The group with 2-D indices
     (``[batch, seq]``) and the most weight rows wins, else the one with the most rows.
     """
     if not has_shapes(job):
@@ -236,7 +262,7 @@ def _embedding_calls(job: JobData, trace_id: str) -> list[tuple]:
             groups.setdefault((weight, int(pid or 0), int(tid or 0)), []).append(
                 (int(start), int(end), int(pid or 0), int(tid or 0), ids)
             )
-    candidates = [(key, calls) for key, calls in groups.items() if len(calls) >= 2]
+    candidates = [(key, calls) for key, calls in groups.items() if len(calls) >= min_calls]
     if not candidates:
         return []
     best = max(

@@ -86,6 +86,15 @@ def test_decode_forwards_are_found_from_the_embedding_shapes(store, tmp_path):
     assert f.evidence["source"] == "shapes" and "input shapes" in f.detail
 
 
+def test_named_iterations_take_their_batch_from_the_shapes(store, tmp_path):
+    t = decode_loop()
+    for i in range(10):
+        t.cpu_op("decode_step", 2 * MS * i, 100_000, cat="user_annotation")
+    metrics, _, its = analyze(store, tmp_path, t)
+    assert its.source == "annotation" and set(its.batch) == {4} and set(its.tokens) == {4}
+    assert metrics["tokens_per_s"] == 2000.0  # no decode_batch threshold needed
+
+
 def test_without_shapes_nothing_is_guessed(store, tmp_path):
     metrics, findings, its = analyze(store, tmp_path, decode_loop(shapes=False))
     assert its is None and metrics == {} and findings == {}
