@@ -16,7 +16,6 @@ Documented in docs/analyzers/inference.md.
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 
@@ -32,7 +31,6 @@ from stallscope.analyzers.base import (
     pct,
 )
 from stallscope.decode_periods import HOST_WORK, DecodePeriods, measure_periods
-from stallscope.errors import UsageError
 from stallscope.iterations import Iterations, find_iterations
 from stallscope.jobdata import JobData
 
@@ -90,16 +88,10 @@ def iteration_range(job: JobData | None = None) -> str | None:
     value = setting or os.environ.get(ITERATION_RANGE_ENV, "").strip()
     if not value:
         return None
-    check_iteration_range(value, "--iteration-range" if setting else ITERATION_RANGE_ENV)
+    job_settings.check_iteration_range(
+        value, "--iteration-range" if setting else ITERATION_RANGE_ENV
+    )
     return value
-
-
-def check_iteration_range(value: str, where: str = "--iteration-range") -> None:
-    """Raise :class:`UsageError` unless ``value`` is a regular expression."""
-    try:
-        re.compile(value)
-    except re.error as error:
-        raise UsageError(f"{where}={value!r} is not a regular expression: {error}") from None
 
 
 def measure(its: Iterations, periods: DecodePeriods | None, params: dict[str, float]) -> dict:

@@ -24,6 +24,7 @@ than ``traceEvents`` (``deviceProperties``, ``distributedInfo``,
 from __future__ import annotations
 
 import gc
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -261,7 +262,8 @@ def _split_by_search(data: bytes) -> tuple[dict[str, Any], memoryview] | None:
 
 
 def _decode_piece(piece: bytes) -> pa.RecordBatch:
-    return _to_batch(_EVENTS_LIST.decode(piece))
+    # A piece without the text '"Input ' holds no input shapes: skip reading them (a byte search).
+    return _to_batch(_EVENTS_LIST.decode(piece), shapes=b'"Input ' in piece)
 
 
 def _strip_bounds(data: bytes) -> tuple[int, int]:
@@ -362,12 +364,14 @@ def _describe_json_error(exc: msgspec.DecodeError, data: bytes) -> str:
     return f"invalid JSON ({reason})"
 
 
-def _to_batch(events: list[Event]) -> pa.RecordBatch:
+def _to_batch(events: list[Event], shapes: bool = True) -> pa.RecordBatch:
     """One Arrow batch; ``args`` read only by GPU activities are built for those rows alone.
 
     Column by column over a few hundred thousand structs is the cost here, so
     the launch, copy and collective args (null on every other row) are read
     from the GPU-category rows only, and ``meta_name`` from metadata rows.
+    ``shapes=False`` (the caller knows no event has input shapes) leaves
+    ``input_dims``/``input_types`` null without reading them.
     """
     n = len(events)
     no_args = Args()
@@ -421,22 +425,48 @@ def _to_batch(events: list[Event]) -> pa.RecordBatch:
             _int_col(_either([a.seq for a in gpu_args], lambda: [a.seq_alt for a in gpu_args]))
         ),
         "meta_name": meta_rows.spread(_str_col([a.meta_name for a in meta_rows.pick(args)])),
-        **_shapes(args),
+        **(_shapes(args, cat) if shapes else _no_shapes(n)),
     }
     return pa.RecordBatch.from_pydict(cols)
 
 
-def _shapes(args: list[Args]) -> dict[str, pa.Array]:
-    """``input_dims`` and ``input_types``: the JSON text of ``Input Dims`` (or the older
-    ``Input dims``) and ``Input type``, null where absent; all-null at once when no
-    event of the batch has them (a trace profiled without ``record_shapes``)."""
-    dims = _raw_text([a.input_dims for a in args])
-    if dims.null_count:
-        old = _raw_text([a.input_dims_old for a in args])
-        dims = dims if old.null_count == len(old) else pc.coalesce(dims, old)
-    if dims.null_count == len(dims):
-        return {"input_dims": dims, "input_types": pa.nulls(len(args), pa.string())}
-    return {"input_dims": dims, "input_types": _raw_text([a.input_types for a in args])}
+def _shapes(args: list[Args], cat: pa.Array) -> dict[str, pa.Array]:
+    """``input_dims`` and ``input_types`` of the operator rows: the JSON text of ``Input Dims``
+    (or the older ``Input dims``) and ``Input type``, null elsewhere and where absent.
+
+    Without ``record_shapes`` no operator has them: that costs one attribute read
+    per operator row and an empty join, then all-null columns.
+    """
+    rows = _Rows(_op_mask(cat), len(args))
+    ops = rows.pick(args)
+    dims = list(map(_DIMS, ops))
+    if not any(map(len, dims)):
+        dims = list(map(_DIMS_OLD, ops))
+        if not any(map(len, dims)):
+            return _no_shapes(len(args))
+    else:
+        old = list(map(_DIMS_OLD, ops))
+        if any(map(len, old)):
+            dims = [d if len(d) else o for d, o in zip(dims, old, strict=True)]
+    return {
+        "input_dims": rows.spread(_raw_text(dims)),
+        "input_types": rows.spread(_raw_text(list(map(_TYPES, ops)))),
+    }
+
+
+def _no_shapes(n: int) -> dict[str, pa.Array]:
+    return {"input_dims": pa.nulls(n, pa.string()), "input_types": pa.nulls(n, pa.string())}
+
+
+_DIMS = operator.attrgetter("input_dims")
+_DIMS_OLD = operator.attrgetter("input_dims_old")
+_TYPES = operator.attrgetter("input_types")
+
+
+def _op_mask(cat: pa.Array) -> pa.Array:
+    """Rows whose category is an operator (``cpu_op``, 2021's ``Operator``), or non-ASCII."""
+    lowered = pc.is_in(pc.ascii_lower(cat), value_set=pa.array(["cpu_op", "operator"]))
+    return pc.or_(lowered, pc.invert(pc.string_is_ascii(cat))).fill_null(False)
 
 
 def _raw_text(values: list[msgspec.Raw]) -> pa.Array:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from stallscope.analyzers.inference import check_iteration_range
 from stallscope.errors import UsageError
 from stallscope.inference_charts import (
     iteration_frame,
@@ -18,7 +17,7 @@ from stallscope.inference_charts import (
     stall_causes,
     tpot_histogram,
 )
-from stallscope.job_settings import ITERATION_RANGE
+from stallscope.job_settings import ITERATION_RANGE, check_iteration_range
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import literal
 from stallscope.views import findings_of

@@ -297,9 +297,12 @@ def _int_list(value) -> bool:
 
 
 def _is_training(job: JobData, trace_id: str) -> bool:
+    """Whether a host operator or range says backward, autograd engine or optimizer."""
     row = job.sql(
-        "SELECT count(*) FROM names WHERE trace_id = ? AND regexp_matches(name, ?)",
-        [trace_id, TRAINING_REGEX],
+        """SELECT count(*) FROM names n WHERE n.trace_id = ? AND regexp_matches(n.name, ?)
+             AND n.name_id IN (SELECT name_id FROM host WHERE trace_id = ?
+                               AND kind IN ('cpu_op', 'annotation', 'python'))""",
+        [trace_id, TRAINING_REGEX, trace_id],
     ).fetchone()
     return bool(row[0])
 

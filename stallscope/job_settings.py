@@ -22,8 +22,11 @@ anything reads them; :func:`of` reads them (defaults when none were applied).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
+
+from stallscope.errors import UsageError
 
 SKEW_TOLERANCE_US = 100.0  # the default of nccl_wait's skew_tolerance_us threshold
 _KEY = ("job_settings",)
@@ -65,3 +68,11 @@ def set_skew_tolerance_us(job: Any, us: float) -> int:
 def of(job: Any) -> JobSettings:
     """``job``'s settings: those applied, else the defaults."""
     return job.cache.get(_KEY) or JobSettings()
+
+
+def check_iteration_range(value: str, where: str = "--iteration-range") -> None:
+    """Raise :class:`~stallscope.errors.UsageError` unless ``value`` is a regular expression."""
+    try:
+        re.compile(value)
+    except re.error as error:
+        raise UsageError(f"{where}={value!r} is not a regular expression: {error}") from None

@@ -167,7 +167,7 @@ def test_iteration_range_setting_wins_and_is_recorded(store, tmp_path, monkeypat
     assert evidence["source"] == "option" and evidence["iteration_range"] == "^decode_step$"
     assert "`^decode_step$`" in findings["iterations"].detail
     with pytest.raises(UsageError, match="--iteration-range='decode_step\\(' is not a regular"):
-        inference.check_iteration_range("decode_step(")
+        job_settings.check_iteration_range("decode_step(")
 
 
 def test_cli_iteration_range_flag(cli, tmp_path):

@@ -92,8 +92,7 @@ def threshold_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             overrides.setdefault(analyzer, {})[name] = value
     regex = (getattr(args, "iteration_range", None) or "").strip()
     if regex:
-        from stallscope.analyzers.inference import check_iteration_range
-        from stallscope.job_settings import ITERATION_RANGE
+        from stallscope.job_settings import ITERATION_RANGE, check_iteration_range
 
         check_iteration_range(regex)
         overrides.setdefault(ITERATION_RANGE[0], {})[ITERATION_RANGE[1]] = regex
