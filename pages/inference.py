@@ -86,8 +86,9 @@ def _headline(report: dict, chosen: dict, frame) -> None:
     tokens = values.get("tokens_per_s")
     cols = st.columns(6)
     cols[0].metric("Tokens/s", "—" if tokens is None else f"{tokens:,.0f}",
-                   help="Batch per decode iteration / time per token; — when the batch is unknown "
-                   "(set the inference analyzer's decode_batch threshold)")  # fmt: skip
+                   help="Batch per decode iteration (from engine names or input shapes) / time per "
+                   "token; — when the batch is unknown (profile with record_shapes=True, or set "
+                   "the inference analyzer's decode_batch threshold)")  # fmt: skip
     for col, key in zip(cols[1:4], ("p50", "p90", "p99"), strict=True):
         value = spread.get(key)
         col.metric(f"TPOT {key}", "—" if value is None else f"{value:.2f} ms",
