@@ -45,6 +45,8 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("name_id", "int32"),
         ("correlation", "int64"),
         ("external_id", "int64"),
+        ("input_dims", "string"),
+        ("input_types", "string"),
     ),
     "ranges": (
         ("trace_id", "string"),
