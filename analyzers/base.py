@@ -37,6 +37,14 @@ class Threshold:
     maximum: float | None = None
 
 
+class Where(msgspec.Struct, frozen=True):
+    """Which trace, rank and device (None: the trace as a whole) a measurement is of."""
+
+    trace: str
+    rank: int
+    device: int | None = None
+
+
 class Finding(msgspec.Struct, kw_only=True):
     """A problem (or notable fact) with its evidence and the fix.
 
