@@ -7,6 +7,12 @@ through SQL and returns an :class:`AnalyzerResult` (an analyzer listed in
 ``SPEC.combine_ranks`` joins the ranks' results). Thresholds are declared
 once in ``SPEC.thresholds``; the CLI turns them into flags and the dashboard
 into widgets, so both read the same declaration.
+
+Inside an analyzer, a function that measures (returns a typed measurement of
+one :class:`Where`: numbers and tables, no prose) is kept apart from the one
+that speaks (writes the metrics and findings from it): docs/architecture.md.
+:class:`Finding` becomes the report's
+:class:`~stallscope.report_types.FindingEntry` (the ``stallscope.report/1`` types).
 """
 
 from __future__ import annotations

@@ -175,15 +175,37 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
+    syncs = measure_trace(job, Where(trace, rank))
+    result.metrics.extend(metrics(syncs))
+    for device in syncs.devices.values():
+        finding = speak(device, params) if device else None
+        if finding:
+            result.findings.append(finding)
+
+
+class TraceSyncs(msgspec.Struct, kw_only=True):
+    """One trace's blocking calls (:func:`measure_trace`): totals, and each device's cost."""
+
+    where: Where  # device None: the trace as a whole
+    calls: int
+    blocked_ns: int  # host time inside the calls
+    devices: dict[int, DeviceSyncs | None]  # every device with GPU work; None: nothing to charge
+
+
+def measure_trace(job: JobData, where: Where) -> TraceSyncs:
+    """The blocking calls of trace ``where.trace`` and, per device, what they cost."""
+    trace = where.trace
     calls = blocking_calls(job, trace)
     durations = calls["end_ns"] - calls["start_ns"]
-    result.metrics.append(Metric(trace, rank, None, "sync_ns", int(durations.sum()), "ns"))
-    result.metrics.append(Metric(trace, rank, None, "sync_count", int(durations.size), "count"))
     devices = np.asarray(job.devices(trace, ("kernel", "memcpy", "memset")), dtype=np.int64)
+    out = TraceSyncs(
+        where=where,
+        calls=int(durations.size),
+        blocked_ns=int(durations.sum()),
+        devices=dict.fromkeys(devices.tolist()),
+    )
     if durations.size == 0:
-        for device in devices.tolist():
-            result.metrics.append(Metric(trace, rank, int(device), "sync_lost_ns", 0, "ns"))
-        return
+        return out
     steps = job.numpy(
         "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
     )
@@ -207,16 +229,25 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
         else None,
         graph_launches=graph_launches(job, trace),
     )
-    for device in devices.tolist():
+    for device in out.devices:
         mask = calls["device"] == device
         sub = {k: v[mask] for k, v in calls.items()}
-        where = Where(trace, rank, int(device))
-        m = measure_device(job, where, sub, in_step[mask], sites[mask], context)
-        finding = speak(m, params) if m else None
-        if finding:
-            result.findings.append(finding)
-        lost = m.lost_ns if m else 0
-        result.metrics.append(Metric(trace, rank, int(device), "sync_lost_ns", lost, "ns"))
+        on = Where(trace, where.rank, int(device))
+        out.devices[device] = measure_device(job, on, sub, in_step[mask], sites[mask], context)
+    return out
+
+
+def metrics(t: TraceSyncs) -> list[Metric]:
+    """``sync_ns`` and ``sync_count`` of the trace, ``sync_lost_ns`` of each device."""
+    trace, rank = t.where.trace, t.where.rank
+    return [
+        Metric(trace, rank, None, "sync_ns", t.blocked_ns, "ns"),
+        Metric(trace, rank, None, "sync_count", t.calls, "count"),
+        *(
+            Metric(trace, rank, int(device), "sync_lost_ns", m.lost_ns if m else 0, "ns")
+            for device, m in t.devices.items()
+        ),
+    ]
 
 
 class SyncContext(msgspec.Struct, kw_only=True):

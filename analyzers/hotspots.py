@@ -231,6 +231,14 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
+    for profile in measure_trace(job, Where(trace, rank), params):
+        result.metrics.extend(metrics(profile))
+        result.findings.append(speak(profile, params))
+
+
+def measure_trace(job: JobData, where: Where, params: dict) -> list[DeviceProfile]:
+    """The profile of each device of trace ``where.trace`` with GPU work, by device."""
+    trace = where.trace
     kernels = {
         k: np.asarray(v)
         for k, v in job.numpy(
@@ -238,7 +246,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
         ).items()
     }
     if kernels["device"].size == 0:
-        return
+        return []
     names = name_lookup(job, trace, kernels["name_id"])
     name = np.array([names.get(int(i), "?") for i in kernels["name_id"]], dtype=object)
     # classification runs once per distinct (name, kind), not per event
@@ -252,6 +260,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
     precision = np.array([precision_of(n) for n in name], dtype=object)
     tensor = np.array([tensor_cores_of(n) for n in name], dtype=object)
     ops = _top_ops(job, trace)
+    out = []
     for device in np.unique(kernels["device"]).tolist():
         m = kernels["device"] == device
         table = {
@@ -265,11 +274,9 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
             "precision": precision[m],
             "tensor_cores": tensor[m],
         }
-        profile = measure_device(
-            job, Where(trace, rank, int(device)), table, ops.get(device, []), params
-        )
-        result.metrics.extend(metrics(profile))
-        result.findings.append(speak(profile, params))
+        on = Where(trace, where.rank, int(device))
+        out.append(measure_device(job, on, table, ops.get(device, []), params))
+    return out
 
 
 def _top_ops(job: JobData, trace: str) -> dict[int, list[dict]]:
