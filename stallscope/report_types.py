@@ -22,51 +22,54 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 REPORT_SCHEMA = "stallscope.report/1"
 Severity = Literal["critical", "high", "medium", "low", "info"]
 
-# A time window on the trace's clock: [start_ns, end_ns].
-Window = Annotated[
-    list[int],
-    msgspec.Meta(min_length=2, max_length=2, description="[start_ns, end_ns] on the trace's clock"),
-]
+Window = Annotated[list[int], Meta(min_length=2, max_length=2, description="[start_ns, end_ns]")]
 
 
 class DeviceEntry(msgspec.Struct, forbid_unknown_fields=True):
-    """A device with GPU activity in a trace (name, SM count: null when the trace lacks them)."""
+    """A device with GPU activity in a trace."""
 
     device: int
-    name: str | None
-    sm_count: int | None
+    name: Annotated[str | None, Meta(description="null when the trace lacks device properties")]
+    sm_count: Annotated[int | None, Meta(description="null when the trace lacks device properties")]
 
 
 class TraceEntry(msgspec.Struct, forbid_unknown_fields=True):
     """One ingested trace: where it came from and how much it holds."""
 
-    id: str
-    name: str | None
-    source: str | None  # "kineto", "nsys", "ncu", "memory-snapshot"
-    source_version: str | None
-    job: str
+    id: Annotated[str, Meta(description="trace id in the store")]
+    name: Annotated[str | None, Meta(description="file name")]
+    source: Annotated[str | None, Meta(description="input format: kineto, nsys, ncu, ...")]
+    source_version: Annotated[str | None, Meta(description="format version (Kineto schemaVersion)")]
+    job: Annotated[str, Meta(description="job id; the ranks of one run share it")]
     rank: int | None
     world_size: int | None
-    devices: list[DeviceEntry]
-    span_ns: int | None  # first to last GPU activity
-    event_count: int | None
-    kernel_count: int | None
-    warnings: list[str] = []  # added 2026-11-30: older reports lack it
+    devices: Annotated[list[DeviceEntry], Meta(description="every device with GPU activity")]
+    span_ns: Annotated[
+        int | None,
+        Meta(description="first to last GPU activity (kernels, memcpys, memsets), ns"),
+    ]
+    event_count: Annotated[int | None, Meta(description="trace events other than metadata")]
+    kernel_count: Annotated[int | None, Meta(description="GPU kernels (not memcpy, memset, sync)")]
+    warnings: Annotated[
+        list[str],
+        Meta(description="what ingest noticed about the file; added 2026-11-30 (optional)"),
+    ] = []
 
 
 class Metric(msgspec.Struct, forbid_unknown_fields=True):
-    """One number about one trace (and device, where it is per device; else null)."""
+    """One number about one trace (and device, where it is per device); docs/metrics.md."""
 
-    trace: str
+    trace: Annotated[str, Meta(description="trace id")]
     rank: int
-    device: int | None
+    device: Annotated[int | None, Meta(description="null for per-trace metrics")]
     name: str
     value: float | int | None
-    unit: str  # "%", "ns", "ms", "count", "bytes", "ratio"
+    unit: Annotated[str, Meta(description="%, ns, ms, count, bytes or ratio")]
 
     def to_dict(self) -> dict[str, Any]:
         """This metric as its JSON object (keys in report order)."""
@@ -77,9 +80,13 @@ class CriticalPathSegment(msgspec.Struct, forbid_unknown_fields=True):
     """One piece of a step's cross-rank critical path (ns on the ranks' common clock)."""
 
     rank: int
-    what: (
-        str  # a kernel name, "kernels (N): <longest>", "collective <kernel>", "idle: <cause>", ...
-    )
+    what: Annotated[
+        str,
+        Meta(
+            description="a kernel name, 'kernels (N): <longest>', 'collective <kernel>', "
+            "'idle: <cause>', 'before capture' or 'gap'"
+        ),
+    ]
     start_ns: int
     end_ns: int
     duration_ns: int
@@ -89,7 +96,7 @@ class CriticalPathStep(msgspec.Struct, forbid_unknown_fields=True):
     """The chain of work that set one step's end, across ranks (earliest first)."""
 
     step: int
-    time_ns: int  # the job's step time
+    time_ns: Annotated[int, Meta(description="the job's step time, ns")]
     segments: list[CriticalPathSegment]
 
 
@@ -98,7 +105,7 @@ class CriticalPathStep(msgspec.Struct, forbid_unknown_fields=True):
 # and the nccl_wait summary's ``critical_path``.
 Evidence = Annotated[
     dict[str, Any],
-    msgspec.Meta(
+    Meta(
         description="analyzer-specific facts (documented per analyzer)",
         extra_json_schema={
             "properties": {
@@ -116,19 +123,29 @@ Evidence = Annotated[
 class FindingEntry(msgspec.Struct, forbid_unknown_fields=True):
     """A finding as the report holds it (see ``analyzers.base.Finding`` for its meaning)."""
 
-    id: str  # analyzer:trace:device[:key]
-    trace: str
+    id: Annotated[str, Meta(description="stable id: analyzer:trace:device[:key]")]
+    trace: Annotated[str, Meta(description="trace id")]
     rank: int
-    device: int | None
-    analyzer: str
+    device: Annotated[int | None, Meta(description="null when not device-specific")]
+    analyzer: Annotated[str, Meta(description="analyzer id (docs/analyzers/)")]
     severity: Severity
-    title: str
-    detail: str
-    recommendation: str
-    impact_ns: int
-    saving_ns: int | None = None  # added 2026-12-01: older reports lack it
+    title: Annotated[str, Meta(description="what")]
+    detail: Annotated[str, Meta(description="the numbers behind it")]
+    recommendation: Annotated[str, Meta(description="the fix")]
+    impact_ns: Annotated[
+        int, Meta(description="GPU time lost, ns (0 when the finding is not a time loss)")
+    ]
+    saving_ns: Annotated[
+        int | None,
+        Meta(
+            description="estimated reduction of the job's total step time if fixed, ns; null: "
+            "not estimated. Added 2026-12-01 (optional)"
+        ),
+    ] = None
     evidence: Evidence = {}
-    windows: list[Window] = []
+    windows: Annotated[
+        list[Window], Meta(description="time windows on the trace's clock that show the problem")
+    ] = []
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):
