@@ -13,7 +13,7 @@ import inspect
 import msgspec
 import pytest
 
-from stallscope.analyzers import host_sync, hotspots, launch_overhead, overlap
+from stallscope.analyzers import host_sync, hotspots, launch_overhead, memcpy, overlap
 from stallscope.analyzers.base import Where
 from stallscope.collectives import gpu_activity
 from stallscope.ingest import ingest_paths
@@ -21,9 +21,11 @@ from stallscope.jobdata import JobData
 from tests.kineto_builder import KinetoTrace
 from tests.test_host_sync import item_trace
 from tests.test_launch_overhead import tiny_kernel_loop
+from tests.test_memcpy import copies_trace, copy_bound_trace
 from tests.test_overlap import hand_trace
 
 MS = 1_000_000
+MiB = 1 << 20
 SPLIT = (hotspots, overlap, host_sync, launch_overhead)
 
 
@@ -139,3 +141,40 @@ def test_hotspots_measurement_by_hand(open_job):
     ]
     assert hotspots.speak(m, params) == finding
     assert hotspots.metrics(m) == result.metrics
+
+
+def test_memcpy_measurements_by_hand(open_job):
+    """Pageable host-to-device copies and copy-bound time (tests/test_memcpy.py's traces)."""
+    params = memcpy.SPEC.params()
+    for name in ("measure_pageable_h2d", "measure_copy_bound"):
+        assert list(inspect.signature(getattr(memcpy, name)).parameters)[:2] == ["job", "c"]
+    for name in ("speak_pageable_h2d", "speak_copy_bound"):
+        assert list(inspect.signature(getattr(memcpy, name)).parameters) == ["m", "params"]
+
+    job = open_job(copies_trace())
+    (c,) = memcpy.device_copies(job, Where(job.traces[0].trace_id, 0))
+    m = memcpy.measure_pageable_h2d(job, c, params)
+    assert (m.count, m.outside_steps, m.steps) == (1, 1, 1)
+    assert (m.nbytes, m.gpu_ns, m.span_ns) == (8 * MiB, 2 * MS, 10 * MS)
+    assert m.gbps == pytest.approx(20.97152) and m.lost_ns == 1_599_000
+    assert m.share_pct == pytest.approx(15.99)
+    assert m.windows == [[1 * MS, 3 * MS]]
+    (finding,) = [f for f in memcpy.run(job, params).findings if f.id.endswith(":pageable_h2d")]
+    assert memcpy.speak_pageable_h2d(m, params) == finding
+    # its pinned copies (200 + 50 + 2 µs HtoD, 2 x 1 µs DtoH) run with no kernel beside them,
+    # 254 µs in all: measured, but under min_impact_ms, so nothing is said
+    bound = memcpy.measure_copy_bound(job, c)
+    assert (bound.copy_ns, bound.exposed_ns, bound.span_ns) == (254_000, 254_000, 10 * MS)
+    assert memcpy.speak_copy_bound(bound, params) is None
+
+
+def test_memcpy_copy_bound_by_hand(open_job):
+    params = memcpy.SPEC.params()
+    job = open_job(copy_bound_trace())
+    (c,) = memcpy.device_copies(job, Where(job.traces[0].trace_id, 0))
+    m = memcpy.measure_copy_bound(job, c)
+    assert (m.copy_ns, m.exposed_ns, m.span_ns) == (34 * MS, 30 * MS, 50 * MS)
+    assert m.share_pct == 60.0 and set(m.by_direction) == {"HtoD", "DtoH"}
+    assert m.windows[0] == [10 * MS, 34 * MS]
+    (finding,) = [f for f in memcpy.run(job, params).findings if f.id.endswith(":copy_bound")]
+    assert memcpy.speak_copy_bound(m, params) == finding
