@@ -174,11 +174,20 @@ def plain_number(value: Any) -> Any:
     raise TypeError(f"cannot put {type(value).__name__} into a report")
 
 
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a :class:`Report`, from these types."""
+def json_schema(strict: bool = False) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a :class:`Report`, from these types.
+
+    The shipped schema (``strict=False``) accepts keys it does not know: the contract
+    grows only by additive keys, so a consumer holding this copy must accept a newer
+    report. ``strict=True`` refuses them, as :func:`decode_report` does: stallscope's own
+    tests use it, so every key a report carries is declared here.
+    """
     (report, _), defs = msgspec.json.schema_components(
         [Report, CriticalPathStep], ref_template="#/$defs/{name}"
     )
+    if not strict:
+        for definition in defs.values():
+            definition.pop("additionalProperties", None)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": REPORT_SCHEMA,

@@ -1,10 +1,12 @@
 """The report contract's JSON Schema (docs/report-schema.json): generated from the
 types, current, and every report we write (goldens, samples) validates against it.
 
-Two validators read each report: ``jsonschema`` (draft 2020-12) against the shipped
-file, and msgspec decoding into the Structs of stallscope/report_types.py with
-strict types. Both must reject a key the contract does not know, a missing
-required key and a value of the wrong type.
+Two validators read each report: ``jsonschema`` (draft 2020-12) against the strict
+form of the schema, and msgspec decoding into the Structs of
+stallscope/report_types.py with strict types. Both must reject a key the contract
+does not know, a missing required key and a value of the wrong type. The shipped
+file is the open form: it accepts keys it does not know (the contract grows by
+additive keys, and a consumer's older copy must accept a newer report).
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ GOLDEN_REPORTS = sorted((REPO / "tests" / "golden").glob("*.json"))
 
 @pytest.fixture(scope="module")
 def validator() -> jsonschema.Draft202012Validator:
+    schema = json_schema(strict=True)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+@pytest.fixture(scope="module")
+def shipped() -> jsonschema.Draft202012Validator:
     schema = json.loads(SCHEMA_FILE.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
@@ -71,14 +80,17 @@ def test_schema_requires_the_contract_keys():
         "windows",
     }
     assert "warnings" not in defs["TraceEntry"]["required"]  # added 2026-11-30
-    assert all(d["additionalProperties"] is False for d in defs.values())
+    assert not any("additionalProperties" in d for d in defs.values())  # shipped: open
+    strict = json_schema(strict=True)["$defs"]
+    assert all(d["additionalProperties"] is False for d in strict.values())
 
 
 @pytest.mark.parametrize("path", GOLDEN_REPORTS, ids=lambda p: p.name)
-def test_golden_reports_validate(validator, path):
+def test_golden_reports_validate(validator, shipped, path):
     text = path.read_text()
     report = json.loads(text)
     assert errors(validator, report) == []
+    assert list(shipped.iter_errors(report)) == []
     # the typed report writes the same JSON back
     assert render(decode_report(text).to_dict(), "json") == text
 
@@ -147,6 +159,16 @@ def test_a_broken_report_fails_both_validators(validator, golden, how):
     assert list(validator.iter_errors(bad)), how
     found = errors(validator, bad)
     assert any(e.startswith("msgspec:") for e in found), (how, found)
+
+
+def test_the_shipped_schema_accepts_a_newer_report_with_an_added_key(shipped, golden):
+    newer = copy.deepcopy(golden)
+    newer["findings"][0]["confidence"] = 0.5  # a key a later /1 might add
+    newer["generated_by"] = "stallscope 9.9"
+    assert list(shipped.iter_errors(newer)) == []
+    # while a wrong type or a missing key still fails it
+    del newer["findings"][0]["title"]
+    assert list(shipped.iter_errors(newer))
 
 
 def test_a_report_from_before_the_additive_keys_validates(validator, golden):
