@@ -24,6 +24,7 @@ from stallscope.analyzers.base import (
 )
 from stallscope.idle import CAUSES, LAUNCH_API_REGEX, attribute_idle
 from stallscope.jobdata import JobData
+from stallscope.launch_cost import PROFILER_EVENT_NS, graph_saving
 from stallscope.scope import scope_sql
 
 THRESHOLDS = (
@@ -36,6 +37,12 @@ THRESHOLDS = (
         10.0,
         "us",
         "assumed CPU cost of one CUDA Graph replay, for the gain estimate",
+    ),
+    Threshold(
+        "profiler_event_us",
+        PROFILER_EVENT_NS / 1000,
+        "us",
+        "host cost the profiler adds to each recorded operator or API call, taken out of the gain estimate",
     ),
 )
 MAX_WINDOWS = 20
@@ -128,8 +135,16 @@ def _device(
     severity = graded_severity(share, waited, params)
     if severity is None:
         return
-    replay_cost = int(params["graph_replay_us"] * 1000) * max(steps, 1)
-    gain = max(waited - replay_cost, 0)
+    what_if = graph_saving(
+        job,
+        trace,
+        device,
+        attribution,
+        steps,
+        replay_ns=int(params["graph_replay_us"] * 1000),
+        event_cost_ns=int(params["profiler_event_us"] * 1000),
+    )
+    gain = what_if.saving_ns
     windows = _windows(attribution, per_gap)
     per_step = f", {launches / steps:.0f} per step" if steps else ""
     result.findings.append(
@@ -148,14 +163,16 @@ def _device(
                 f"{launches} launches{per_step} ({driver_launches} through the driver API, {graph_launches} graph "
                 f"launches) for {kernels} kernels; {short_pct:.0f}% of kernels ran shorter than the API call that "
                 f"launched them (median kernel {_us(median_kernel)} µs, median launch call {_us(median_launch)} µs). "
-                f"The GPU waited {waited / 1e6:.2f} ms for the CPU to issue work. The profiler slows every "
-                "launch call, so the wait unprofiled is shorter, by how much the trace cannot show: time a "
-                "few steps without the profiler (torch.cuda.Event) before and after the fix."
+                f"The GPU waited {waited / 1e6:.2f} ms for the CPU to issue work ({what_if.host_idle_ns / 1e6:.2f} ms "
+                "with the operator work between launches). The profiler slows the host, about "
+                f"{what_if.event_cost_ns / 1000:.1f} µs per recorded call, which explains an estimated "
+                f"{what_if.profiler_ns / 1e6:.2f} ms of that: unprofiled the wait is shorter; time a few steps "
+                "without the profiler (torch.cuda.Event) before and after the fix."
             ),
             recommendation=(
                 "Capture the steady-state step in a CUDA Graph (torch.compile(mode='reduce-overhead') or "
                 "torch.cuda.CUDAGraph) so one launch replays all kernels, and fuse small elementwise ops "
-                f"(torch.compile); estimated gain up to {gain / 1e6:.2f} ms of GPU time over this trace."
+                f"(torch.compile); estimated gain {gain / 1e6:.2f} ms of step time over this trace, unprofiled."
             ),
             impact_ns=waited,
             saving_ns=gain,
@@ -169,6 +186,8 @@ def _device(
                 "median_launch_ns": _int(median_launch),
                 "steps": steps,
                 "estimated_gain_ns": gain,
+                "host_idle_ns": what_if.host_idle_ns,
+                "profiler_overhead_ns": what_if.profiler_ns,
                 "share_of_span_pct": round(share, 3),
             },
             windows=windows,
