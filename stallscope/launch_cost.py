@@ -104,20 +104,32 @@ def profiler_share(
     syncs = np.sort(np.asarray(sync_ends, dtype=np.int64))
     out = np.zeros(len(gap_ends), dtype=np.int64)
     seen = np.searchsorted(events, gap_ends, side="right")  # events up to each gap's end
-    last_sync = np.searchsorted(syncs, gap_ends, side="right") - 1
+    last = np.searchsorted(syncs, gap_ends, side="right") - 1  # the last sync before it, or -1
+    sync_at = np.where(
+        last >= 0, syncs[np.maximum(last, 0)] if syncs.size else 0, np.iinfo(np.int64).min
+    )
+    after_sync = np.searchsorted(events, sync_at, side="right")  # events up to that sync
+    order = np.argsort(gap_ends, kind="stable")
+    order = order[np.asarray(consumes)[order] > 0]
     lead, prev_end, prev_seen = 0, None, 0
-    for i in np.argsort(gap_ends, kind="stable"):
-        if consumes[i] <= 0:
-            continue
-        sync = int(syncs[last_sync[i]]) if last_sync[i] >= 0 else None
-        if sync is not None and (prev_end is None or sync > prev_end):
-            lead = event_cost_ns * int(seen[i] - np.searchsorted(events, sync, side="right"))
+    for i, end, n_seen, sync, n_sync, want, can in zip(
+        order.tolist(),
+        gap_ends[order].tolist(),
+        seen[order].tolist(),
+        sync_at[order].tolist(),
+        after_sync[order].tolist(),
+        np.asarray(consumes)[order].tolist(),
+        np.asarray(waits)[order].tolist(),
+        strict=True,
+    ):
+        if last[i] >= 0 and (prev_end is None or sync > prev_end):
+            lead = event_cost_ns * (n_seen - n_sync)  # the host waited: its lead restarts
         else:
-            lead += event_cost_ns * int(seen[i] - prev_seen)
-        taken = min(int(consumes[i]), lead)
-        out[i] = min(int(waits[i]), taken)
+            lead += event_cost_ns * (n_seen - prev_seen)
+        taken = min(int(want), lead)
+        out[i] = min(int(can), taken)
         lead -= taken
-        prev_end, prev_seen = int(gap_ends[i]), int(seen[i])
+        prev_end, prev_seen = end, n_seen
     return out
 
 
