@@ -46,15 +46,20 @@ def run_limited(
 ) -> int:
     """``work()``'s exit code, run in a forked worker under the limits (see the module docstring);
     a limit, a killed worker or an interrupt is one line on stderr and its exit code."""
+    from stallscope.progress import Progress
+
     try:
         return call_limited(work, timeout_s=timeout_s, memory_mb=memory_mb, cleanup=cleanup)
     except KeyboardInterrupt:
+        Progress().clear_line()  # the killed worker's progress line, on a terminal
         print("stallscope: interrupted; the store is unchanged", file=sys.stderr)
         return 130
     except EnvironmentProblem as exc:
+        Progress().clear_line()
         print(f"stallscope: error: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT
     except InputError as exc:
+        Progress().clear_line()
         print(f"stallscope: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
 

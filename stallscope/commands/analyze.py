@@ -144,12 +144,17 @@ def resolve_targets(
     if paths:
         units = ingest_units(paths, each)
         timeout_s, memory_mb = limits
-        job_ids = call_limited(
-            lambda: _ingest_units(store, units, each, workers, progress),
-            timeout_s=timeout_s,
-            memory_mb=memory_mb,
-            cleanup=store.clean_stale,
-        )
+        try:
+            job_ids = call_limited(
+                lambda: _ingest_units(store, units, each, workers, progress),
+                timeout_s=timeout_s,
+                memory_mb=memory_mb,
+                cleanup=store.clean_stale,
+            )
+        except BaseException:
+            if progress is not None:
+                progress.clear_line()  # a worker killed past a limit left its line drawn
+            raise
         jobs += [store.traces(job_id) for ids in job_ids for job_id in ids]
     for ref in (t for t in targets if not os.path.exists(t)):
         if _looks_like_path(ref):
@@ -159,7 +164,16 @@ def resolve_targets(
 
 
 def _ingest_units(store, units: list[list[str]], each: bool, workers: int, progress):
-    """Job ids of each unit, ingested one after another or in a pool of ``workers``."""
+    """Job ids of each unit, ingested one after another or in a pool of ``workers``
+    (in the worker process: its progress line is cleared when it ends)."""
+    try:
+        return _ingest_each(store, units, each, workers, progress)
+    finally:
+        if progress is not None:
+            progress.done()
+
+
+def _ingest_each(store, units: list[list[str]], each: bool, workers: int, progress):
     from stallscope.ingest import ingest_paths
     from stallscope.report import process_pool
 
