@@ -27,6 +27,7 @@ from stallscope.analyzers.base import (
 )
 from stallscope.idle import CAUSES, LAUNCH_API_REGEX, attribute_idle
 from stallscope.jobdata import JobData
+from stallscope.launch_cost import PROFILER_EVENT_NS, graph_saving
 from stallscope.scope import scope_sql
 
 THRESHOLDS = (
@@ -39,6 +40,12 @@ THRESHOLDS = (
         10.0,
         "us",
         "assumed CPU cost of one CUDA Graph replay, for the gain estimate",
+    ),
+    Threshold(
+        "profiler_event_us",
+        PROFILER_EVENT_NS / 1000,
+        "us",
+        "host cost the profiler adds to each recorded operator or API call, taken out of the gain estimate",
     ),
 )
 MAX_WINDOWS = 20
@@ -103,7 +110,12 @@ class LaunchStats(msgspec.Struct, kw_only=True):
     span_ns: int  # the idle attribution's span
     waited_ns: int  # idle time whose cause is launch, graph launches excluded
     graph_wait_ns: int  # idle time inside graph launches
-    gain_ns: int  # estimated saving of capturing the step in a CUDA Graph
+    gain_ns: (
+        int  # estimated saving of capturing the step in a CUDA Graph (launch_cost.graph_saving)
+    )
+    host_idle_ns: int  # launch + cpu idle of the gaps with launch time: what a replay replaces
+    profiler_ns: int  # of host_idle_ns, what the profiler's per-event host cost explains
+    event_cost_ns: int  # the per-event profiler cost assumed
     windows: list[list[int]]  # the longest waits for launches
     graph_windows: list[list[int]]  # the longest waits inside graph launches
 
@@ -144,8 +156,15 @@ def measure_device(job: JobData, where: Where, *, steps: int, params: dict) -> L
     else:
         graph_per_gap = per_gap = attribution.per_gap.reshape(-1)
     waited = int(per_gap.sum())
-    replay_cost = int(params["graph_replay_us"] * 1000) * max(steps, 1)
-    gain = max(waited - replay_cost, 0)
+    what_if = graph_saving(
+        job,
+        trace,
+        device,
+        attribution,
+        steps,
+        replay_ns=int(params["graph_replay_us"] * 1000),
+        event_cost_ns=int(params["profiler_event_us"] * 1000),
+    )
     return LaunchStats(
         where=where,
         steps=steps,
@@ -161,7 +180,10 @@ def measure_device(job: JobData, where: Where, *, steps: int, params: dict) -> L
         span_ns=attribution.span_end - attribution.span_start,
         waited_ns=waited,
         graph_wait_ns=int(graph_per_gap.sum()),
-        gain_ns=gain,
+        gain_ns=what_if.saving_ns,
+        host_idle_ns=what_if.host_idle_ns,
+        profiler_ns=what_if.profiler_ns,
+        event_cost_ns=what_if.event_cost_ns,
         windows=_windows(attribution, per_gap),
         graph_windows=_windows(attribution, graph_per_gap),
     )
@@ -207,14 +229,16 @@ def speak(m: LaunchStats, params: dict) -> list[Finding]:
                 f"{launches} launches{per_step} ({m.driver_launches} through the driver API, {m.graph_launches} graph "
                 f"launches) for {m.kernels} kernels; {m.short_kernel_pct:.0f}% of kernels ran shorter than the API call that "
                 f"launched them (median kernel {_us(m.median_kernel_ns)} µs, median launch call {_us(m.median_launch_ns)} µs). "
-                f"The GPU waited {waited / 1e6:.2f} ms for the CPU to issue work. The profiler slows every "
-                "launch call, so the wait unprofiled is shorter, by how much the trace cannot show: time a "
-                "few steps without the profiler (torch.cuda.Event) before and after the fix."
+                f"The GPU waited {waited / 1e6:.2f} ms for the CPU to issue work ({m.host_idle_ns / 1e6:.2f} ms "
+                "with the operator work between launches). The profiler slows the host, about "
+                f"{m.event_cost_ns / 1000:.1f} µs per recorded call, which explains an estimated "
+                f"{m.profiler_ns / 1e6:.2f} ms of that: unprofiled the wait is shorter; time a few steps "
+                "without the profiler (torch.cuda.Event) before and after the fix."
             ),
             recommendation=(
                 "Capture the steady-state step in a CUDA Graph (torch.compile(mode='reduce-overhead') or "
                 "torch.cuda.CUDAGraph) so one launch replays all kernels, and fuse small elementwise ops "
-                f"(torch.compile); estimated gain up to {gain / 1e6:.2f} ms of GPU time over this trace."
+                f"(torch.compile); estimated gain {gain / 1e6:.2f} ms of step time over this trace, unprofiled."
             ),
             impact_ns=waited,
             saving_ns=gain,
@@ -228,6 +252,8 @@ def speak(m: LaunchStats, params: dict) -> list[Finding]:
                 "median_launch_ns": _int(m.median_launch_ns),
                 "steps": steps,
                 "estimated_gain_ns": gain,
+                "host_idle_ns": m.host_idle_ns,
+                "profiler_overhead_ns": m.profiler_ns,
                 "share_of_span_pct": round(share, 3),
             },
             windows=m.windows,

@@ -124,9 +124,11 @@ def deadline_passed() -> bool:
     return _deadline is not None and time.monotonic() > _deadline
 
 
-def timeout_reason() -> str:
+def timeout_reason(timeout_s: float | None = None) -> str:
+    """Why an ingest past ``timeout_s`` (default: this process's deadline) was stopped."""
+    limit = timeout_s if timeout_s is not None else _timeout_s
     return (
-        f"ingest took longer than the {_timeout_s:g} s limit "
+        f"ingest took longer than the {limit or 0:g} s limit "
         "(--timeout or $STALLSCOPE_INGEST_TIMEOUT raise it)"
     )
 

@@ -3,18 +3,17 @@
 Every query runs in its own sandbox process (stallscope.sql): no file, setting
 or path is reachable, memory, time and the result are capped. Nothing a user
 or a trace controls is rendered as Markdown here: messages go through
-:func:`literal` (an inline code span), results through ``st.dataframe``
+:func:`stallscope.pages.text.code_span` (an inline code span), results through ``st.dataframe``
 (plain cells).
 """
 
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 import streamlit as st
 
 from stallscope.pages.state import get_store
+from stallscope.pages.text import code_span
 from stallscope.sql import (
     MAX_RESULT_BYTES,
     MAX_ROWS,
@@ -30,20 +29,6 @@ EXAMPLE = """SELECT n.name, count(*) AS launches, sum(g.end_ns - g.start_ns) / 1
 FROM gpu g JOIN names n USING (trace_id, name_id)
 WHERE g.kind = 'kernel'
 GROUP BY 1 ORDER BY gpu_ms DESC LIMIT 20"""
-
-
-def literal(text: str) -> str:
-    """``text`` for a Markdown element, shown exactly as typed: one inline code span.
-
-    Code span content is never parsed: not ``![x](url)``, ``<img>``, emphasis or
-    ``$math$``, and not the bare ``http://`` autolinks that Streamlit's GFM adds
-    after parsing (escapes and character references cannot stop those). The
-    fence is one backtick longer than any backtick run in ``text``; the padding
-    spaces are dropped by CommonMark. Newlines become spaces (messages are one line).
-    """
-    line = " ".join(text.split("\n"))
-    fence = "`" * (max((len(run) for run in re.findall("`+", line)), default=0) + 1)
-    return f"{fence} {line} {fence}"
 
 
 @st.cache_data(ttl=300, show_spinner=False)
@@ -81,10 +66,10 @@ def render() -> None:
         try:
             result = sandbox_query(store, query, traces=plan.traces)
         except QueryError as exc:
-            st.error(literal(str(exc)))
+            st.error(code_span(exc))
             return
         for note in result.notes:
-            st.warning(literal(note))
+            st.warning(code_span(note))
         shown = f"{len(result.frame):,} rows"
         if result.truncated:
             shown += f": the {result.truncated}"

@@ -3,6 +3,13 @@
 Kernel names, op names, file names, job names, uploader names, tags and notes
 come from traces and visitors: ``![x](http://host/pixel)`` in a kernel name
 must print as those characters, not load an image or render a link.
+
+Two ways, one function each:
+
+* :func:`literal` -- prose: the text in the page's font, every Markdown-special
+  character escaped (titles, names, notes inside a sentence);
+* :func:`code_span` -- a message shown verbatim in monospace (SQL errors echo the
+  query, so they keep its exact characters, backticks included).
 """
 
 from __future__ import annotations
@@ -20,3 +27,17 @@ def literal(text: object) -> str:
     (no ``:red[x]`` directive), and bare URLs kept from becoming links."""
     line = _AUTOLINK.sub("\u200b", str(text).replace("\n", " "))
     return "".join("\\" + char if char in _MARKDOWN_SPECIALS else char for char in line)
+
+
+def code_span(text: object) -> str:
+    """``text`` as one inline Markdown code span, shown exactly as typed (one line).
+
+    Code span content is never parsed: not ``![x](url)``, ``<img>``, emphasis or
+    ``$math$``, and not the bare ``http://`` autolinks that Streamlit's GFM adds
+    after parsing (escapes and character references cannot stop those). The
+    fence is one backtick longer than any backtick run in ``text``; the padding
+    spaces are dropped by CommonMark. Newlines become spaces (messages are one line).
+    """
+    line = " ".join(str(text).split("\n"))
+    fence = "`" * (max((len(run) for run in re.findall("`+", line)), default=0) + 1)
+    return f"{fence} {line} {fence}"

@@ -35,6 +35,7 @@ def load(
     *,
     store: Store | str | os.PathLike[str] | None = None,
     thresholds: dict[str, dict[str, float]] | None = None,
+    trusted: bool = False,
 ) -> Job:
     """One job from trace files or a store id.
 
@@ -44,9 +45,13 @@ def load(
     folder, or by default ``$STALLSCOPE_STORE``, else ``~/.stallscope/store``);
     ingesting the same files again finds the stored job. ``thresholds`` overrides
     analyzer thresholds: ``{"gpu_idle": {"share_pct_high": 20}}``.
-    """
-    from stallscope.ingest import ingest_paths
 
+    Files are ingested in a child process under the ingest's wall-time and memory
+    limits (``$STALLSCOPE_INGEST_TIMEOUT``, ``$STALLSCOPE_INGEST_MAX_MEMORY_MB``), as
+    ``stallscope ingest`` and the dashboard do: past a limit, :class:`InputError`
+    with the one-line reason. ``trusted=True`` ingests in this process instead,
+    without those limits (no process start-up: for your own files).
+    """
     st = store if isinstance(store, Store) else Store(store)
     st.ensure()
     if isinstance(target, (str, os.PathLike)):
@@ -60,7 +65,7 @@ def load(
         missing = [t for t in targets if t not in existing]
         if missing:
             raise InputError(missing[0], "no such file or directory")
-        results = ingest_paths(st, existing)
+        results = _ingest(st, existing, trusted)
         if len(results) != 1:
             names = ", ".join(r.job_name for r in results)
             raise InputError(
@@ -72,6 +77,18 @@ def load(
             raise InputError(targets[0], "no such file or directory")
         refs = st.resolve(targets[0])
     return Job(st, refs, thresholds)
+
+
+def _ingest(store: Store, paths: list[str], trusted: bool):
+    """``paths`` ingested as one call of ``stallscope ingest`` (in a limited child process),
+    or in this process when ``trusted``."""
+    if trusted:
+        from stallscope.ingest import ingest_paths
+
+        return ingest_paths(store, paths)
+    from stallscope.ingest_child import ingest_in_child
+
+    return ingest_in_child(str(store.root), paths)
 
 
 class Job:

@@ -4,6 +4,18 @@
 class StallscopeError(Exception):
     """Base class: an expected failure reported to the user as one line."""
 
+    def __reduce__(self):
+        """Pickle as class, message and attributes (subclasses' ``__init__`` take other arguments):
+        an error raised in a worker process arrives in the parent as the same class and text."""
+        return _restore, (type(self), self.args, dict(self.__dict__))
+
+
+def _restore(cls: type, args: tuple, state: dict) -> StallscopeError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class InputError(StallscopeError):
     """An unreadable, unsupported or malformed input trace (CLI exit code 3).
@@ -15,7 +27,7 @@ class InputError(StallscopeError):
     def __init__(self, source: str, reason: str):
         self.source = source
         self.reason = reason
-        super().__init__(f"{source}: {reason}")
+        super().__init__(f"{source}: {reason}" if source else reason)
 
 
 class NotFoundError(StallscopeError):
@@ -36,6 +48,19 @@ class EnvironmentProblem(StallscopeError):
 
 class StoreFileCorrupt(EnvironmentProblem):
     """A file of one stored job is unreadable (truncated, damaged): only that job is affected."""
+
+
+def error_for_exit(code: int, message: str) -> StallscopeError:
+    """The error class a ``stallscope`` exit code stands for, with its one-line message:
+    2 :class:`UsageError`, 3 :class:`InputError`, 4 or a signal (negative)
+    :class:`EnvironmentProblem`, else :class:`StallscopeError`."""
+    if code == 2:
+        return UsageError(message)
+    if code == 3:
+        return InputError("", message)
+    if code == 4 or code < 0:
+        return EnvironmentProblem(message)
+    return StallscopeError(message)
 
 
 # errno values that say "this machine or its disks", never "this input".

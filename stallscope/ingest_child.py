@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stallscope.errors import InputError, StallscopeError
+from stallscope.errors import InputError, StallscopeError, error_for_exit
 from stallscope.ingest import IngestResult
 
 ProgressFn = Callable[[str, int, int], None]
@@ -79,7 +79,9 @@ def ingest_in_child(
     ``ingest_paths``). Same
     contract as :func:`stallscope.ingest.ingest_paths`: returns one result
     per job, or raises :class:`StallscopeError` with a one-line message (the
-    child's own error, or why the child died) and the store unchanged.
+    child's own error, or why the child died) and the store unchanged: an
+    :class:`InputError` for a bad input or one past a limit (exit 3), an
+    :class:`EnvironmentProblem` for the machine (exit 4, or the child killed).
     ``progress(label, done, total)`` is called on the calling thread as the
     child reports (Streamlit's status widgets need that).
     """
@@ -120,8 +122,8 @@ def ingest_in_child(
             f"ingest took longer than {timeout:g} s and was stopped "
             "($STALLSCOPE_INGEST_TIMEOUT raises the limit); the store is unchanged",
         )
-    if code != 0:
-        raise StallscopeError(_failure(code, messages))
+    if code != 0:  # the CLI's exit code says which error class (3 input, 4 environment, ...)
+        raise error_for_exit(code, _failure(code, messages))
     try:
         return [IngestResult(**item) for item in json.loads("".join(out))]
     except (ValueError, TypeError) as exc:

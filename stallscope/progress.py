@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+LINE_LIMIT = 120  # longest line _draw writes: bar, counts, a 60-character label, the time
+
 
 class Progress:
     """Callable ``(label, done, total)``; silent unless stdout and stderr are terminals.
@@ -57,6 +59,13 @@ class Progress:
             self._width = max(self._width, len(text))
             sys.stderr.write(text.ljust(self._width))
             sys.stderr.flush()
+
+    def clear_line(self) -> None:
+        """Blank a progress line another process drew on this terminal (a killed worker's)."""
+        if self.enabled and not self.jsonl:
+            with self._lock:
+                sys.stderr.write("\r" + " " * LINE_LIMIT + "\r")
+                sys.stderr.flush()
 
     def done(self) -> None:
         self._stop.set()

@@ -1,6 +1,8 @@
 """Run an ingest under a wall-time and a memory limit, in a forked worker that can be killed.
 
-The CLI's ``ingest`` forks. The worker checks a cooperative deadline
+The CLI's ``ingest`` (:func:`run_limited`) and ``analyze FILE``
+(:func:`call_limited`, which brings the worker's result or exception back)
+fork. The worker checks a cooperative deadline
 (``--timeout``: between files, while decompressing, and in SQLite's progress
 handler) and caps decompression at a third of ``--max-memory-mb``, refusing
 with its own one-line message. The parent watches: every
@@ -17,10 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import signal
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable
+from typing import TypeVar
+
+from stallscope.errors import EnvironmentProblem, InputError, StallscopeError
+
+T = TypeVar("T")
 
 GRACE_S = 5.0
 MEMORY_POLL_S = 0.2
@@ -34,60 +44,153 @@ def run_limited(
     memory_mb: int | None,
     cleanup: Callable[[], None],
 ) -> int:
-    """``work()``'s exit code, run in a forked worker under the limits (see the module docstring)."""
-    from stallscope.ingest.limits import apply_memory_limit, start_deadline, timeout_reason
+    """``work()``'s exit code, run in a forked worker under the limits (see the module docstring);
+    a limit, a killed worker or an interrupt is one line on stderr and its exit code."""
+    from stallscope.progress import Progress
+
+    try:
+        return call_limited(work, timeout_s=timeout_s, memory_mb=memory_mb, cleanup=cleanup)
+    except KeyboardInterrupt:
+        Progress().clear_line()  # the killed worker's progress line, on a terminal
+        print("stallscope: interrupted; the store is unchanged", file=sys.stderr)
+        return 130
+    except EnvironmentProblem as exc:
+        Progress().clear_line()
+        print(f"stallscope: error: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+    except InputError as exc:
+        Progress().clear_line()
+        print(f"stallscope: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+
+
+def call_limited(
+    work: Callable[[], T],
+    *,
+    timeout_s: float | None,
+    memory_mb: int | None,
+    cleanup: Callable[[], None],
+) -> T:
+    """``work()``'s result, computed in a forked worker under the limits (the module docstring).
+
+    The result comes back pickled; an exception ``work`` raised is raised here (same
+    class and message). Past a limit the worker's process group is killed,
+    ``cleanup()`` runs and :class:`InputError` says which limit in one line; a worker
+    killed by a signal is :class:`EnvironmentProblem`; an interrupt (Ctrl-C, SIGTERM on
+    the main thread) kills the worker, cleans up and raises ``KeyboardInterrupt``.
+    Without ``os.fork`` (Windows) ``work`` runs here under the cooperative deadline only.
+    """
+    from stallscope.ingest.limits import apply_memory_limit, start_deadline
 
     if not hasattr(os, "fork"):
         start_deadline(timeout_s)
-        return work()
+        apply_memory_limit(memory_mb)
+        try:
+            return work()
+        finally:
+            start_deadline(None)
+            apply_memory_limit(None)
     sys.stdout.flush()
     sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the worker
-        code = 70
-        try:
-            os.setpgid(0, 0)
-            _die_with_parent()
-            if os.getppid() != parent:  # the parent died before the line above
-                os._exit(130)
-            start_deadline(timeout_s)
-            apply_memory_limit(memory_mb)
-            code = work()
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+        os.close(read_fd)
+        _worker(work, write_fd, parent, timeout_s, memory_mb)
+    os.close(write_fd)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # (also done by the worker: whichever runs first)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(_read_all(read_fd)), daemon=True)
+    reader.start()
+    status = _supervise(pid, timeout_s, memory_mb, cleanup)
+    reader.join()
+    if os.WIFSIGNALED(status):
+        cleanup()
+        name = signal.Signals(os.WTERMSIG(status)).name
+        raise EnvironmentProblem(
+            f"the ingest worker was killed ({name}: out of memory?); the store is unchanged"
+        )
+    ok, value = _outcome(received[0] if received else b"")
+    if ok:
+        return value
+    raise value
+
+
+def _worker(work, write_fd: int, parent: int, timeout_s, memory_mb) -> None:
+    """The forked worker: run ``work`` under the limits, send ``(ok, value)`` back, exit."""
+    from stallscope.ingest.limits import apply_memory_limit, start_deadline
+
+    code = 70
+    try:
+        os.setpgid(0, 0)
+        _die_with_parent()
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(130)
+        start_deadline(timeout_s)
+        apply_memory_limit(memory_mb)
+        try:
+            outcome = (True, work())
+        except BaseException as exc:  # noqa: BLE001 (sent to the parent, which raises it)
+            if os.environ.get("STALLSCOPE_DEBUG") and not isinstance(exc, StallscopeError):
+                traceback.print_exc()
+            outcome = (False, exc)
+        _send(write_fd, outcome)
+        code = 0
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _supervise(pid: int, timeout_s: float | None, memory_mb: int | None, cleanup) -> int:
+    """Wait for the worker: its wait status, or raise once it is past a limit or interrupted."""
+    from stallscope.ingest.limits import timeout_reason
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
     deadline = None if timeout_s is None else time.monotonic() + timeout_s + GRACE_S
     try:
         status = _wait(pid, deadline, memory_mb)
     except KeyboardInterrupt:
         _kill_group(pid)
         cleanup()
-        print("stallscope: interrupted; the store is unchanged", file=sys.stderr)
-        return 130
+        raise
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     if isinstance(status, str):  # past a limit: killed
         _kill_group(pid)
         cleanup()
-        reason = timeout_reason() if status == "time" else memory_reason(memory_mb)
-        print(f"stallscope: error: {reason}; the store is unchanged", file=sys.stderr)
-        return EXIT_INPUT
-    if os.WIFSIGNALED(status):
-        cleanup()
-        name = signal.Signals(os.WTERMSIG(status)).name
-        print(
-            f"stallscope: error: the ingest worker was killed ({name}: out of memory?); "
-            "the store is unchanged",
-            file=sys.stderr,
-        )
-        return EXIT_ENVIRONMENT
-    return os.WEXITSTATUS(status)
+        reason = timeout_reason(timeout_s) if status == "time" else memory_reason(memory_mb)
+        raise InputError("", f"{reason}; the store is unchanged")
+    return status
+
+
+def _send(fd: int, outcome: tuple[bool, object]) -> None:
+    try:
+        data = pickle.dumps(outcome)
+    except Exception:  # noqa: BLE001 (an unpicklable result or exception: say what it was)
+        value = outcome[1]
+        data = pickle.dumps((False, RuntimeError(f"{type(value).__name__}: {value}")))
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as stream:
+        return stream.read()
+
+
+def _outcome(data: bytes) -> tuple[bool, object]:
+    if not data:
+        return False, StallscopeError("the ingest worker ended without a result")
+    try:
+        return pickle.loads(data)
+    except Exception as exc:  # noqa: BLE001
+        return False, StallscopeError(f"the ingest worker's result is unreadable ({exc})")
 
 
 def _wait(pid: int, deadline: float | None, memory_mb: int | None) -> int | str:

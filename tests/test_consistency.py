@@ -101,6 +101,7 @@ def _check_job(job: JobData, findings) -> None:
     by_trace = {ref.trace_id: ref for ref in job.traces}
     for f in findings:
         _check_fix_matches_title(f)
+        _check_launch_saving_within_its_idle(f)
         _check_windows_inside_capture(job, by_trace, f)
         if f.analyzer == "nccl_wait" and f.severity != "info":
             _check_straggler_causes(job, f)
@@ -110,6 +111,13 @@ def _check_fix_matches_title(f) -> None:
     if f.severity != "info" and (f.impact_ns > 0 or (f.saving_ns or 0) > 0):
         assert not NOTHING_TO_FIX.search(f.recommendation), (f.id, f.recommendation)
         assert f.recommendation.strip(), f.id
+
+
+def _check_launch_saving_within_its_idle(f) -> None:
+    """A CUDA-graph saving never exceeds the idle the launches explain (its impact)."""
+    if f.analyzer == "launch_overhead" and f.saving_ns is not None:
+        assert 0 <= f.saving_ns <= f.impact_ns, (f.id, f.saving_ns, f.impact_ns)
+        assert f.evidence["profiler_overhead_ns"] <= f.evidence["host_idle_ns"], f.id
 
 
 def _capture_range(job: JobData, trace_id: str) -> tuple[int, int]:

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from stallscope.ingest import ingest_paths
-from stallscope.pages.text import literal
+from stallscope.pages.text import code_span, literal
 from stallscope.render import render_markdown
 from stallscope.report import build_report
 from tests.kineto_builder import KinetoTrace
@@ -83,3 +83,18 @@ def test_literal_breaks_bare_urls():
         text.replace("\u200b", "").replace("\\", "")
         == "see http://127.0.0.1:9/x and WWW.example.com"
     )
+
+
+def test_code_span_is_one_span_whatever_the_backticks():
+    """The SQL page's messages: one code span, its fence longer than any backtick run inside."""
+    assert code_span("![x](http://h/i.png) <img>") == "` ![x](http://h/i.png) <img> `"
+    assert code_span("a `b` ``c``\nd") == "``` a `b` ``c`` d ```"
+    assert code_span(ValueError("no `x`")) == "`` no `x` ``"
+
+
+def test_the_sql_page_has_no_escaper_of_its_own():
+    """One function per purpose: the SQL page uses pages.text's code span, not a copy."""
+    import stallscope.pages.sql as sql_page
+
+    assert sql_page.code_span is code_span
+    assert not hasattr(sql_page, "literal")

@@ -155,3 +155,75 @@ def test_a_job_removed_while_analyzed_is_not_found_not_a_crash(tmp_path):
     store.delete_job(job_id)  # ... before rm removed the job
     with pytest.raises(NotFoundError, match=f"job {job_id} was removed while it was being read"):
         job_report_part(store, refs)
+
+
+REFUSED = [c for c in CASES if c.exit_code != 0]
+LIMIT_ENV = {"--timeout": "STALLSCOPE_INGEST_TIMEOUT", "--max-memory-mb": "STALLSCOPE_INGEST_MAX_MEMORY_MB"}  # fmt: skip
+
+
+def _limits_as_env(case: Case) -> dict[str, str]:
+    """The case's ingest options as the environment variables that set the same limits."""
+    env = dict(case.env)
+    for option, value in zip(case.args[::2], case.args[1::2], strict=True):
+        env[LIMIT_ENV[option]] = value
+    return env
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c.name for c in REFUSED])
+def test_analyze_file_refuses_like_ingest(cli, template, tmp_path, case: Case):
+    """`analyze FILE` ingests under the same limits as `ingest`: same exit code and line."""
+    store = tmp_path / "store"
+    shutil.copytree(template, store)
+    before = _snapshot(store)
+    path = case.build(tmp_path)
+    out = cli(
+        "analyze", *case.args, str(path), store=store, env={"TMPDIR": str(tmp_path), **dict(case.env)}
+    )  # fmt: skip
+    context = f"exit {out.returncode}, stdout={out.stdout[-500:]!r}, stderr={out.stderr[-2000:]!r}"
+    assert out.returncode == case.exit_code, context
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(PREFIX) and case.fragment in lines[0], context
+    assert out.stdout == ""
+    assert _snapshot(store) == before, "a refused input changed the store"
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(("stallscope-", ".tmp"))]
+    assert leftovers == [], f"temporary files left: {leftovers}"
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c.name for c in REFUSED])
+def test_python_api_refuses_like_ingest(template, tmp_path, monkeypatch, case: Case):
+    """`stallscope.load(FILE)` ingests in a child under the same limits (set by the
+    environment): InputError with the same one line, the store unchanged."""
+    import stallscope
+    from stallscope.errors import InputError
+
+    for name, value in {"TMPDIR": str(tmp_path), **_limits_as_env(case)}.items():
+        monkeypatch.setenv(name, value)
+    store = tmp_path / "store"
+    shutil.copytree(template, store)
+    before = _snapshot(store)
+    path = case.build(tmp_path)
+    with pytest.raises(InputError) as caught:
+        stallscope.load(path, store=store)
+    message = str(caught.value)
+    assert case.fragment in message and "\n" not in message, message
+    assert _snapshot(store) == before, "a refused input changed the store"
+
+
+def test_trusted_python_api_ingests_in_process(tmp_path, monkeypatch):
+    """trusted=True: no child process (the ingest runs here), the same errors for bad input."""
+    import stallscope
+    from stallscope import ingest_child
+    from stallscope.errors import InputError
+    from tests.hostile.make_hostile import deep_nesting
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a trusted load started a child process")
+
+    monkeypatch.setattr(ingest_child, "ingest_in_child", no_child)
+    store = Store(tmp_path / "store")
+    job = stallscope.load(
+        _kineto(rank=0).write(tmp_path / "a.pt.trace.json"), store=store, trusted=True
+    )
+    assert len(job.trace_ids) == 1
+    with pytest.raises(InputError, match="nested too deeply"):
+        stallscope.load(deep_nesting(tmp_path), store=store, trusted=True)

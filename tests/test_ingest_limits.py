@@ -91,3 +91,93 @@ def test_decompression_stops_at_the_cap_and_a_third_of_the_memory_limit(monkeypa
     limits.apply_memory_limit(90)
     with pytest.raises(InputError, match="more than 30.0 MiB, a third of the 90 MiB limit"):
         gunzip_limited("b.gz", blob)
+
+
+def _limited(work, timeout_s=None, memory_mb=None):
+    from stallscope.supervise import call_limited
+
+    cleaned = []
+    try:
+        return call_limited(
+            work, timeout_s=timeout_s, memory_mb=memory_mb, cleanup=lambda: cleaned.append(1)
+        ), cleaned
+    except BaseException as exc:
+        exc.cleaned = cleaned
+        raise
+
+
+def test_call_limited_returns_the_workers_result():
+    import os
+
+    (pid, answer), cleaned = _limited(lambda: (os.getpid(), [1, "a"]))
+    assert pid != os.getpid() and answer == [1, "a"] and cleaned == []
+
+
+def test_call_limited_raises_the_workers_error_as_it_was():
+    def bad():
+        raise InputError("x.json", "truncated JSON")
+
+    with pytest.raises(InputError) as caught:
+        _limited(bad)
+    assert (caught.value.source, caught.value.reason, str(caught.value)) == (
+        "x.json", "truncated JSON", "x.json: truncated JSON"
+    )  # fmt: skip
+
+
+def test_call_limited_stops_a_worker_stuck_past_the_deadline(monkeypatch):
+    """Stuck where no deadline check runs (C code; here a sleep): killed after the grace."""
+    import time
+
+    from stallscope import supervise
+
+    monkeypatch.setattr(supervise, "GRACE_S", 0.3)
+    started = time.monotonic()
+    with pytest.raises(InputError) as caught:
+        _limited(lambda: time.sleep(60), timeout_s=0.2)
+    assert time.monotonic() - started < 10
+    assert str(caught.value) == (
+        "ingest took longer than the 0.2 s limit (--timeout or $STALLSCOPE_INGEST_TIMEOUT "
+        "raise it); the store is unchanged"
+    )
+    assert caught.value.cleaned == [1]
+
+
+def test_call_limited_stops_a_worker_past_the_memory_limit():
+    def hog():
+        import time
+
+        block = bytearray(300 << 20)  # touched: resident, not just reserved
+        block[::4096] = b"x" * len(block[::4096])
+        time.sleep(30)
+
+    with pytest.raises(InputError, match="ingest needed more than the 100 MiB memory limit"):
+        _limited(hog, memory_mb=100)
+
+
+def test_a_killed_worker_is_an_environment_problem():
+    import os
+    import signal
+
+    from stallscope.errors import EnvironmentProblem
+
+    with pytest.raises(EnvironmentProblem, match=r"worker was killed \(SIGKILL: out of memory\?\)"):
+        _limited(lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+
+def test_error_classes_survive_pickling():
+    import pickle
+
+    from stallscope.errors import StoreFileCorrupt, error_for_exit
+
+    error = pickle.loads(pickle.dumps(InputError("a.json", "bad")))
+    assert (type(error), error.source, error.reason, str(error)) == (
+        InputError,
+        "a.json",
+        "bad",
+        "a.json: bad",
+    )
+    assert type(pickle.loads(pickle.dumps(StoreFileCorrupt("x")))) is StoreFileCorrupt
+    assert [type(error_for_exit(c, "m")).__name__ for c in (2, 3, 4, -9, 70)] == [
+        "UsageError", "InputError", "EnvironmentProblem", "EnvironmentProblem", "StallscopeError"
+    ]  # fmt: skip
+    assert str(error_for_exit(3, "x.json: bad")) == "x.json: bad"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from stallscope.analyzers import launch_overhead
 from stallscope.ingest import ingest_paths
 from stallscope.jobdata import JobData
@@ -54,10 +56,40 @@ def test_finding_with_gain_estimate(store, tmp_path):
     assert f.impact_ns == 792_000
     assert f.evidence["driver_launches"] == 25
     assert f.evidence["median_kernel_ns"] == 2_000 and f.evidence["median_launch_ns"] == 5_000
-    assert (
-        f.evidence["estimated_gain_ns"] == 792_000 - 10_000
-    )  # one replay of 10 µs (no step markers)
+    # The profiler's cost (2.2 µs per recorded op or API call) comes out first: each
+    # iteration records 2 (the op and its launch call), all 200 before the last gap ends and
+    # no sync resets the host's lead, so 440 µs of the 792 µs wait is the profiler's; then one
+    # replay of 10 µs (no step markers): 792 - 440 - 10 = 342 µs.
+    assert f.evidence["host_idle_ns"] == 792_000  # no `cpu` idle: all of it waits for launches
+    assert f.evidence["profiler_overhead_ns"] == 440_000
+    assert f.evidence["estimated_gain_ns"] == f.saving_ns == 342_000
+    assert "0.44 ms" in f.detail
     assert len(f.windows) == 20 and all(b - a == 8_000 for a, b in f.windows)
+
+
+def test_without_profiler_cost_the_gain_is_the_wait_less_one_replay(store, tmp_path):
+    result = run(store, tmp_path, min_impact_ms=0, profiler_event_us=0)
+    (f,) = result.findings
+    assert f.evidence["profiler_overhead_ns"] == 0
+    assert f.saving_ns == 792_000 - 10_000
+
+
+def test_profiler_share_by_hand():
+    """Cost 10 ns per event. Gap A (end 10) takes the lead of events at 0 and 5 (20): 15 of it;
+    the sync ending at 12 restarts the lead, so gap B (end 20) has only the event at 13's 10;
+    gap C (end 30, a data-loader wait: counted 0) spends 8 of the event at 25's 10 without
+    credit; gap D (end 40) has 2 + 10 and takes its 5."""
+    from stallscope.launch_cost import profiler_share
+
+    got = profiler_share(
+        gap_ends=np.array([10, 20, 30, 40]),
+        waits=np.array([15, 30, 0, 5]),
+        consumes=np.array([15, 30, 8, 5]),
+        event_starts=np.array([0, 5, 13, 25, 35]),
+        sync_ends=np.array([12]),
+        event_cost_ns=10,
+    )
+    assert got.tolist() == [15, 10, 0, 5]
 
 
 def test_default_min_impact_keeps_tiny_traces_quiet(store, tmp_path):

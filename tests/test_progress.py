@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.test_store_concurrency import big_trace
 
 
@@ -38,3 +40,21 @@ def test_progress_on_a_terminal(tmp_path):
     assert "[--------------------] 0/1 parsing" in out
     assert "writing" in out and "s)" in out
     assert out.rstrip().splitlines()[-1].startswith("ingested: job ")
+
+
+@pytest.mark.parametrize("command", ["analyze", "ingest"])
+def test_a_refused_file_leaves_only_its_error_on_the_terminal(tmp_path, command):
+    """`analyze FILE` or `ingest FILE` past --max-memory-mb: the worker is killed mid-parse with its progress
+    line drawn; the line is blanked before the one-line error, so the terminal shows the
+    error and nothing of the bar."""
+    from tests.hostile.make_hostile import _kineto
+
+    path = _kineto(kernels=20_000).write(tmp_path / "big.pt.trace.json")
+    env = dict(os.environ, STALLSCOPE_STORE=str(tmp_path / "store"))
+    args = [sys.executable, "-m", "stallscope.cli", command, "--max-memory-mb", "60", str(path)]
+    out = run_on_terminal(args, env)
+    (line,) = [x for x in out.replace("\r\n", "\n").split("\n") if "stallscope: error:" in x]
+    *drawn, shown = line.split("\r")
+    assert shown.startswith("stallscope: error: ingest needed more than the 60 MiB"), shown
+    assert "[" in "".join(drawn), "no progress was drawn: the test shows nothing"
+    assert drawn[-1].strip() == "" and len(drawn[-1]) >= max(len(x) for x in drawn), drawn[-2:]

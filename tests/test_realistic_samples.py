@@ -160,6 +160,16 @@ def test_eager_launch_bound_variants_are_launch_overhead(analyzed, scenario):
     assert findings(result, "launch_overhead", floor="high")
 
 
+@pytest.mark.parametrize("scenario", ["train_small_eager", "train_baseline"])
+def test_the_cuda_graph_saving_is_within_20_percent_of_the_measured_one(analyzed, scenario):
+    """saving_if_cuda_graphed: unprofiled eager step - graph-replay step, over the profiled steps.
+    Before the profiler's per-event cost was taken out, train_baseline's was +99 %."""
+    result, t = analyzed[scenario]
+    (finding,) = [f for f in findings(result, "launch_overhead") if f.saving_ns is not None]
+    measured = t["saving_if_cuda_graphed"]["saving_ns_over_profiled_steps"]
+    assert 0.8 * measured <= finding.saving_ns <= 1.2 * measured, (finding.saving_ns, measured)
+
+
 def test_item_reads_of_the_decode_loop_are_counted(analyzed):
     result, t = analyzed["decode_graph_item_python"]
     reads = t["planted"][0]["count_per_step"] * len(t["capture"]["profiled_steps"])

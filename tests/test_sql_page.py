@@ -36,10 +36,3 @@ def test_sql_page_shows_user_text_literally(app_store):
     (error,) = at.error
     assert error.value.startswith("` no table '![x](http://127.0.0.1:9/x.png)<img src=x>'")
     assert error.value.endswith(" `") and error.value.count("`") == 2
-
-
-def test_literal_is_one_code_span_whatever_the_backticks():
-    from stallscope.pages.sql import literal
-
-    assert literal("![x](http://h/i.png) <img>") == "` ![x](http://h/i.png) <img> `"
-    assert literal("a `b` ``c``\nd") == "``` a `b` ``c`` d ```"

@@ -9,6 +9,7 @@ from typing import Any
 
 from stallscope.analyzers.base import SEVERITIES
 from stallscope.cli import EXIT_FINDINGS, EXIT_OK, add_store_option, open_store
+from stallscope.commands.ingest import add_limit_options, ingest_limits
 from stallscope.errors import InputError
 from stallscope.render import FORMATS
 
@@ -24,7 +25,8 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
             "store first (grouped into jobs as by 'stallscope ingest'). A trace id analyzes that trace; "
             "a job id analyzes all its ranks. Quoted glob patterns ('runs/**/*.json.gz') are expanded "
             "here too. Jobs are ingested and analyzed in parallel (--jobs); progress is shown on "
-            "stderr when it is a terminal."
+            "stderr when it is a terminal. Files are ingested as by 'stallscope ingest', in a worker "
+            "process under its time and memory limits."
         ),
     )
     p.add_argument(
@@ -61,6 +63,7 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
         metavar="N",
         help="processes that ingest and analyze jobs in parallel (default: the number of CPUs)",
     )
+    add_limit_options(p, "ingesting the files")
     add_store_option(p)
     p.set_defaults(handler=run)
     if thresholds:
@@ -136,33 +139,75 @@ def _ingest_in_worker(store_root: str, paths: list[str], each: bool) -> list[str
     return [r.job_id for r in ingest_paths(Store(store_root), paths, each=each)]
 
 
-def resolve_targets(store, targets: list[str], each: bool, pool=None, progress=None):
-    """Targets -> list of jobs, each a list of TraceRefs (ingesting files first)."""
+def resolve_targets(
+    store,
+    targets: list[str],
+    each: bool,
+    *,
+    workers: int = 1,
+    progress=None,
+    limits: tuple[float | None, int | None] = (None, None),
+):
+    """Targets -> list of jobs, each a list of TraceRefs (ingesting files first).
+
+    Files are ingested as ``stallscope ingest`` does, in a forked worker under
+    ``limits`` (timeout s, memory MiB: :func:`stallscope.supervise.call_limited`);
+    several units in parallel when ``workers > 1``.
+    """
+    from stallscope.supervise import call_limited
+
     targets = expand_globs(targets)
     paths = [t for t in targets if os.path.exists(t)]
     jobs = []
     if paths:
         units = ingest_units(paths, each)
-        job_ids: list[list[str]] = []
-        if pool is not None and len(units) > 1:
-            futures = [pool.submit(_ingest_in_worker, str(store.root), u, each) for u in units]
-            for done, future in enumerate(futures, start=1):
-                job_ids.append(future.result())
-                if progress:
-                    progress("ingested", done, len(units))
-        else:
-            from stallscope.ingest import ingest_paths
-
-            for unit in units:
-                job_ids.append(
-                    [r.job_id for r in ingest_paths(store, unit, each=each, progress=progress)]
-                )
+        timeout_s, memory_mb = limits
+        try:
+            job_ids = call_limited(
+                lambda: _ingest_units(store, units, each, workers, progress),
+                timeout_s=timeout_s,
+                memory_mb=memory_mb,
+                cleanup=store.clean_stale,
+            )
+        except BaseException:
+            if progress is not None:
+                progress.clear_line()  # a worker killed past a limit left its line drawn
+            raise
         jobs += [store.traces(job_id) for ids in job_ids for job_id in ids]
     for ref in (t for t in targets if not os.path.exists(t)):
         if _looks_like_path(ref):
             raise InputError(ref, "no such file or directory")
         jobs.append(store.resolve(ref))
     return jobs
+
+
+def _ingest_units(store, units: list[list[str]], each: bool, workers: int, progress):
+    """Job ids of each unit, ingested one after another or in a pool of ``workers``
+    (in the worker process: its progress line is cleared when it ends)."""
+    try:
+        return _ingest_each(store, units, each, workers, progress)
+    finally:
+        if progress is not None:
+            progress.done()
+
+
+def _ingest_each(store, units: list[list[str]], each: bool, workers: int, progress):
+    from stallscope.ingest import ingest_paths
+    from stallscope.report import process_pool
+
+    if workers > 1 and len(units) > 1:
+        job_ids: list[list[str]] = []
+        with process_pool(min(workers, len(units))) as pool:
+            futures = [pool.submit(_ingest_in_worker, str(store.root), u, each) for u in units]
+            for done, future in enumerate(futures, start=1):
+                job_ids.append(future.result())
+                if progress:
+                    progress("ingested", done, len(units))
+        return job_ids
+    return [
+        [r.job_id for r in ingest_paths(store, unit, each=each, progress=progress)]
+        for unit in units
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,18 +219,18 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise InputError("--jobs", "must be at least 1")
     overrides = threshold_overrides(args)  # a bad --iteration-range fails before any ingest
+    limits = ingest_limits(args)
     store = open_store(args)
     progress = Progress()
     targets = expand_globs(args.targets)
-    # one pool for ingest and analysis, only when there is more than one job to share out
-    parallel = args.jobs > 1 and len(targets) > 1
-    pool = process_pool(min(args.jobs, len(targets))) if parallel else None
+    pool = None
     try:
-        jobs = resolve_targets(store, targets, args.each, pool, progress)
-        report = build_report(
-            store, jobs, overrides, executor=pool if len(jobs) > 1 else None,
-            progress=progress,
-        )  # fmt: skip
+        jobs = resolve_targets(
+            store, targets, args.each, workers=args.jobs, progress=progress, limits=limits
+        )
+        if args.jobs > 1 and len(jobs) > 1:  # a pool only when there are jobs to share out
+            pool = process_pool(min(args.jobs, len(jobs)))
+        report = build_report(store, jobs, overrides, executor=pool, progress=progress)
     finally:
         progress.done()
         if pool is not None:

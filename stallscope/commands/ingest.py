@@ -42,22 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="uploader name (default: $STALLSCOPE_USER, else the login name)",
     )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="give up (exit 3, store unchanged) after S seconds "
-        "(default: $STALLSCOPE_INGEST_TIMEOUT, else 1800)",
-    )
-    p.add_argument(
-        "--max-memory-mb",
-        type=int,
-        default=None,
-        metavar="N",
-        help="memory (address space) the ingest may use, in MiB; past it the input is refused "
-        "(exit 3) (default: $STALLSCOPE_INGEST_MAX_MEMORY_MB, else 75%% of the RAM, at least 2048)",
-    )
+    add_limit_options(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     # For the dashboard, which runs ingests as child processes (stallscope.ingest_child).
     p.add_argument("--progress-jsonl", action="store_true", help=argparse.SUPPRESS)
@@ -66,11 +51,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Ingest in a forked worker under ``--timeout`` and ``--max-memory-mb`` (stallscope.supervise)."""
-    from stallscope.cli import run_handler
+def add_limit_options(p: argparse.ArgumentParser, subject: str = "the ingest") -> None:
+    """``--timeout`` and ``--max-memory-mb``: the limits an ingest runs under (``subject`` names it)."""
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"give up {subject} (exit 3, store unchanged) after S seconds "
+        "(default: $STALLSCOPE_INGEST_TIMEOUT, else 1800)",
+    )
+    p.add_argument(
+        "--max-memory-mb",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"memory {subject} may use, in MiB; past it the input is refused "
+        "(exit 3) (default: $STALLSCOPE_INGEST_MAX_MEMORY_MB, else 75%% of the RAM, at least 2048)",
+    )
+
+
+def ingest_limits(args: argparse.Namespace) -> tuple[float, int]:
+    """(timeout s, memory MiB) from ``--timeout``/``--max-memory-mb`` or their defaults."""
     from stallscope.ingest.limits import default_memory_mb, default_timeout_s
-    from stallscope.supervise import run_limited
 
     timeout = args.timeout if args.timeout is not None else default_timeout_s()
     memory = args.max_memory_mb if args.max_memory_mb is not None else default_memory_mb()
@@ -78,6 +81,15 @@ def run(args: argparse.Namespace) -> int:
         from stallscope.errors import UsageError
 
         raise UsageError("--timeout and --max-memory-mb must be positive")
+    return timeout, memory
+
+
+def run(args: argparse.Namespace) -> int:
+    """Ingest in a forked worker under ``--timeout`` and ``--max-memory-mb`` (stallscope.supervise)."""
+    from stallscope.cli import run_handler
+    from stallscope.supervise import run_limited
+
+    timeout, memory = ingest_limits(args)
     store = open_store(args)
     return run_limited(
         lambda: run_handler(_ingest, args),
