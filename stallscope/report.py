@@ -6,7 +6,7 @@ in the ``stallscope.report/1`` contract; renderers live in ``render``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -24,9 +24,14 @@ REPORT_SCHEMA = "stallscope.report/1"
 
 
 def analyze_job(
-    job: JobData, overrides: dict[str, dict[str, float]] | None = None
+    job: JobData,
+    overrides: dict[str, dict[str, float]] | None = None,
+    ranks: Collection[int] | None = None,
 ) -> AnalyzerResult:
     """Run every registered analyzer over one job; ``overrides[analyzer][threshold]``.
+
+    ``ranks``: the ranks the ``PER_RANK`` analyzers read (None: all; see
+    :mod:`stallscope.rank_triage`); the others always read the whole job.
 
     The analyzers of ``PER_RANK`` run rank by rank, each rank's together on
     one part (``JobData.rank_parts``: that rank's files alone, freed before the
@@ -42,6 +47,8 @@ def analyze_job(
     by_rank: dict[str, list[AnalyzerResult]] = {spec.id: [] for spec in rank_wise}
     if rank_wise:
         for part in job.rank_parts():
+            if ranks is not None and int(part.traces[0].meta.get("rank") or 0) not in ranks:
+                continue  # never queried: its files are not read
             for spec in rank_wise:
                 by_rank[spec.id].append(spec.run(part, params[spec.id]))
     combined = AnalyzerResult()
@@ -74,18 +81,29 @@ def trace_entry(ref: TraceRef) -> dict[str, Any]:
 
 
 def job_report_part(
-    store: Store, refs: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
+    store: Store,
+    refs: list[TraceRef],
+    overrides: dict[str, dict[str, float]] | None = None,
+    all_ranks: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
-    """The report entries (traces, metrics, findings) of one job.
+    """The report entries (traces, metrics, findings, rank_selection) of one job.
+
+    Above ``rank_triage.DETAIL_ALL_UP_TO`` ranks the per-rank analyzers read
+    the ranks :func:`~stallscope.rank_triage.select_ranks` picks (every rank
+    with ``all_ranks``), and ``rank_selection`` says which and why.
 
     A stored file that cannot be read (truncated, damaged, or removed while
     this runs) raises :class:`~stallscope.errors.StoreFileCorrupt` or
     :class:`~stallscope.errors.NotFoundError` naming this job: never a raw
     DuckDB error, and never another job's failure.
     """
+    from stallscope.rank_triage import select_ranks
+
     job = JobData(store, refs)
+    selection = None
     try:
-        result = analyze_job(job, overrides)
+        selection = select_ranks(job, all_ranks=all_ranks)
+        result = analyze_job(job, overrides, None if selection is None else selection.analyzed)
     except duckdb.Error as exc:
         job_id = refs[0].job_id if refs else ""
         if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
@@ -99,6 +117,7 @@ def job_report_part(
         "traces": [trace_entry(r) for r in job.traces],
         "metrics": [m.to_dict() for m in result.metrics],
         "findings": [f.to_dict() for f in result.findings],
+        "rank_selection": [] if selection is None else [selection.to_dict(job.job_id)],
     }
 
 
@@ -131,13 +150,13 @@ def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Except
 
 
 def _part_in_worker(
-    store_root: str, job_id: str, trace_ids: list[str], overrides
+    store_root: str, job_id: str, trace_ids: list[str], overrides, all_ranks: bool = False
 ) -> dict[str, list[dict[str, Any]]]:
     """``job_report_part`` in a worker process (arguments are picklable names, not refs)."""
     store = Store(store_root)
     wanted = set(trace_ids)
     refs = [r for r in store.traces(job_id) if r.trace_id in wanted]
-    return job_report_part(store, refs, overrides)
+    return job_report_part(store, refs, overrides, all_ranks)
 
 
 @contextmanager
@@ -164,8 +183,13 @@ def build_report(
     workers: int = 1,
     executor: Executor | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    all_ranks: bool = False,
 ) -> dict[str, Any]:
     """Report over several jobs (each a list of its traces).
+
+    ``all_ranks``: the per-rank analyzers read every rank of every job (else a
+    job above ``rank_triage.DETAIL_ALL_UP_TO`` ranks gets two-tier triage and
+    the report a ``rank_selection`` entry).
 
     With several jobs and ``executor`` (a process pool) or ``workers > 1``,
     jobs are analyzed in parallel processes; the report is the same as a
@@ -189,6 +213,7 @@ def build_report(
                     refs[0].job_id,
                     [r.trace_id for r in refs],
                     overrides,
+                    all_ranks,
                 ): index
                 for index, refs in enumerate(jobs)
             }
@@ -200,12 +225,14 @@ def build_report(
             parts = [by_index[i] for i in range(len(jobs))]
     else:
         for done, refs in enumerate(jobs, start=1):
-            parts.append(job_report_part(store, refs, overrides))
+            parts.append(job_report_part(store, refs, overrides, all_ranks))
             if progress:
                 progress("analyzed", done, len(jobs))
     for part in parts:
         for key in ("traces", "metrics", "findings"):
             report[key].extend(part[key])
+        if part.get("rank_selection"):  # additive key: only jobs above the triage threshold
+            report.setdefault("rank_selection", []).extend(part["rank_selection"])
     report["findings"].sort(key=lambda f: (-SEVERITY_RANK[f["severity"]], -f["impact_ns"], f["id"]))
     return report
 

@@ -44,6 +44,13 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
     )
     p.add_argument("--each", action="store_true", help="treat every file argument as its own job")
     p.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="run the per-rank analyzers on every rank; by default a job of more than 64 ranks "
+        "gets them on the ranks a first pass finds out of line and on median ranks (the report "
+        "says which and why)",
+    )
+    p.add_argument(
         "--jobs",
         "-j",
         type=int,
@@ -165,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = resolve_targets(store, targets, args.each, pool, progress)
         report = build_report(
             store, jobs, threshold_overrides(args), executor=pool if len(jobs) > 1 else None,
-            progress=progress,
+            progress=progress, all_ranks=args.all_ranks,
         )  # fmt: skip
     finally:
         progress.done()
