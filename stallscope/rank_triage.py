@@ -42,6 +42,7 @@ class RankSelection:
 
     ranks: int
     analyzed: dict[int, str] = field(default_factory=dict)  # rank -> why, ascending
+    threshold: int = DETAIL_ALL_UP_TO  # jobs of more ranks than this are triaged
     all_ranks: bool = False  # every rank, forced (--all-ranks)
 
     def to_dict(self, job_id: str) -> dict[str, Any]:
@@ -49,7 +50,7 @@ class RankSelection:
         return {
             "job": job_id,
             "ranks": self.ranks,
-            "threshold": DETAIL_ALL_UP_TO,
+            "threshold": self.threshold,
             "all_ranks": self.all_ranks,
             "analyzed": [{"rank": r, "why": why} for r, why in sorted(self.analyzed.items())],
         }
@@ -100,17 +101,20 @@ def out_of_line(values: dict[int, float]) -> dict[int, float]:
     return {r: abs(v - median) / cut for r, v in values.items() if abs(v - median) > cut}
 
 
-def select_ranks(job: JobData, *, all_ranks: bool = False) -> RankSelection | None:
-    """The ranks of ``job`` to analyze in detail; None for a job of at most
-    :data:`DETAIL_ALL_UP_TO` ranks (every rank, nothing to report)."""
+def select_ranks(
+    job: JobData, *, all_ranks: bool = False, threshold: int | None = None
+) -> RankSelection | None:
+    """The ranks of ``job`` to analyze in detail; None for a job of at most ``threshold``
+    ranks (default :data:`DETAIL_ALL_UP_TO`): every rank, nothing to report."""
+    threshold = DETAIL_ALL_UP_TO if threshold is None else threshold
     ranks = sorted({int(r.meta.get("rank") or 0) for r in job.traces})
-    if len(ranks) <= DETAIL_ALL_UP_TO:
+    if len(ranks) <= threshold:
         return None
     if all_ranks:
-        return RankSelection(len(ranks), {r: "--all-ranks" for r in ranks}, all_ranks=True)
+        return RankSelection(len(ranks), {r: "--all-ranks" for r in ranks}, threshold, True)
     metrics = screen(job)
     if not metrics:  # no kernels anywhere: nothing to screen on, and little to analyze
-        return RankSelection(len(ranks), {r: "no GPU kernels to screen on" for r in ranks})
+        return RankSelection(len(ranks), {r: "no GPU kernels to screen on" for r in ranks}, threshold)
     reasons: dict[int, list[str]] = {r: ["no GPU kernels"] for r in ranks if r not in metrics}
     score: dict[int, float] = dict.fromkeys(reasons, float("inf"))
     for name, (label, unit) in SCREEN_METRICS.items():
@@ -131,4 +135,4 @@ def select_ranks(job: JobData, *, all_ranks: bool = False) -> RankSelection | No
     label, unit = SCREEN_METRICS[key]
     for rank in sorted(typical, key=lambda r: (abs(typical[r] - middle), r))[:MEDIAN_RANKS]:
         analyzed[rank] = f"median rank, for reference ({label} {typical[rank]:.1f}{unit})"
-    return RankSelection(len(ranks), dict(sorted(analyzed.items())))
+    return RankSelection(len(ranks), dict(sorted(analyzed.items())), threshold)

@@ -324,10 +324,9 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows]
         parts.append("</table>")
-        figure = time_by_cause_figure(report)
-        figure.update_layout(
-            title="GPU time by cause", template="plotly_white"
-        )  # not pio.templates.default
+        charted, title = _chart_report(report)
+        figure = time_by_cause_figure(charted)
+        figure.update_layout(title=title, template="plotly_white")  # not pio.templates.default
         parts.append(
             figure.to_html(
                 full_html=False,
@@ -366,6 +365,22 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+CHART_GPUS_MAX = 16  # GPUs drawn in the HTML report's time-by-cause chart
+
+
+def _chart_report(report: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """(the report the time-by-cause chart draws, its title): every GPU up to
+    :data:`CHART_GPUS_MAX`, else the report narrowed to the GPUs with the most idle time."""
+    records = _metric_records(report)
+    if len(records) <= CHART_GPUS_MAX:
+        return report, "GPU time by cause"
+    idlest = sorted(records, key=lambda r: -(r.get("gpu_idle_pct") or 0))[:CHART_GPUS_MAX]
+    keep = {(r["trace"], r["device"]) for r in idlest}
+    metrics = [m for m in report["metrics"] if (m["trace"], m["device"]) in keep]
+    title = f"GPU time by cause: the {CHART_GPUS_MAX} idlest of {len(records)} GPUs"
+    return {**report, "metrics": metrics}, title
 
 
 def _saving(finding: dict[str, Any]) -> str:
