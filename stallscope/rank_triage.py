@@ -114,7 +114,9 @@ def select_ranks(
         return RankSelection(len(ranks), {r: "--all-ranks" for r in ranks}, threshold, True)
     metrics = screen(job)
     if not metrics:  # no kernels anywhere: nothing to screen on, and little to analyze
-        return RankSelection(len(ranks), {r: "no GPU kernels to screen on" for r in ranks}, threshold)
+        return RankSelection(
+            len(ranks), {r: "no GPU kernels to screen on" for r in ranks}, threshold
+        )
     reasons: dict[int, list[str]] = {r: ["no GPU kernels"] for r in ranks if r not in metrics}
     score: dict[int, float] = dict.fromkeys(reasons, float("inf"))
     for name, (label, unit) in SCREEN_METRICS.items():

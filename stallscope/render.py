@@ -75,7 +75,7 @@ _METRIC_HEADER = [
     "step ms (median)",
 ]
 TABLE_ROWS_MAX = 8  # more (trace, GPU) rows than this: the metrics as distributions over GPUs
-_SPREAD_HEADER = ["metric", "min", "at", "median", "p99", "max", "at"]
+_SPREAD_HEADER = ["metric", "GPUs", "min", "at", "median", "p99", "max", "at"]
 
 
 def _metrics_table(report: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
@@ -95,13 +95,15 @@ def _metrics_table(report: dict[str, Any]) -> tuple[str, list[str], list[list[st
         low = min(have, key=lambda r: r[name])
         high = max(have, key=lambda r: r[name])
         rows.append([
-            label, _fmt_value(low[name]), where(low), _fmt_value(statistics.median(values)),
+            label, str(len(have)), _fmt_value(low[name]), where(low),
+            _fmt_value(statistics.median(values)),
             _fmt_value(percentile(values, 99)), _fmt_value(high[name]), where(high),
         ])  # fmt: skip
     ranks = len({(r["trace"], r["rank"]) for r in records})
     caption = (
-        f"Headline metrics over {len(records)} GPUs of {ranks} traces (ranks): distribution "
-        "over the GPUs, the extremes' ranks in 'at' (the JSON report has every GPU's values)."
+        f"Headline metrics of {len(records)} GPUs in {ranks} traces (ranks): each one's "
+        "distribution over the GPUs that have it (GPUs), the extremes' ranks in 'at' (the JSON "
+        "report has every GPU's values)."
     )
     return caption, _SPREAD_HEADER, rows
 

@@ -41,19 +41,19 @@ def test_metrics_of_many_gpus_are_distributions_naming_the_extremes():
     text = render(report_of(100), "text")
     lines = text.splitlines()
     assert lines[0] == "stallscope report (100 traces, 199 findings in 2 entries)"
-    assert "Headline metrics over 100 GPUs of 100 traces (ranks)" in lines[2]
+    assert "Headline metrics of 100 GPUs in 100 traces (ranks)" in lines[2]
     header = lines[3].split()
-    assert header == ["metric", "min", "at", "median", "p99", "max", "at"]
+    assert header == ["metric", "GPUs", "min", "at", "median", "p99", "max", "at"]
     busy = lines[5].split()
     # busy: 50 + r % 40 except rank 7 (5 %); max 89 first at rank 39. Sorted: the 5, then
     # 50-65 three times each (57 twice: rank 7's) = 48 values, then 66 at the 49th-51st: the median
-    assert busy[:6] == ["busy", "%", "5.00", "rank", "7", "66.0"] and busy[-3:] == [
+    assert busy[:7] == ["busy", "%", "100", "5.00", "rank", "7", "66.0"] and busy[-3:] == [
         "89.0",
         "rank",
         "39",
     ]
     step = next(line for line in lines if line.startswith("step ms")).split()
-    assert step[3:6] == ["60.0", "rank", "0"] and step[-3:] == ["159.0", "rank", "99"]
+    assert step[3:7] == ["100", "60.0", "rank", "0"] and step[-3:] == ["159.0", "rank", "99"]
     assert len(lines) < 30
 
 
