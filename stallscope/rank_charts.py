@@ -46,12 +46,9 @@ def binned_waits(frame: pd.DataFrame, max_rows: int = MAX_ROWS, max_columns: int
         [grid.to_numpy()[:, col_of == c].sum(axis=1) for c in range(int(col_of.max()) + 1)], 1
     )  # rank x column bin
     cols = [int(c) for c in grid.columns]
-    columns = [
-        str(cols[c * col_size])
-        if col_size == 1
-        else f"{cols[c * col_size]}-{cols[min(len(cols), (c + 1) * col_size) - 1]}"
-        for c in range(summed.shape[1])
-    ]
+    firsts = [cols[c * col_size] for c in range(summed.shape[1])]
+    lasts = [cols[min(len(cols), (c + 1) * col_size) - 1] for c in range(summed.shape[1])]
+    columns = [str(a) if a == b else f"{a}-{b}" for a, b in zip(firsts, lasts, strict=True)]
     bins = rank_bins(ranks, max_rows)
     least = np.zeros((len(bins), summed.shape[1]))
     most = np.zeros_like(least)
