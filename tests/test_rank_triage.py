@@ -118,3 +118,14 @@ def test_the_report_says_which_ranks_were_analyzed_and_why(job_store, monkeypatc
 def select_ranks_of(report: dict) -> set[int]:
     """The ranks the per-rank analyzers reported on (utilization: one finding per GPU)."""
     return {f["rank"] for f in report["findings"] if f["analyzer"] == "utilization"}
+
+
+def test_analyze_all_ranks_flag_and_its_help_agree_with_the_threshold():
+    from stallscope.cli import build_parser
+
+    parser = build_parser("analyze")
+    assert parser.parse_args(["analyze", "x", "--all-ranks"]).all_ranks
+    assert not parser.parse_args(["analyze", "x"]).all_ranks
+    (action,) = parser._subparsers._group_actions  # the subcommands
+    help_text = action.choices["analyze"].format_help()
+    assert f"more than {DETAIL_ALL_UP_TO} ranks" in " ".join(help_text.split())
