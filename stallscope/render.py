@@ -96,7 +96,7 @@ def _metrics_table(report: dict[str, Any]) -> tuple[str, list[str], list[list[st
         high = max(have, key=lambda r: r[name])
         rows.append([
             label, str(len(have)), _fmt_value(low[name]), where(low),
-            _fmt_value(statistics.median(values)),
+            _fmt_value(_median(values)),
             _fmt_value(percentile(values, 99)), _fmt_value(high[name]), where(high),
         ])  # fmt: skip
     ranks = len({(r["trace"], r["rank"]) for r in records})
@@ -106,6 +106,13 @@ def _metrics_table(report: dict[str, Any]) -> tuple[str, list[str], list[list[st
         "report has every GPU's values)."
     )
     return caption, _SPREAD_HEADER, rows
+
+
+def _median(values: list[Any]) -> Any:
+    """The median, an int when the values are ints and it is whole (a count stays a count)."""
+    median = statistics.median(values)
+    whole = all(isinstance(v, int) for v in values) and median == int(median)
+    return int(median) if whole else median
 
 
 def _where_label(report: dict[str, Any], records: list[dict[str, Any]]):
