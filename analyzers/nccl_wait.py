@@ -473,6 +473,22 @@ def _recommendation(rank: int, why: dict | None) -> str:
     )
 
 
+SKEWS_LISTED = 8  # ranks whose clock skew the summary's detail names one by one
+
+
+def _skew_text(skew: dict[str, int]) -> str:
+    """The ranks' clock skews (ns) for the summary's detail: all of them up to
+    :data:`SKEWS_LISTED` ranks, else the ranks at 0 counted and the others named (at most
+    :data:`SKEWS_LISTED`, the largest first); the evidence keeps every rank's."""
+    if len(skew) <= SKEWS_LISTED:
+        return str(skew)
+    off = sorted((r for r in skew if skew[r]), key=lambda r: (-abs(skew[r]), int(r)))
+    zero = len(skew) - len(off)
+    named = ", ".join(f"rank {r} {skew[r]}" for r in off[:SKEWS_LISTED])
+    more = f", and {len(off) - SKEWS_LISTED} more" if len(off) > SKEWS_LISTED else ""
+    return f"0 on {zero} of {len(skew)} ranks" + (f"; {named}{more}" if off else "")
+
+
 def _summary(job, match: CollectiveMatch, parts, min_wait: int) -> Finding:
     inst, rows = match.instances, match.rows
     n = inst["op"].size
@@ -503,7 +519,7 @@ def _summary(job, match: CollectiveMatch, parts, min_wait: int) -> Finding:
         ),
         detail=(
             f"{n} collectives matched by {', '.join(sorted(set(match.methods.values())))} "
-            f"({int((~ok).sum())} kernels unmatched). Clock skew per rank (ns, from completion times): {skew}"
+            f"({int((~ok).sum())} kernels unmatched). Clock skew per rank (ns, from completion times): {_skew_text(skew)}"
             + (f"; corrected for ranks {corrected}" if corrected else "; no correction needed")
             + (f". Data quality: {' '.join(match.warnings)}" if match.warnings else ".")
         ),

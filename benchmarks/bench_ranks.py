@@ -19,7 +19,11 @@ log(analysis CPU-s) against log(N) (least squares over the N measured).
 Every N also checks that the straggler is still named: every ``nccl_wait``
 finding of a waiting rank must name rank 1 as the rank waited for.
 ``--stallscope`` picks the command (e.g. another checkout's
-``.venv/bin/stallscope``), to measure before and after a change.
+``.venv/bin/stallscope``), to measure before and after a change;
+``--all-ranks`` passes that flag to ``analyze`` (the per-rank analyzers on
+every rank, no triage; checkouts that have it). The report's length is
+measured with the measured checkout's own renderer (its venv's python): lines
+of the text and Markdown reports and the text report's finding entries.
 """
 
 from __future__ import annotations
@@ -90,21 +94,49 @@ def straggler_named(report: dict) -> tuple[int, bool]:
     )
 
 
-def measure(cmd: list[str], world: int, work: Path, sample: dict[int, dict]) -> dict:
+LENGTHS = """
+import json, re, sys
+from stallscope.render import render
+report = json.load(open(sys.argv[1]))
+text = render(report, "text")
+entries = len(re.findall(r"^\\[[A-Z]+\\] ", text, re.M))
+print(json.dumps([text.count("\\n"), render(report, "markdown").count("\\n"), entries]))
+"""  # run by the measured checkout's python: its own renderer
+
+
+def report_lengths(cmd: list[str], report_path: Path) -> tuple[int, int, int]:
+    """(text lines, Markdown lines, text finding entries) of a JSON report, rendered by the
+    checkout that ``cmd`` runs (``<venv>/bin/stallscope`` -> ``<venv>/bin/python``)."""
+    python = Path(cmd[0]).parent / "python" if cmd[0].endswith("stallscope") else sys.executable
+    out = subprocess.run(
+        [str(python), "-c", LENGTHS, str(report_path)], capture_output=True, text=True, check=True
+    ).stdout
+    text, markdown, entries = json.loads(out)
+    return text, markdown, entries
+
+
+def measure(
+    cmd: list[str], world: int, work: Path, sample: dict[int, dict], all_ranks: bool = False
+) -> dict:
     folder = work / f"job{world}"
     store = work / f"store{world}"
-    shutil.rmtree(store, ignore_errors=True)
-    build_job(sample, world, folder)
-    ingest_wall, ingest_cpu, _, _ = benchlib.run_child(
-        [*cmd, "ingest", "--store", str(store), str(folder)]
-    )
+    if not (store / "jobs").is_dir():  # --keep: a kept store is ingested once
+        shutil.rmtree(store, ignore_errors=True)
+        build_job(sample, world, folder)
+        ingest_wall, ingest_cpu, _, _ = benchlib.run_child(
+            [*cmd, "ingest", "--store", str(store), str(folder)]
+        )
+    else:
+        ingest_wall = ingest_cpu = float("nan")
     (job_id,) = [p.name for p in (store / "jobs").iterdir() if p.is_dir()]
     out = work / f"report{world}.json"
     wall, cpu, rss, _ = benchlib.run_child(
         [*cmd, "analyze", "--store", str(store), job_id, "--format", "json", "-o", str(out)]
+        + (["--all-ranks"] if all_ranks else [])
     )
     report = json.loads(out.read_text())
     waits, named = straggler_named(report)
+    text_lines, markdown_lines, entries = report_lengths(cmd, out)
     return {
         "ranks": world,
         "ingest_s": ingest_wall,
@@ -115,6 +147,12 @@ def measure(cmd: list[str], world: int, work: Path, sample: dict[int, dict]) -> 
         "findings": len(report["findings"]),
         "waiting_findings": waits,
         "straggler_named": named,
+        "text_lines": text_lines,
+        "markdown_lines": markdown_lines,
+        "entries": entries,
+        "detail_ranks": len(report.get("rank_selection", [{}])[0].get("analyzed", []))
+        if report.get("rank_selection")
+        else world,
     }
 
 
@@ -130,13 +168,14 @@ def fit_exponent(rows: list[dict]) -> float:
 def print_table(rows: list[dict]) -> None:
     print(
         "| ranks | ingest s | analyze wall s | analyze CPU s | CPU s per rank | peak RSS MB "
-        "| findings | straggler named |"
+        "| findings | text lines | markdown lines | text entries | ranks in detail | straggler named |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(
             f"| {r['ranks']} | {r['ingest_s']:.1f} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} "
             f"| {r['cpu_s'] / r['ranks']:.3f} | {r['rss_mb']:.0f} | {r['findings']} "
+            f"| {r['text_lines']} | {r['markdown_lines']} | {r['entries']} | {r['detail_ranks']} "
             f"| {'yes' if r['straggler_named'] else 'NO'} ({r['waiting_findings']} waiting ranks) |"
         )
     if len(rows) > 1:
@@ -153,7 +192,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     parser.add_argument("--stallscope", help="command that runs stallscope (default: this venv's)")
-    parser.add_argument("--keep", metavar="DIR", help="build jobs and stores here and keep them")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="build jobs and stores here and keep them (reused if there)"
+    )
+    parser.add_argument(
+        "--all-ranks", action="store_true", help="pass --all-ranks to analyze (no triage)"
+    )
     args = parser.parse_args()
     cmd = benchlib.stallscope_cmd(args.stallscope)
     checkout = _checkout_of(Path(cmd[0]))
@@ -166,7 +210,7 @@ def main() -> int:
     rows = []
     try:
         for world in sorted(args.ranks):
-            rows.append(measure(cmd, world, work, sample))
+            rows.append(measure(cmd, world, work, sample, args.all_ranks))
             r = rows[-1]
             print(
                 f"N={world}: analyze {r['cpu_s']:.1f} CPU-s, {r['wall_s']:.1f} s, "

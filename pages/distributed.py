@@ -1,4 +1,10 @@
-"""Distributed page: per-rank overlap, a rank × collective wait heatmap, the straggler."""
+"""Distributed page: the straggler, how the ranks' waits spread, per-rank overlap, the
+rank × collective wait heatmap (ranks binned above 64), a rank search, the critical path.
+
+Readable at 1,024 ranks: one entry per kind of waiting finding (the worst rank speaks for
+the group, with the distribution over ranks), one histogram of the ranks' waits, a heatmap
+of at most 64 rows, and a search box that jumps to one rank's numbers and timeline.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,14 @@ import pandas as pd
 import streamlit as st
 
 from stallscope import job_settings
-from stallscope.charts import critical_path_figure, wait_heatmap
+from stallscope.charts import critical_path_figure
+from stallscope.finding_groups import spread_text
 from stallscope.humanize import records_table
+from stallscope.pages.links import padded, timeline_link
 from stallscope.pages.state import current_overrides, get_store, report_for, selected_job
 from stallscope.pages.text import literal
-from stallscope.views import findings_of
+from stallscope.rank_charts import MAX_ROWS, rank_bins, wait_distribution_figure, wait_heatmap
+from stallscope.views import findings_of, grouped_findings
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -33,18 +42,8 @@ def _waits(job_id: str, skew_tolerance_us: float | None) -> pd.DataFrame:
         job.close()
 
 
-def render() -> None:
-    st.title("Distributed")
-    picked = selected_job()
-    if picked is None:
-        return
-    job, traces = picked
-    overrides = current_overrides()
-    report = report_for(job["job_id"], traces, overrides)
-    overlap = findings_of(report, "overlap")
-    if not overlap and not findings_of(report, "nccl_wait"):
-        st.info("No communication kernels in this job.")
-        return
+def _overlap_rows(report: dict) -> pd.DataFrame:
+    """Per rank and GPU: communication, hidden share, exposed and waiting ms (overlap findings)."""
     rows = [
         {
             "rank": f["rank"],
@@ -54,36 +53,152 @@ def render() -> None:
             "exposed ms": f["evidence"].get("exposed_comm_ns", 0) / 1e6,
             "waiting ms": f["evidence"].get("exposed_wait_ns", 0) / 1e6,
         }
-        for f in overlap
+        for f in findings_of(report, "overlap")
         if "comm_ns" in f["evidence"]
     ]
-    if rows:
-        st.subheader("Communication overlap per rank")
+    columns = ["rank", "GPU", "comm ms", "hidden %", "exposed ms", "waiting ms"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["rank", "GPU"]).round(2)
+
+
+def render() -> None:
+    st.title("Distributed")
+    picked = selected_job()
+    if picked is None:
+        return
+    job, traces = picked
+    job_id = job["job_id"]
+    overrides = current_overrides()
+    report = report_for(job_id, traces, overrides)
+    if not findings_of(report, "overlap") and not findings_of(report, "nccl_wait"):
+        st.info("No communication kernels in this job.")
+        return
+    trace_of = {int(t["rank"] or 0): t["id"] for t in report["traces"] if t["source"] != "ncu"}
+    waiting = [f for f in findings_of(report, "nccl_wait") if f["severity"] != "info"]
+    overlap = _overlap_rows(report)
+    for group in grouped_findings(waiting):
+        _waiting_group(group, job_id, trace_of)
+    _distribution(overlap, waiting)
+    waits = _waits(job_id, overrides.get("nccl_wait", {}).get("skew_tolerance_us"))
+    _rank_search(job_id, trace_of, overlap, waiting, waits)
+    if not overlap.empty:
+        st.subheader(f"Communication overlap per rank ({overlap['rank'].nunique()} ranks)")
         st.caption(
             "Hidden = share of communication under compute; exposed = the rest. Waiting = exposed time spent waiting for a late rank "
-            "is the straggler's cost (below); the rest is transfer that better overlap would hide."
+            "is the straggler's cost (above); the rest is transfer that better overlap would hide."
         )
         st.dataframe(
-            pd.DataFrame(rows).sort_values(["rank", "GPU"]).round(2),
-            width="stretch",
-            hide_index=True,
+            overlap, width="stretch", hide_index=True, height=min(400, 38 + 35 * len(overlap))
         )
-    for f in findings_of(report, "nccl_wait"):
-        if f["severity"] != "info":
-            st.error(f"{literal(f['title'])} — {literal(f['detail'])}")
-    waits = _waits(job["job_id"], overrides.get("nccl_wait", {}).get("skew_tolerance_us"))
     if not waits.empty:
+        ranks = sorted(waits["rank"].unique().tolist())
+        binned = len(ranks) > MAX_ROWS
         st.subheader("Time each rank waited in each collective")
         st.caption(
             "Darker: longer wait for the last rank to arrive. The straggler's row stays pale."
+            if not binned
+            else f"{len(ranks)} ranks in bins of {len(rank_bins(ranks)[0])}: a cell is coloured "
+            "by the least wait in its bin (the bin's latest rank), so the bin holding a straggler "
+            "stays pale; hover for that rank and the one that waited most. Find one rank above."
         )
-        st.plotly_chart(wait_heatmap(waits), width="stretch")
+        st.plotly_chart(wait_heatmap(waits), width="stretch", key="wait_heatmap")
     for f in findings_of(report, "nccl_wait", key="collectives"):
         _critical_path(f["evidence"].get("critical_path") or [])
         ops = pd.DataFrame(f["evidence"].get("ops", []))
         if not ops.empty:
             st.subheader("Collectives by type")
             st.dataframe(records_table(ops.to_dict("records")), width="stretch", hide_index=True)
+
+
+def _waiting_group(group: list[dict], job_id: str, trace_of: dict[int, str]) -> None:
+    """One box for the same waiting finding on many ranks: the worst rank's, the spread over
+    the ranks, and a link to the straggler's own timeline at the worst wait."""
+    f = group[0]
+    st.error(f"{literal(f['title'])} — {literal(f['detail'])}")
+    if len(group) > 1:
+        st.caption(literal(spread_text(group)))
+    straggler = f["evidence"].get("straggler_rank")
+    if straggler is None or int(straggler) not in trace_of or not f["windows"]:
+        return
+    start, end = padded(f["windows"][0])
+    query = {
+        "job": job_id,
+        "trace": trace_of[int(straggler)],
+        "ranks": ",".join(str(r) for r in sorted({int(straggler), int(f["rank"])})),
+        "window": f"{start}-{end}",
+        "finding": f["id"],
+    }
+    timeline_link(
+        query, f"Open straggler rank {straggler}'s timeline at rank {f['rank']}'s longest wait"
+    )
+
+
+def _distribution(overlap: pd.DataFrame, waiting: list[dict]) -> None:
+    """Histogram of the ranks' exposed wait: one chart however many ranks (the overlap table's
+    waiting ms of every rank, else the waiting findings')."""
+    if not overlap.empty:
+        per_rank = overlap.groupby("rank", as_index=False)["waiting ms"].sum()
+        per_rank = per_rank.rename(columns={"waiting ms": "waiting_ms"})
+    else:
+        per_rank = pd.DataFrame(
+            {
+                "rank": [f["rank"] for f in waiting],
+                "waiting_ms": [f["evidence"].get("exposed_wait_ns", 0) / 1e6 for f in waiting],
+            }
+        )
+    if len(per_rank) < 2 or not per_rank["waiting_ms"].any():
+        return
+    stragglers = [f["evidence"].get("straggler_rank") for f in waiting]
+    straggler = max(set(stragglers) - {None}, key=stragglers.count, default=None)
+    st.subheader(f"How long the {len(per_rank)} ranks waited")
+    st.caption(
+        "Exposed time each rank spent waiting in collectives for a late rank (nothing of its "
+        "own to run). One spike: the ranks wait alike for one straggler (dashed line); a tail: a few "
+        "ranks wait longer, look them up below."
+    )
+    st.plotly_chart(wait_distribution_figure(per_rank, straggler), width="stretch", key="wait_hist")
+
+
+def _rank_search(
+    job_id: str,
+    trace_of: dict[int, str],
+    overlap: pd.DataFrame,
+    waiting: list[dict],
+    waits: pd.DataFrame,
+) -> None:
+    """Jump to one rank: its overlap row, its waiting finding, its heatmap row, its timeline."""
+    text = st.text_input(
+        "Find a rank", placeholder=f"rank number, 0-{max(trace_of)}", key="dist_rank"
+    )
+    if not text.strip():
+        return
+    try:
+        rank = int(text.strip().removeprefix("rank").strip())
+    except ValueError:
+        st.warning(f"Not a rank number: {literal(text)}")
+        return
+    if rank not in trace_of:
+        st.warning(f"No rank {rank} in this job (ranks {min(trace_of)}-{max(trace_of)}).")
+        return
+    row = overlap[overlap["rank"] == rank]
+    if not row.empty:
+        st.dataframe(row, width="stretch", hide_index=True)
+    mine = [f for f in waiting if f["rank"] == rank]
+    late = [f for f in waiting if f["evidence"].get("straggler_rank") == rank]
+    for f in mine:
+        st.warning(f"{literal(f['title'])} — {literal(f['detail'])}")
+    if late and not mine:
+        st.info(f"Rank {rank} is the rank {len(late)} other rank(s) waited for.")
+    if not waits.empty:
+        ranks = sorted(waits["rank"].unique().tolist())
+        bin_of = next((b for b in rank_bins(ranks) if rank in b), None)
+        if bin_of is not None and len(bin_of) > 1:
+            st.caption(f"In the heatmap: the row of ranks {bin_of[0]}-{bin_of[-1]}.")
+    query = {"job": job_id, "trace": trace_of[rank], "ranks": str(rank)}
+    window = (mine or late)[0]["windows"][:1] if (mine or late) else []
+    if window:
+        start, end = padded(window[0])
+        query["window"] = f"{start}-{end}"
+    timeline_link(query, f"Open rank {rank}'s timeline")
 
 
 def _critical_path(steps: list[dict]) -> None:

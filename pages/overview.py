@@ -11,7 +11,9 @@ from stallscope.charts import (
     time_by_cause_figure,
 )
 from stallscope.compare_inference import inference_summary
+from stallscope.finding_groups import spread_text
 from stallscope.humanize import evidence_tables
+from stallscope.pages.links import padded, timeline_link
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import literal
 from stallscope.views import grouped_findings
@@ -123,17 +125,13 @@ def _findings(report: dict, job_id: str) -> None:
             label += f" · and {len(group) - 1} more"
         with st.expander(label, expanded=group is (real[0] if real else None)):
             if len(group) > 1:
-                st.caption(
-                    "The same finding on: "
-                    + "; ".join(f"{_where(g)} ({g['impact_ns'] / 1e6:.1f} ms)" for g in group)
-                    + ". Shown below: the worst."
-                )
+                st.caption(literal(spread_text(group)) + " Shown below: the worst.")
             st.markdown(literal(f["detail"]))
             st.markdown(f"**Fix.** {literal(f['recommendation'])}")
             if f["windows"]:
-                start, end = f["windows"][0]
-                pad = max((end - start) // 2, 50_000)  # at least 50 µs of context each side
-                _timeline_link(job_id, f, start - pad, end + pad)
+                start, end = padded(f["windows"][0])
+                query = {"job": job_id, "trace": f["trace"], "window": f"{start}-{end}"}
+                timeline_link(query | {"finding": f["id"]}, "Show the worst window on the timeline")
             with st.popover("Evidence"):
                 _evidence(f["evidence"])
 
@@ -154,21 +152,6 @@ def _steps(report: dict) -> None:
     rank, device = labels[chosen]
     one = rows[(rows["rank"] == rank) & (rows["device"] == device)].sort_values("step")
     st.plotly_chart(step_stack_figure(one), width="stretch")
-
-
-def _timeline_link(job_id: str, f: dict, start: int, end: int) -> None:
-    """A same-tab link to the finding's window on the timeline (st.page_link: the app
-    navigates in place, keeping the session and its caches; a markdown link opens a new tab
-    and a new session, which took ~7 s)."""
-    from stallscope.pages.main import page_for
-
-    query = {"job": job_id, "trace": f["trace"], "window": f"{start}-{end}", "finding": f["id"]}
-    label = "Show the worst window on the timeline"
-    target = page_for("timeline")
-    if isinstance(target, str):  # outside st.navigation (a page run on its own)
-        st.markdown(f"[{label}](timeline?{'&'.join(f'{k}={v}' for k, v in query.items())})")
-    else:
-        st.page_link(target, label=label, icon=":material/timeline:", query_params=query)
 
 
 def _evidence(evidence: dict) -> None:

@@ -430,30 +430,6 @@ def _flow_arrows(flows: pd.DataFrame, shown: pd.DataFrame, pos: dict[str, int], 
     return arrows, outlines
 
 
-def wait_heatmap(frame: pd.DataFrame) -> go.Figure:
-    """Rank × collective heatmap of the time each rank waited (ms) for the last arrival."""
-    fig = go.Figure()
-    if frame.empty:
-        return fig
-    grid = frame.pivot_table(
-        index="rank", columns="collective", values="wait_ms", aggfunc="max"
-    ).fillna(0)
-    fig.add_heatmap(
-        z=grid.to_numpy(),
-        x=[str(c) for c in grid.columns],
-        y=[f"rank {r}" for r in grid.index],
-        colorscale="Reds",
-        colorbar={"title": "wait ms"},
-        hovertemplate="collective %{x}<br>%{y}<br>waited %{z:.3f} ms<extra></extra>",
-    )
-    fig.update_layout(
-        height=140 + 30 * len(grid.index),
-        margin={"l": 10, "r": 10, "t": 20, "b": 10},
-        xaxis_title="collective (in time order)",
-    )
-    return fig
-
-
 def _path_kind(what: str) -> str:
     """Colour class of a critical-path segment: kernels, collective, an idle cause, before capture."""
     if what.startswith("collective"):

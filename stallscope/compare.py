@@ -205,7 +205,9 @@ def _side(store: Store, refs: list[TraceRef], overrides) -> dict[str, Any]:
         ranks = rank_step_means(job)
     finally:
         job.close()
-    report = build_report(store, [refs], overrides)
+    # every rank: the sides' causes and step parts are sums over all GPUs (triage would
+    # leave each side's out-of-line ranks only, not comparable)
+    report = build_report(store, [refs], overrides, all_ranks=True)
     parts, gpus = step_parts(report)
     worlds = [w for r in refs if isinstance(w := r.meta.get("world_size"), int)]
     return {

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
+
+from stallscope.finding_groups import grouped_findings, percentile, spread_text
 
 HEADLINE_METRICS = (
     "gpu_busy_pct",
@@ -28,22 +31,32 @@ def render(report: dict[str, Any], fmt: str) -> str:
     raise ValueError(f"unknown format {fmt!r}")
 
 
-def _metric_rows(report: dict[str, Any]) -> list[list[str]]:
-    """One row per (trace, device) with the headline metrics."""
-    names = {t["id"]: t.get("name") or t["id"] for t in report["traces"]}
-    table: dict[tuple[str, Any], dict[str, Any]] = {}
+def _metric_records(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per (trace, device): ``trace``, ``rank``, ``device`` and the headline
+    metrics' values by name (``step`` = the trace's median step ms), in report order."""
     step: dict[str, Any] = {}
+    table: dict[tuple[str, Any], dict[str, Any]] = {}
     for m in report["metrics"]:
         if m["device"] is None:
             if m["name"] == "step_time_ms_median":
                 step[m["trace"]] = m["value"]
             continue
-        table.setdefault((m["trace"], m["device"]), {"rank": m["rank"]})[m["name"]] = m["value"]
+        key = (m["trace"], m["device"])
+        table.setdefault(key, {"trace": m["trace"], "rank": m["rank"], "device": m["device"]})
+        table[key][m["name"]] = m["value"]
+    for record in table.values():
+        record["step"] = step.get(record["trace"])
+    return list(table.values())
+
+
+def _metric_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per (trace, device) with the headline metrics."""
+    names = {t["id"]: t.get("name") or t["id"] for t in report["traces"]}
     rows = []
-    for (trace, device), values in table.items():
-        row = [trace, _short(names.get(trace, trace), 32), str(values["rank"]), str(device)]
-        row += [_fmt_value(values.get(name)) for name in HEADLINE_METRICS]
-        row.append(_fmt_value(step.get(trace)))
+    for r in _metric_records(report):
+        row = [r["trace"], _short(names.get(r["trace"], r["trace"]), 32), str(r["rank"])]
+        row += [str(r["device"]), *(_fmt_value(r.get(name)) for name in HEADLINE_METRICS)]
+        row.append(_fmt_value(r["step"]))
         rows.append(row)
     return rows
 
@@ -61,6 +74,61 @@ _METRIC_HEADER = [
     "kernels",
     "step ms (median)",
 ]
+TABLE_ROWS_MAX = 8  # more (trace, GPU) rows than this: the metrics as distributions over GPUs
+_SPREAD_HEADER = ["metric", "GPUs", "min", "at", "median", "p99", "max", "at"]
+
+
+def _metrics_table(report: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+    """(caption, header, rows) of the headline metrics: one row per (trace, GPU) up to
+    :data:`TABLE_ROWS_MAX` rows (caption empty), else one row per metric with its
+    distribution over the GPUs (min, median, p99, max) and where the extremes are."""
+    records = _metric_records(report)
+    if len(records) <= TABLE_ROWS_MAX:
+        return "", _METRIC_HEADER, _metric_rows(report)
+    where = _where_label(report, records)
+    rows = []
+    for name, label in zip((*HEADLINE_METRICS, "step"), _METRIC_HEADER[4:], strict=True):
+        have = [r for r in records if r.get(name) is not None]
+        if not have:
+            continue
+        values = [r[name] for r in have]
+        low = min(have, key=lambda r: r[name])
+        high = max(have, key=lambda r: r[name])
+        rows.append([
+            label, str(len(have)), _fmt_value(low[name]), where(low),
+            _fmt_value(_median(values)),
+            _fmt_value(percentile(values, 99)), _fmt_value(high[name]), where(high),
+        ])  # fmt: skip
+    ranks = len({(r["trace"], r["rank"]) for r in records})
+    caption = (
+        f"Headline metrics of {len(records)} GPUs in {ranks} traces (ranks): each one's "
+        "distribution over the GPUs that have it (GPUs), the extremes' ranks in 'at' (the JSON "
+        "report has every GPU's values)."
+    )
+    return caption, _SPREAD_HEADER, rows
+
+
+def _median(values: list[Any]) -> Any:
+    """The median, an int when the values are ints and it is whole (a count stays a count)."""
+    median = statistics.median(values)
+    whole = all(isinstance(v, int) for v in values) and median == int(median)
+    return int(median) if whole else median
+
+
+def _where_label(report: dict[str, Any], records: list[dict[str, Any]]):
+    """Function naming a metrics record briefly: ``rank R`` (``gpu D`` added when a rank has
+    several GPUs; ``trace T`` first when the report holds several jobs)."""
+    jobs = {t["job"] for t in report["traces"]}
+    per_rank: dict[tuple[str, Any], int] = {}
+    for r in records:
+        per_rank[(r["trace"], r["rank"])] = per_rank.get((r["trace"], r["rank"]), 0) + 1
+    several_gpus = any(n > 1 for n in per_rank.values())
+
+    def label(r: dict[str, Any]) -> str:
+        text = f"rank {r['rank']}" + (f" gpu {r['device']}" if several_gpus else "")
+        return f"trace {r['trace']} {text}" if len(jobs) > 1 else text
+
+    return label
 
 
 def _no_timeline(report: dict[str, Any]) -> str:
@@ -78,53 +146,116 @@ def _warnings(report: dict[str, Any]) -> list[tuple[str, str]]:
     return [(t.get("name") or t["id"], w) for t in report["traces"] for w in t.get("warnings", [])]
 
 
+def _groups(report: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The report's findings grouped across ranks (within each job), worst first."""
+    jobs = {t["id"]: t.get("job") or t["id"] for t in report["traces"]}
+    return grouped_findings(report["findings"], jobs)
+
+
+def _findings_count(report: dict[str, Any], groups: list[list[dict[str, Any]]]) -> str:
+    """``"769 findings in 12 entries"`` (``"6 findings"`` when none are grouped)."""
+    text = _count(len(report["findings"]), "finding")
+    if len(groups) < len(report["findings"]):
+        text += f" in {len(groups)} {'entry' if len(groups) == 1 else 'entries'}"
+    return text
+
+
+def _where(f: dict[str, Any]) -> str:
+    return f"trace {f['trace']} rank {f['rank']}" + (
+        "" if f["device"] is None else f" gpu {f['device']}"
+    )
+
+
+def _selection_lines(report: dict[str, Any]) -> list[str]:
+    """Which ranks the per-rank analyzers ran on, and why (jobs above the triage threshold)."""
+    lines = []
+    for sel in report.get("rank_selection", []):
+        analyzed = sel["analyzed"]
+        if sel["all_ranks"]:
+            lines.append(
+                f"Ranks analyzed in detail (job {sel['job']}): all {sel['ranks']} (--all-ranks)."
+            )
+            continue
+        lines.append(
+            f"Ranks analyzed in detail (job {sel['job']}): {len(analyzed)} of {sel['ranks']}. "
+            f"Above {sel['threshold']} ranks the per-rank analyzers run on the ranks a first pass "
+            "over every rank found out of line, and on median ranks for reference; the others were "
+            "screened only (analyze --all-ranks analyzes every rank)."
+        )
+        lines += [f"  rank {a['rank']}: {a['why']}" for a in analyzed]
+    return lines
+
+
 def render_text(report: dict[str, Any]) -> str:
+    groups = _groups(report)
     lines = [
-        f"stallscope report ({_count(len(report['traces']), 'trace')}, {_count(len(report['findings']), 'finding')})",
+        f"stallscope report ({_count(len(report['traces']), 'trace')}, {_findings_count(report, groups)})",
         "",
     ]
-    rows = _metric_rows(report)
+    caption, header, rows = _metrics_table(report)
     if rows:
-        lines += _table(_METRIC_HEADER, rows)
+        lines += [caption] if caption else []
+        lines += _table(header, rows)
     else:
         lines.append(_no_timeline(report))
     lines.append("")
+    selection = _selection_lines(report)
+    lines += [*selection, ""] if selection else []
     lines += [f"Warning: {name}: {text}" for name, text in _warnings(report)]
     if not report["findings"]:
         lines.append("No findings.")
-    for f in report["findings"]:
-        where = f"trace {f['trace']} rank {f['rank']}" + (
-            "" if f["device"] is None else f" gpu {f['device']}"
-        )
+    for group in groups:
+        f = group[0]
         lines.append(
-            f"[{f['severity'].upper()}] {f['title']}  ({f['analyzer']}; {where}; {f['impact_ns'] / 1e6:.2f} ms lost{_saving(f)})"
+            f"[{f['severity'].upper()}] {f['title']}  ({f['analyzer']}; {_where(f)}; {f['impact_ns'] / 1e6:.2f} ms lost{_saving(f)})"
         )
+        if len(group) > 1:
+            lines.append(f"    {spread_text(group)}")
         lines.append(f"    {f['detail']}")
         lines.append(f"    Fix: {f['recommendation']}")
     return "\n".join(lines) + "\n"
 
 
 def render_markdown(report: dict[str, Any]) -> str:
+    groups = _groups(report)
     lines = ["## stallscope report", ""]
-    rows = _metric_rows(report)
+    caption, header, rows = _metrics_table(report)
     if rows:
-        lines.append("| " + " | ".join(_METRIC_HEADER) + " |")
-        lines.append("|" + "---|" * len(_METRIC_HEADER))
+        lines += [_md_line(caption), ""] if caption else []
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
         lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
     else:
         lines.append(_no_timeline(report))
+    selection = _selection_lines(report)
+    lines += (
+        [
+            "",
+            *(
+                _md_line(line) if not line.startswith("  ") else f"- {_md_line(line.strip())}"
+                for line in selection
+            ),
+        ]
+        if selection
+        else []
+    )
     warnings = [
         f"> Warning: {_md_line(name)}: {_md_line(text)}" for name, text in _warnings(report)
     ]
     lines += ["", *warnings] if warnings else []
-    lines += ["", f"### Findings ({len(report['findings'])})", ""]
+    count = len(report["findings"])
+    entries = f" in {len(groups)} entries" if len(groups) < count else ""
+    lines += ["", f"### Findings ({count}{entries})", ""]
     if not report["findings"]:
         lines.append("No findings.")
-    for f in report["findings"]:
+    for group in groups:
+        f = group[0]
         lines.append(
             f"- **{f['severity'].upper()}** {_md_line(f['title'])} — `{f['analyzer']}`, trace `{f['trace']}`, "
             f"rank {f['rank']}, {f['impact_ns'] / 1e6:.2f} ms lost{_saving(f)}"
         )
+        if len(group) > 1:
+            lines.append(f"  - {_md_line(spread_text(group))}")
         lines.append(f"  - {_md_line(f['detail'])}")
         lines.append(f"  - Fix: {_md_line(f['recommendation'])}")
     return "\n".join(lines) + "\n"
@@ -186,25 +317,25 @@ def render_html(report: dict[str, Any]) -> str:
 
     from stallscope.charts import time_by_cause_figure
 
+    groups = _groups(report)
+    entries = f" in {len(groups)} entries" if len(groups) < len(report["findings"]) else ""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><title>stallscope report</title>',
         f"<style>{_HTML_STYLE}</style></head><body>",
         "<h1>stallscope report</h1>",
-        f"<p>{len(report['traces'])} trace(s), {len(report['findings'])} finding(s); "
+        f"<p>{len(report['traces'])} trace(s), {len(report['findings'])} finding(s){entries}; "
         f"schema <code>{escape(report['schema'])}</code>.</p>",
     ]
-    rows = _metric_rows(report)
+    caption, header, rows = _metrics_table(report)
     if rows:
-        parts.append(
-            "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in _METRIC_HEADER) + "</tr>"
-        )
+        parts += [f"<p>{escape(caption)}</p>"] if caption else []
+        parts.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows]
         parts.append("</table>")
-        figure = time_by_cause_figure(report)
-        figure.update_layout(
-            title="GPU time by cause", template="plotly_white"
-        )  # not pio.templates.default
+        charted, title = _chart_report(report)
+        figure = time_by_cause_figure(charted)
+        figure.update_layout(title=title, template="plotly_white")  # not pio.templates.default
         parts.append(
             figure.to_html(
                 full_html=False,
@@ -215,28 +346,50 @@ def render_html(report: dict[str, Any]) -> str:
         )
     else:
         parts.append(f"<p>{escape(_no_timeline(report))}</p>")
+    selection = _selection_lines(report)
+    if selection:
+        parts.append(f"<p>{escape(selection[0])}</p>")
+        items = [f"<li>{escape(line.strip())}</li>" for line in selection[1:]]
+        parts += ["<ul>", *items, "</ul>"] if items else []
     parts += [f"<p><b>Warning</b>: {escape(n)}: {escape(w)}</p>" for n, w in _warnings(report)]
-    parts.append(f"<h2>Findings ({len(report['findings'])})</h2>")
+    parts.append(f"<h2>Findings ({len(report['findings'])}{entries})</h2>")
     if not report["findings"]:
         parts.append("<p>No findings.</p>")
     else:
         header = ("severity", "analyzer", "finding", "where", "ms lost", "ms saved if fixed", "fix")
         parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr>")
-        for f in report["findings"]:
-            where = f"trace {f['trace']} rank {f['rank']}" + (
-                "" if f["device"] is None else f" gpu {f['device']}"
-            )
+        for group in groups:
+            f = group[0]  # the worst speaks for the group
+            where = escape(_where(f))
+            if len(group) > 1:
+                where = f"worst: {where}<br>{escape(spread_text(group))}"
             parts.append(
                 f'<tr><td class="sev {escape(f["severity"])}">{escape(f["severity"])}</td>'
                 f"<td>{escape(f['analyzer'])}</td>"
                 f"<td><b>{escape(f['title'])}</b><br>{escape(f['detail'])}</td>"
-                f"<td>{escape(where)}</td><td>{f['impact_ns'] / 1e6:.2f}</td>"
+                f"<td>{where}</td><td>{f['impact_ns'] / 1e6:.2f}</td>"
                 f"<td>{_saving_ms(f)}</td>"
                 f"<td>{escape(f['recommendation'])}</td></tr>"
             )
         parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+CHART_GPUS_MAX = 16  # GPUs drawn in the HTML report's time-by-cause chart
+
+
+def _chart_report(report: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """(the report the time-by-cause chart draws, its title): every GPU up to
+    :data:`CHART_GPUS_MAX`, else the report narrowed to the GPUs with the most idle time."""
+    records = _metric_records(report)
+    if len(records) <= CHART_GPUS_MAX:
+        return report, "GPU time by cause"
+    idlest = sorted(records, key=lambda r: -(r.get("gpu_idle_pct") or 0))[:CHART_GPUS_MAX]
+    keep = {(r["trace"], r["device"]) for r in idlest}
+    metrics = [m for m in report["metrics"] if (m["trace"], m["device"]) in keep]
+    title = f"GPU time by cause: the {CHART_GPUS_MAX} idlest of {len(records)} GPUs"
+    return {**report, "metrics": metrics}, title
 
 
 def _saving(finding: dict[str, Any]) -> str:

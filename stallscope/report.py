@@ -7,26 +7,32 @@ in the ``stallscope.report/1`` contract, built from its types
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
 import duckdb
+import msgspec
 
 from stallscope import job_settings
 from stallscope.analyzers import PER_RANK, all_specs
 from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult, concatenate
 from stallscope.errors import NotFoundError
 from stallscope.jobdata import JobData
-from stallscope.report_types import REPORT_SCHEMA, DeviceEntry, Report, TraceEntry
+from stallscope.report_types import REPORT_SCHEMA, DeviceEntry, RankSelection, Report, TraceEntry
 from stallscope.store import TABLES, Store, TraceRef
 
 
 def analyze_job(
-    job: JobData, overrides: dict[str, dict[str, float]] | None = None
+    job: JobData,
+    overrides: dict[str, dict[str, float]] | None = None,
+    ranks: Collection[int] | None = None,
 ) -> AnalyzerResult:
     """Run every registered analyzer over one job; ``overrides[analyzer][threshold]``.
+
+    ``ranks``: the ranks the ``PER_RANK`` analyzers read (None: all; see
+    :mod:`stallscope.rank_triage`); the others always read the whole job.
 
     The analyzers of ``PER_RANK`` run rank by rank, each rank's together on
     one part (``JobData.rank_parts``: that rank's files alone, freed before the
@@ -42,6 +48,8 @@ def analyze_job(
     by_rank: dict[str, list[AnalyzerResult]] = {spec.id: [] for spec in rank_wise}
     if rank_wise:
         for part in job.rank_parts():
+            if ranks is not None and int(part.traces[0].meta.get("rank") or 0) not in ranks:
+                continue  # never queried: its files are not read
             for spec in rank_wise:
                 by_rank[spec.id].append(spec.run(part, params[spec.id]))
     combined = AnalyzerResult()
@@ -78,18 +86,30 @@ def trace_entry(ref: TraceRef) -> TraceEntry:
 
 
 def job_report_part(
-    store: Store, refs: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
+    store: Store,
+    refs: list[TraceRef],
+    overrides: dict[str, dict[str, float]] | None = None,
+    all_ranks: bool = False,
 ) -> Report:
-    """The report of one job: its traces, metrics and findings (in analyzer order).
+    """The report of one job: its traces, metrics, findings (in analyzer order) and, for a
+    large job, its rank selection.
+
+    Above ``rank_triage.DETAIL_ALL_UP_TO`` ranks the per-rank analyzers read
+    the ranks :func:`~stallscope.rank_triage.select_ranks` picks (every rank
+    with ``all_ranks``), and ``rank_selection`` says which and why.
 
     A stored file that cannot be read (truncated, damaged, or removed while
     this runs) raises :class:`~stallscope.errors.StoreFileCorrupt` or
     :class:`~stallscope.errors.NotFoundError` naming this job: never a raw
     DuckDB error, and never another job's failure.
     """
+    from stallscope.rank_triage import select_ranks
+
     job = JobData(store, refs)
+    selection = None
     try:
-        result = analyze_job(job, overrides)
+        selection = select_ranks(job, all_ranks=all_ranks)
+        result = analyze_job(job, overrides, None if selection is None else selection.analyzed)
     except duckdb.Error as exc:
         job_id = refs[0].job_id if refs else ""
         if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
@@ -104,6 +124,9 @@ def job_report_part(
         traces=[trace_entry(r) for r in job.traces],
         metrics=result.metrics,
         findings=[f.to_entry() for f in result.findings],
+        rank_selection=[]
+        if selection is None
+        else [msgspec.convert(selection.to_dict(job.job_id), RankSelection)],
     )
 
 
@@ -135,12 +158,14 @@ def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Except
     return StoreFileCorrupt(f"job {job_id}: its stored files cannot be read ({first})")
 
 
-def _part_in_worker(store_root: str, job_id: str, trace_ids: list[str], overrides) -> Report:
+def _part_in_worker(
+    store_root: str, job_id: str, trace_ids: list[str], overrides, all_ranks: bool = False
+) -> Report:
     """``job_report_part`` in a worker process (arguments are picklable names, not refs)."""
     store = Store(store_root)
     wanted = set(trace_ids)
     refs = [r for r in store.traces(job_id) if r.trace_id in wanted]
-    return job_report_part(store, refs, overrides)
+    return job_report_part(store, refs, overrides, all_ranks)
 
 
 @contextmanager
@@ -167,8 +192,13 @@ def build_report(
     workers: int = 1,
     executor: Executor | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    all_ranks: bool = False,
 ) -> dict[str, Any]:
     """Report over several jobs (each a list of its traces).
+
+    ``all_ranks``: the per-rank analyzers read every rank of every job (else a
+    job above ``rank_triage.DETAIL_ALL_UP_TO`` ranks gets two-tier triage and
+    the report a ``rank_selection`` entry).
 
     With several jobs and ``executor`` (a process pool) or ``workers > 1``,
     jobs are analyzed in parallel processes; the report is the same as a
@@ -191,6 +221,7 @@ def build_report(
                     refs[0].job_id,
                     [r.trace_id for r in refs],
                     overrides,
+                    all_ranks,
                 ): index
                 for index, refs in enumerate(jobs)
             }
@@ -202,7 +233,7 @@ def build_report(
             parts = [by_index[i] for i in range(len(jobs))]
     else:
         for done, refs in enumerate(jobs, start=1):
-            parts.append(job_report_part(store, refs, overrides))
+            parts.append(job_report_part(store, refs, overrides, all_ranks))
             if progress:
                 progress("analyzed", done, len(jobs))
     report = Report(schema=REPORT_SCHEMA, traces=[], metrics=[], findings=[])
@@ -210,6 +241,7 @@ def build_report(
         report.traces.extend(part.traces)
         report.metrics.extend(part.metrics)
         report.findings.extend(part.findings)
+        report.rank_selection.extend(part.rank_selection)
     report.findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], -f.impact_ns, f.id))
     return report.to_dict()
 

@@ -148,13 +148,37 @@ class FindingEntry(msgspec.Struct, forbid_unknown_fields=True):
     ] = []
 
 
-class Report(msgspec.Struct, forbid_unknown_fields=True):
+class AnalyzedRank(msgspec.Struct, forbid_unknown_fields=True):
+    """One rank the per-rank analyzers read in a triaged job, and why."""
+
+    rank: int
+    why: Annotated[str, Meta(description="why this rank was picked (out of line, median, forced)")]
+
+
+class RankSelection(msgspec.Struct, forbid_unknown_fields=True):
+    """Which ranks of a large job the per-rank analyzers read (stallscope.rank_triage)."""
+
+    job: str
+    ranks: Annotated[int, Meta(description="the job's rank count")]
+    threshold: Annotated[int, Meta(description="jobs of more ranks than this are triaged")]
+    all_ranks: Annotated[bool, Meta(description="every rank was analyzed (--all-ranks)")]
+    analyzed: list[AnalyzedRank]
+
+
+class Report(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """A ``stallscope.report/1`` report: traces, metrics, findings (worst first)."""
 
     schema: Literal["stallscope.report/1"]
     traces: list[TraceEntry]
     metrics: list[Metric]
     findings: list[FindingEntry]
+    rank_selection: Annotated[
+        list[RankSelection],
+        Meta(
+            description="jobs above the triage threshold: the ranks analyzed in detail. "
+            "Added 2026-12-01 (optional: present only for such jobs)"
+        ),
+    ] = []
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready objects (keys in report order)."""

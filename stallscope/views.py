@@ -10,8 +10,14 @@ from typing import Any
 
 import pandas as pd
 
-from stallscope.analyzers.base import SEVERITY_RANK
+from stallscope.finding_groups import grouped_findings
 from stallscope.jobdata import JobData
+
+__all__ = [
+    "findings_of",
+    "grouped_findings",
+    "wait_matrix",
+]  # grouped_findings: one grouping, shared with render
 
 
 def findings_of(
@@ -23,24 +29,6 @@ def findings_of(
         for f in report["findings"]
         if f["analyzer"] == analyzer and (key is None or f["evidence"].get("key") == key)
     ]
-
-
-def grouped_findings(findings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Findings ranked worst first, the same finding on several ranks or GPUs grouped.
-
-    "The same" is the same analyzer, severity and kind (``evidence.key``, else
-    ``evidence.cause``); each group is ranked by its worst member (severity,
-    then ``impact_ns``), which comes first. A finding alone is a group of one,
-    and so is every ``info`` finding (per-device facts: headlines, tables).
-    An 8-rank job whose ranks all wait on the host shows one entry, not eight.
-    """
-    ranked = sorted(findings, key=lambda f: (-SEVERITY_RANK[f["severity"]], -f["impact_ns"]))
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for index, f in enumerate(ranked):
-        kind = f["evidence"].get("key", f["evidence"].get("cause"))
-        key = (index,) if f["severity"] == "info" else (f["analyzer"], f["severity"], str(kind))
-        groups.setdefault(key, []).append(f)
-    return list(groups.values())
 
 
 def wait_matrix(job: JobData) -> pd.DataFrame:

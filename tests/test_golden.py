@@ -17,6 +17,7 @@ import pytest
 from stallscope.ingest import ingest_paths
 from stallscope.render import FORMATS, render
 from stallscope.report import build_report
+from tests.ddp_builder import Plan, ddp_job
 from tests.kineto_builder import KinetoTrace
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -76,3 +77,33 @@ def test_html_keeps_plotly_inline(report):
     page = render(report, "html")
     assert len(page) > 1_000_000 and "Plotly" in page  # the bundle itself is in the page
     assert re.search(r"<script[^>]*\bsrc\s*=", page) is None
+
+
+@pytest.fixture(scope="module")
+def ranks_report(tmp_path_factory):
+    """A 10-rank DDP job built in code (tests/ddp_builder.py): rank 4 loads data 20 ms longer
+    each step, the others wait for it. More than 8 GPUs: metrics as distributions."""
+    from stallscope.store import Store
+
+    tmp = tmp_path_factory.mktemp("golden_ranks")
+    plans = [Plan(stall_ns=20 * MS if r == 4 else 0) for r in range(10)]
+    traces, _ = ddp_job(plans, steps=2)
+    paths = [str(t.write(tmp / f"rank{r}.pt.trace.json")) for r, t in enumerate(traces)]
+    store = Store(tmp / "store").ensure()
+    (res,) = ingest_paths(store, paths)
+    return build_report(store, [store.traces(res.job_id)])
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_golden_ranks(ranks_report, fmt):
+    """Findings grouped across ranks, metrics as distributions (docs/reports.md)."""
+    text = render(ranks_report, fmt)
+    assert "/tmp" not in text and "pytest" not in text
+    path = GOLDEN / f"report_ranks.{SUFFIX[fmt]}"
+    if UPDATE or not path.exists():
+        path.write_text(text)
+        if not UPDATE:
+            pytest.fail(f"{path.name} was missing and has been written: review and commit it")
+    assert text == path.read_text(), (
+        f"{fmt} output changed; if intended: STALLSCOPE_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py"
+    )

@@ -369,3 +369,14 @@ def test_one_skew_tolerance_per_job(store, tmp_path, tolerance_us):
     expected = 4 * (2 if tolerance_us is None else 3) * MS
     assert waited == {"nccl_wait_ns": expected, "exposed_comm_wait_ns": expected}
     assert page_wait == expected
+
+
+def test_summary_names_clock_skews_briefly_for_many_ranks():
+    from stallscope.analyzers.nccl_wait import SKEWS_LISTED, _skew_text
+
+    few = {str(r): 0 for r in range(SKEWS_LISTED)} | {"1": 20480}
+    assert _skew_text(few) == str(few)  # up to 8 ranks: every one, as before
+    many = {str(r): 0 for r in range(256)} | {"1": 20480, "9": -30000}
+    assert _skew_text(many) == "0 on 254 of 256 ranks; rank 9 -30000, rank 1 20480"
+    lots = {str(r): r for r in range(20)}
+    assert _skew_text(lots).endswith("rank 12 12, and 11 more")  # 19 non-zero: 8 named

@@ -67,7 +67,10 @@ def test_overview_headline_and_findings(app_store):
     labels = [m.label for m in at.metric]
     assert labels[0].startswith("Step time") and "GPU busy" in labels
     titles = [e.label for e in at.expander]
-    assert any("GPU 0 busy 75.0%, idle 25.0%" in t.replace("\\", "") for t in titles)
+    titles = [t.replace("\\", "") for t in titles]
+    # the two GPUs' headlines are one entry, led by the idler GPU
+    assert any("GPU 1 busy 5.0%, idle 95.0%" in t and "and 1 more" in t for t in titles)
+    assert not any("GPU 0 busy 75.0%" in t for t in titles)
 
 
 def test_overview_deep_link_by_trace_id(app_store):
@@ -228,15 +231,38 @@ def test_kernels_page(ddp_store):
     assert at.dataframe and "gpu" not in str(at.exception)
 
 
+def timeline_links(at: AppTest) -> list[str]:
+    """Label and query of each link to the Timeline: st.page_link inside st.navigation (an
+    earlier test ran the app), a markdown link when the page runs on its own."""
+    links = [m.value for m in at.markdown if "timeline?" in m.value]
+    links += [f"{p.proto.label} {p.proto.query_string}" for p in at.get("page_link")]
+    return [text.replace("%2C", ",") for text in links]
+
+
 def test_distributed_page_names_the_straggler(ddp_store):
     at = page("distributed")
     assert not at.exception
     assert any("rank 1" in e.value for e in at.error)
-    assert len(at.get("plotly_chart")) == 2  # the wait heatmap and the critical path
+    # the ranks' wait distribution, the wait heatmap and the critical path
+    assert len(at.get("plotly_chart")) == 3
+    links = timeline_links(at)
+    assert any("Open straggler rank 1's timeline" in text and "ranks=0,1" in text for text in links)
     assert any(s.label == "Step" for s in at.selectbox)
     path = at.dataframe[-2].value if len(at.dataframe) > 2 else at.dataframe[-1].value
     assert {"rank", "what", "start_ms", "ms"} <= set(path.columns)
     assert (path["rank"] == 1).any()  # the straggler's sleep sets the step's end
+
+
+def test_distributed_page_finds_a_rank(ddp_store):
+    at = page("distributed")
+    at.text_input(key="dist_rank").set_value("1").run()
+    assert not at.exception
+    assert any("Rank 1 is the rank 1 other rank(s) waited for" in i.value for i in at.info)
+    assert any("Open rank 1's timeline" in t and "ranks=1" in t for t in timeline_links(at))
+    at.text_input(key="dist_rank").set_value("0").run()
+    assert any("waiting for rank 1" in w.value for w in at.warning)  # rank 0's own finding
+    at.text_input(key="dist_rank").set_value("7").run()
+    assert any("No rank 7 in this job" in w.value for w in at.warning)
 
 
 def test_occupancy_page(ddp_store):

@@ -56,6 +56,13 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
         ),
     )
     p.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="run the per-rank analyzers on every rank; by default a job of more than 64 ranks "
+        "gets them on the ranks a first pass finds out of line and on median ranks (the report "
+        "says which and why)",
+    )
+    p.add_argument(
         "--jobs",
         "-j",
         type=int,
@@ -230,7 +237,9 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.jobs > 1 and len(jobs) > 1:  # a pool only when there are jobs to share out
             pool = process_pool(min(args.jobs, len(jobs)))
-        report = build_report(store, jobs, overrides, executor=pool, progress=progress)
+        report = build_report(
+            store, jobs, overrides, executor=pool, progress=progress, all_ranks=args.all_ranks
+        )
     finally:
         progress.done()
         if pool is not None:
