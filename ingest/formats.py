@@ -79,25 +79,25 @@ SEPARATE_JOBS_HINT = (
 
 
 def _kineto(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.kineto import parse_kineto
+    from stallscope.ingest.kineto.parse import parse_kineto
 
     return parse_kineto(source, payload.take(), ctx)
 
 
 def _ncu(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.ncu import parse_ncu
+    from stallscope.ingest.ncu.parse import parse_ncu
 
     return parse_ncu(source, payload.take(), ctx)
 
 
 def _nsys(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.nsys import parse_nsys
+    from stallscope.ingest.nsys.parse import parse_nsys
 
     return parse_nsys(source, payload, ctx)
 
 
 def _nsys_report(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.nsys_export import parse_nsys_report
+    from stallscope.ingest.nsys.export import parse_nsys_report
 
     return parse_nsys_report(source, payload.take(), ctx)
 
@@ -106,7 +106,7 @@ PARSERS: dict[str, Parser] = {"kineto": _kineto, "ncu": _ncu}
 
 
 def _memory_snapshot(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.memory_snapshot import parse_snapshot
+    from stallscope.ingest.memory_snapshot.parse import parse_snapshot
 
     return parse_snapshot(source, payload.take(), ctx)
 
@@ -120,7 +120,7 @@ def detect_format(name: str, data: bytes) -> str:
     Nsight Systems reports (``.nsys-rep``/``.qdrep``) are ``"nsys-rep"``: their
     parser exports them to SQLite first. Everything else is :func:`sniff`'s call.
     """
-    from stallscope.ingest.nsys_export import is_report
+    from stallscope.ingest.nsys.export import is_report
     from stallscope.ingest.sniff import sniff
 
     if is_report(name, data[:64]):

@@ -44,8 +44,8 @@ from stallscope.ingest.limits import (
     memory_limit_text,
     negative_durations,
 )
-from stallscope.ingest.ncu import source_is_ncu
-from stallscope.ingest.ncu_match import pair_ncu_traces
+from stallscope.ingest.ncu.match import pair_ncu_traces
+from stallscope.ingest.ncu.parse import source_is_ncu
 from stallscope.ingest.reader import Source
 from stallscope.ingest.startup import skip_pandas_probe
 from stallscope.store import Store, current_user, new_upload, write_json, write_upload

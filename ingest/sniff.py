@@ -47,14 +47,14 @@ def sniff(name: str, data: bytes) -> str:
     if head.startswith(_SQLITE):
         # Nsight Systems exports can be large; its table names sit in the first pages.
         if any(table in data[: 1 << 20] for table in _NSYS_TABLES):
-            return "nsys"  # ingest/nsys.py checks the tables for real
+            return "nsys"  # ingest/nsys/parse.py checks the tables for real
         raise InputError(name, "SQLite database, not a trace")
     if head.startswith(_NSYS_REPORT) or _NSYS_EXT.search(name):
         raise InputError(name, _nsys_report_reason(name))
     if name.lower().endswith(".ncu-rep") or head.startswith((b"NVIDIA Nsight Compute", b"NVR\x00")):
-        return "ncu"  # ingest/ncu.py exports it with ncu, or says how to
+        return "ncu"  # ingest/ncu/parse.py exports it with ncu, or says how to
     if head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05":
-        return "memory-snapshot"  # ingest/memory_snapshot.py reads plain values only, or refuses
+        return "memory-snapshot"  # ingest/memory_snapshot/parse.py reads plain values only, or refuses
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise InputError(name, "UTF-16 text: save the trace as UTF-8 JSON")
     start = _WHITESPACE.match(data).end()
@@ -110,7 +110,7 @@ def _looks_binary(text: bytes) -> bool:
 
 def _nsys_report_reason(name: str) -> str:
     """Why an nsys report reached :func:`sniff` (``detect_format`` hands reports to
-    ``ingest/nsys_export.py`` first): stallscope reads its SQLite export."""
+    ``ingest/nsys/export.py`` first): stallscope reads its SQLite export."""
     path = name if os.path.isfile(name) else name.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
     stem = _NSYS_EXT.sub("", path) if _NSYS_EXT.search(path) else path
     command = f"nsys export --type sqlite -o {shlex.quote(stem + '.sqlite')} {shlex.quote(path)}"

@@ -2,7 +2,7 @@
 
     python tools/gen_reference_schemas.py
 
-Run after changing the Kineto canonical SQL (ingest/kineto_canonical.py);
+Run after changing the Kineto canonical SQL (ingest/kineto/canonical.py);
 tests/test_kineto_ingest.py fails while the file is stale. The generated file
 saves every ingest process the ~0.08 s of running that SQL on an empty trace.
 """
@@ -23,8 +23,8 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def render() -> str:
-    from stallscope.ingest.kineto_canonical import to_canonical
-    from stallscope.ingest.kineto_decode import _empty_table
+    from stallscope.ingest.kineto.canonical import to_canonical
+    from stallscope.ingest.kineto.decode import _empty_table
 
     tables = to_canonical(_empty_table(), {}, "reference", 0).tables()
     lines = [HEADER]

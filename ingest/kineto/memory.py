@@ -12,7 +12,7 @@ the allocator's state *after* the call. Device type 1 is CUDA; CPU rows
 their rows keep null totals and the analyzer rebuilds allocated bytes from the
 deltas.
 
-The general decoder (``kineto_decode``) does not read these args, so this
+The general decoder (``decode``) does not read these args, so this
 module finds the events by their name in the raw bytes (a C-speed search that
 costs nothing on traces without them) and decodes each event object alone.
 """

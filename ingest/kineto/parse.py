@@ -1,6 +1,6 @@
 """Kineto (PyTorch Profiler) JSON -> one :class:`ParsedTrace` per file.
 
-Decoding is in ``kineto_decode``, the canonical SQL in ``kineto_canonical``;
+Decoding is in ``decode``, the canonical SQL in ``canonical``;
 this module decides the rank: ``distributedInfo.rank``, else a rank in the
 file name (``rank3``, ``rank-3``, ``worker3``...), else 0 for a single-file
 job, else a clear error.
@@ -15,9 +15,9 @@ import pyarrow.compute as pc
 
 from stallscope.errors import InputError
 from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace
-from stallscope.ingest.kineto_canonical import to_canonical
-from stallscope.ingest.kineto_decode import decode_kineto
-from stallscope.ingest.kineto_memory import memory_table
+from stallscope.ingest.kineto.canonical import to_canonical
+from stallscope.ingest.kineto.decode import decode_kineto
+from stallscope.ingest.kineto.memory import memory_table
 from stallscope.ingest.reader import Source
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)

@@ -112,7 +112,7 @@ def parse_snapshot(source: Source, data: bytes, ctx: ParseContext) -> list[Parse
 
 
 def _no_rank(name: str) -> int:
-    from stallscope.ingest.kineto import rank_info
+    from stallscope.ingest.kineto.parse import rank_info
 
     return rank_info(name, {}, single=False)[0]
 

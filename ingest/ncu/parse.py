@@ -1,7 +1,7 @@
 """Nsight Compute results -> one :class:`ParsedTrace` (source ``"ncu"``) per file.
 
 Input: a CSV page exported with ``ncu --import R.ncu-rep --csv --page raw``
-or ``--page details`` (see :mod:`stallscope.ingest.ncu_csv`), or a binary
+or ``--page details`` (see :mod:`stallscope.ingest.ncu.csv_pages`), or a binary
 ``.ncu-rep`` report, which is exported through ``ncu`` when it is on PATH
 (else a one-line error gives the export commands).
 
@@ -10,7 +10,7 @@ with its unit, long format), ``names`` (kernel names), ``devices`` (from the
 raw page's ``device__attribute_*`` metrics, or the ``CC`` column) and empty
 timeline tables. ncu profiles kernels one at a time with serialized replay,
 so its trace has no timeline: the job ingester pairs it with the timeline
-trace of the same rank and matches kernels (:mod:`stallscope.ingest.ncu_match`).
+trace of the same rank and matches kernels (:mod:`stallscope.ingest.ncu.match`).
 The rank comes from the file name (``rank3``...) or, later, from that pairing.
 """
 
@@ -29,7 +29,7 @@ import pyarrow as pa
 from stallscope.errors import InputError
 from stallscope.ingest.canonical import KERNEL_METRICS_SCHEMA, CanonicalTrace, devices_table
 from stallscope.ingest.formats import ParseContext, ParsedTrace
-from stallscope.ingest.ncu_csv import HEADER_START, NcuCsv, read_ncu_csv
+from stallscope.ingest.ncu.csv_pages import HEADER_START, NcuCsv, read_ncu_csv
 from stallscope.ingest.reader import GZIP_MAGIC, Source
 
 REPORT_MAGIC = b"NVR\x00"

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 _MPI_THREAD = re.compile(r"^MPI Rank (\d+)$")
-# The file-name rule of Kineto files (ingest/kineto.py).
+# The file-name rule of Kineto files (ingest/kineto/parse.py).
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
 
 

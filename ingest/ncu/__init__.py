@@ -1,0 +1,1 @@
+"""The ncu format."""
