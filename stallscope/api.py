@@ -130,8 +130,8 @@ class Job:
     def sql(
         self, query: str, *, max_rows: int | None = None, timeout_s: float = 300.0
     ) -> pd.DataFrame:
-        """One read-only ``SELECT`` over this job's tables (``gpu``, ``host``, ``ranges``,
-        ``collectives``, ``names``, ``threads``, ``devices``, ``kernel_metrics``, ``catalog``).
+        """One read-only ``SELECT`` over this job's canonical tables (docs/schema.md:
+        ``gpu``, ``host``, ``memory``...) and ``catalog``.
 
         Runs in the same sandbox process as the dashboard's SQL page, without its row,
         result-size and load caps, and with up to half the machine's memory."""
