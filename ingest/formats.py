@@ -113,7 +113,9 @@ class Format:
     traces it makes. A ``companion`` format's traces describe the kernels of a
     timeline trace of the same rank (Nsight Compute): they are not ranks of
     their own, and ``finish(metas, staging)`` pairs them with their timeline
-    once every file of the job is parsed.
+    once every file of the job is parsed. ``extensions`` are the file name
+    endings the dashboard's file picker offers (files are told by content,
+    never by these alone).
     """
 
     name: str
@@ -125,6 +127,7 @@ class Format:
     binary: bool = False
     companion: bool = False
     finish: Callable[[list[dict[str, Any]], Path], None] | None = None
+    extensions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.source:

@@ -20,6 +20,13 @@ FORMATS: tuple[Format, ...] = (nsys.REPORT, nsys.EXPORT, ncu.FORMAT, memory_snap
 BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS}
 
 
+def upload_extensions() -> list[str]:
+    """File name endings to offer in a file picker: compressed and zipped files, then each
+    format's (``Format.extensions``)."""
+    endings = ["gz", "zip"] + [e for f in FORMATS for e in f.extensions]
+    return list(dict.fromkeys(endings))
+
+
 def of_source(source: str | None) -> Format | None:
     """The format whose traces carry this catalog ``source`` (``nsys``: the SQLite export's)."""
     found = [f for f in FORMATS if f.source == source]

@@ -39,13 +39,16 @@ def load(
     """One job from trace files or a store id.
 
     ``target`` is a trace file, a directory or ``.zip`` of a job's ranks, a list
-    of files (the ranks of one job), or a stored trace id, job id or unique
-    prefix of either. Files are ingested into ``store`` (a :class:`Store`, a
-    folder, or by default ``$STALLSCOPE_STORE``, else ``~/.stallscope/store``);
-    ingesting the same files again finds the stored job. ``thresholds`` overrides
-    analyzer thresholds: ``{"gpu_idle": {"share_pct_high": 20}}``.
+    of files (the ranks of one job), a quoted glob pattern, or a stored trace
+    id, job id or unique prefix of either (resolved as ``stallscope analyze``
+    resolves its targets: :func:`stallscope.targets.resolve_targets`). Files
+    are ingested into ``store`` (a :class:`Store`, a folder, or by default
+    ``$STALLSCOPE_STORE``, else ``~/.stallscope/store``); ingesting the same
+    files again finds the stored job. ``thresholds`` overrides analyzer
+    thresholds: ``{"gpu_idle": {"share_pct_high": 20}}``. Targets that make
+    more than one job are an InputError.
     """
-    from stallscope.ingest import ingest_paths
+    from stallscope.targets import resolve_targets
 
     st = store if isinstance(store, Store) else Store(store)
     st.ensure()
@@ -55,23 +58,14 @@ def load(
         targets = [os.fspath(t) for t in target]
     if not targets:
         raise InputError("load", "nothing to load")
-    existing = [t for t in targets if os.path.exists(t)]
-    if existing:
-        missing = [t for t in targets if t not in existing]
-        if missing:
-            raise InputError(missing[0], "no such file or directory")
-        results = ingest_paths(st, existing)
-        if len(results) != 1:
-            names = ", ".join(r.job_name for r in results)
-            raise InputError(
-                targets[0], f"these paths make {len(results)} jobs ({names}); load them one by one"
-            )
-        refs = st.traces(results[0].job_id)
-    else:
-        if len(targets) != 1:
-            raise InputError(targets[0], "no such file or directory")
-        refs = st.resolve(targets[0])
-    return Job(st, refs, thresholds)
+    jobs = resolve_targets(st, targets)
+    if len(jobs) != 1:
+        job_ids = dict.fromkeys(ref.job_id for refs in jobs for ref in refs)
+        names = ", ".join(str(st.job(j).get("name")) for j in job_ids)
+        raise InputError(
+            targets[0], f"these targets make {len(jobs)} jobs ({names}); load them one by one"
+        )
+    return Job(st, jobs[0], thresholds)
 
 
 class Job:

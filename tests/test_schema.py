@@ -84,6 +84,15 @@ def test_each_format_provides_what_the_schema_says_it_fills():
             assert (what in fmt.provides) == (fmt.source in table.formats), (fmt.name, what)
 
 
+def test_the_uploader_offers_every_formats_file_endings():
+    from stallscope.targets import upload_extensions
+
+    offered = upload_extensions()
+    for fmt in FORMATS:
+        assert fmt.extensions and set(fmt.extensions) <= set(offered), fmt.name
+    assert {"gz", "zip"} <= set(offered) and len(offered) == len(set(offered))
+
+
 def test_the_kineto_sql_writes_exactly_the_declared_columns():
     """Kineto's SQL is written column by column in the declared order (no conform needed)."""
     from stallscope.ingest.kineto.canonical import to_canonical

@@ -71,4 +71,5 @@ FORMAT = Format(
     detect=looks_like_kineto,
     parse=_parse,
     provides=frozenset({"timeline", "memory"}),
+    extensions=("json",),
 )

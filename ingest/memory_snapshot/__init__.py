@@ -28,4 +28,5 @@ FORMAT = Format(
     parse=_parse,
     provides=frozenset({"memory"}),
     binary=True,
+    extensions=("pickle", "pkl"),
 )

@@ -51,4 +51,5 @@ FORMAT = Format(
     binary=True,  # tried early: a report's header is binary (CSV pages are told by their header too)
     companion=True,
     finish=_pair,
+    extensions=("csv", "ncu-rep"),
 )

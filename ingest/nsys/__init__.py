@@ -50,6 +50,7 @@ REPORT = Format(
     provides=frozenset({"timeline"}),
     source="nsys",
     binary=True,
+    extensions=("nsys-rep", "qdrep"),
 )
 EXPORT = Format(
     name="nsys",
@@ -58,4 +59,5 @@ EXPORT = Format(
     parse=_parse_export,
     provides=frozenset({"timeline"}),
     binary=True,
+    extensions=("sqlite",),
 )
