@@ -129,6 +129,11 @@ def test_wheel_installs_only_the_stallscope_namespace(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for module in (
         "stallscope/ingest/job.py",
+        "stallscope/ingest/kineto/decode.py",
+        "stallscope/ingest/nsys/db.py",
+        "stallscope/ingest/ncu/parse.py",
+        "stallscope/ingest/memory_snapshot/parse.py",
+        "stallscope/schema.py",
         "stallscope/analyzers/utilization.py",
         "stallscope/pages/main.py",
     ):
