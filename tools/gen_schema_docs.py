@@ -5,8 +5,8 @@ Usage: python tools/gen_schema_docs.py [--check]
 Each canonical table's section in docs/schema.md holds its column table
 between ``<!-- columns: NAME -->`` and ``<!-- /columns -->``; this tool
 rewrites what is between them (the prose around them is kept), and adds
-nothing else. A table of the schema without such a block, or a block
-naming no table, is an error. ``--check`` (tests/test_schema.py) exits 1 when
+nothing else. A table of the schema without such a block or without its
+section (``## NAME — TITLE``), or a block naming no table, is an error. ``--check`` (tests/test_schema.py) exits 1 when
 the file is not what it would write.
 """
 
@@ -22,7 +22,7 @@ BLOCK = re.compile(r"(<!-- columns: (\w+) -->\n)(.*?)(<!-- /columns -->)", re.DO
 
 def render(text: str) -> str:
     """``text`` (docs/schema.md) with every column block regenerated."""
-    from stallscope.schema import TABLE_NAMES, markdown_columns
+    from stallscope.schema import TABLE_NAMES, TABLES, markdown_columns
 
     found = [m.group(2) for m in BLOCK.finditer(text)]
     unknown = sorted(set(found) - set(TABLE_NAMES))
@@ -31,6 +31,11 @@ def render(text: str) -> str:
         raise SystemExit(
             f"docs/schema.md: column blocks for unknown tables {unknown}, none for {missing}"
         )
+    headings = [
+        f"## {t.name} — {t.title}\n" for t in TABLES if f"## {t.name} — {t.title}\n" not in text
+    ]
+    if headings:
+        raise SystemExit(f"docs/schema.md: no section headed {headings} (the schema's titles)")
     return BLOCK.sub(lambda m: m.group(1) + markdown_columns(m.group(2)) + m.group(4), text)
 
 
