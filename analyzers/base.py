@@ -7,15 +7,25 @@ through SQL and returns an :class:`AnalyzerResult` (an analyzer listed in
 ``SPEC.combine_ranks`` joins the ranks' results). Thresholds are declared
 once in ``SPEC.thresholds``; the CLI turns them into flags and the dashboard
 into widgets, so both read the same declaration.
+
+Inside an analyzer, a function that measures (returns a typed measurement of
+one :class:`Where`: numbers and tables, no prose) is kept apart from the one
+that speaks (writes the metrics and findings from it): docs/architecture.md.
+:class:`Finding` becomes the report's
+:class:`~stallscope.report_types.FindingEntry` (the ``stallscope.report/1`` types).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, get_args
 
-SEVERITIES = ("critical", "high", "medium", "low", "info")
+import msgspec
+
+from stallscope.report_types import FindingEntry, Metric, Severity, plain_number
+
+SEVERITIES: tuple[str, ...] = get_args(Severity)  # worst first
 SEVERITY_RANK = {
     name: rank for rank, name in enumerate(reversed(SEVERITIES))
 }  # info=0 ... critical=4
@@ -33,50 +43,36 @@ class Threshold:
     maximum: float | None = None
 
 
-@dataclass
-class Metric:
-    """One number about one trace (and device, where it is per device)."""
+class Where(msgspec.Struct, frozen=True):
+    """Which trace, rank and device (None: the trace as a whole) a measurement is of."""
 
     trace: str
     rank: int
-    device: int | None
-    name: str
-    value: float | int | None
-    unit: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "trace": self.trace,
-            "rank": self.rank,
-            "device": self.device,
-            "name": self.name,
-            "value": self.value,
-            "unit": self.unit,
-        }
+    device: int | None = None
 
 
-@dataclass
-class Finding:
+class Finding(msgspec.Struct, kw_only=True):
     """A problem (or notable fact) with its evidence and the fix.
 
     ``impact_ns`` is the GPU time lost (0 when not a time loss); ``saving_ns``
     the estimated reduction of the job's total step time if the finding were
     fixed (None where the analyzer does not estimate it; the method is
     documented per analyzer); ``windows`` are [start_ns, end_ns] intervals on
-    the trace's clock that show it.
+    the trace's clock that show it. An analyzer may still add to ``evidence``
+    and ``windows`` after building it (the report reads them at the end).
     """
 
     analyzer: str
     trace: str
     rank: int
     device: int | None
-    severity: str
+    severity: Severity
     title: str
     detail: str
     recommendation: str
     impact_ns: int = 0
-    evidence: dict[str, Any] = field(default_factory=dict)
-    windows: list[list[int]] = field(default_factory=list)
+    evidence: dict[str, Any] = {}
+    windows: list[list[int]] = []
     saving_ns: int | None = None
 
     def __post_init__(self) -> None:
@@ -89,28 +85,32 @@ class Finding:
         key = self.evidence.get("key", "")
         return f"{self.analyzer}:{self.trace}:{device}" + (f":{key}" if key else "")
 
+    def to_entry(self) -> FindingEntry:
+        """This finding as the report holds it (:class:`~stallscope.report_types.FindingEntry`)."""
+        return FindingEntry(
+            id=self.id,
+            trace=self.trace,
+            rank=self.rank,
+            device=self.device,
+            analyzer=self.analyzer,
+            severity=self.severity,
+            title=self.title,
+            detail=self.detail,
+            recommendation=self.recommendation,
+            impact_ns=int(self.impact_ns),
+            saving_ns=None if self.saving_ns is None else int(self.saving_ns),
+            evidence=self.evidence,
+            windows=[[int(a), int(b)] for a, b in self.windows],
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "trace": self.trace,
-            "rank": self.rank,
-            "device": self.device,
-            "analyzer": self.analyzer,
-            "severity": self.severity,
-            "title": self.title,
-            "detail": self.detail,
-            "recommendation": self.recommendation,
-            "impact_ns": int(self.impact_ns),
-            "saving_ns": None if self.saving_ns is None else int(self.saving_ns),
-            "evidence": self.evidence,
-            "windows": [[int(a), int(b)] for a, b in self.windows],
-        }
+        """This finding as its JSON object (keys in report order)."""
+        return msgspec.to_builtins(self.to_entry(), enc_hook=plain_number)
 
 
-@dataclass
-class AnalyzerResult:
-    findings: list[Finding] = field(default_factory=list)
-    metrics: list[Metric] = field(default_factory=list)
+class AnalyzerResult(msgspec.Struct):
+    findings: list[Finding] = []
+    metrics: list[Metric] = []
 
 
 def concatenate(results: list[AnalyzerResult]) -> AnalyzerResult:

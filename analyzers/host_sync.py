@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 
@@ -42,6 +43,7 @@ from stallscope.analyzers.base import (
     Finding,
     Metric,
     Threshold,
+    Where,
     graded_severity,
     graded_thresholds,
 )
@@ -173,15 +175,37 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
+    syncs = measure_trace(job, Where(trace, rank))
+    result.metrics.extend(metrics(syncs))
+    for device in syncs.devices.values():
+        finding = speak(device, params) if device else None
+        if finding:
+            result.findings.append(finding)
+
+
+class TraceSyncs(msgspec.Struct, kw_only=True):
+    """One trace's blocking calls (:func:`measure_trace`): totals, and each device's cost."""
+
+    where: Where  # device None: the trace as a whole
+    calls: int
+    blocked_ns: int  # host time inside the calls
+    devices: dict[int, DeviceSyncs | None]  # every device with GPU work; None: nothing to charge
+
+
+def measure_trace(job: JobData, where: Where) -> TraceSyncs:
+    """The blocking calls of trace ``where.trace`` and, per device, what they cost."""
+    trace = where.trace
     calls = blocking_calls(job, trace)
     durations = calls["end_ns"] - calls["start_ns"]
-    result.metrics.append(Metric(trace, rank, None, "sync_ns", int(durations.sum()), "ns"))
-    result.metrics.append(Metric(trace, rank, None, "sync_count", int(durations.size), "count"))
     devices = np.asarray(job.devices(trace, ("kernel", "memcpy", "memset")), dtype=np.int64)
+    out = TraceSyncs(
+        where=where,
+        calls=int(durations.size),
+        blocked_ns=int(durations.sum()),
+        devices=dict.fromkeys(devices.tolist()),
+    )
     if durations.size == 0:
-        for device in devices.tolist():
-            result.metrics.append(Metric(trace, rank, int(device), "sync_lost_ns", 0, "ns"))
-        return
+        return out
     steps = job.numpy(
         "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
     )
@@ -190,28 +214,50 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
     sites = call_sites(
         job, trace, calls["pid"], calls["tid"], calls["start_ns"], calls["end_ns"], calls["api"]
     )
-    context = {
-        "item_calls": int(
+    context = SyncContext(
+        item_calls=int(
             job.sql(
                 """SELECT count(*) FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
                    WHERE h.trace_id = ? AND h.kind = 'cpu_op' AND n.name = 'aten::_local_scalar_dense'""",
                 [trace],
             ).fetchall()[0][0]
         ),
-        "gpu_sync_events": _gpu_sync_events(job, trace),
-        "steps": int(steps["start_ns"].size),
-        "window": (int(steps["start_ns"].min()), int(steps["end_ns"].max()))
+        gpu_sync_events=_gpu_sync_events(job, trace),
+        steps=int(steps["start_ns"].size),
+        window=(int(steps["start_ns"].min()), int(steps["end_ns"].max()))
         if steps["start_ns"].size
         else None,
-        "graph_launches": graph_launches(job, trace),
-    }
-    for device in devices.tolist():
+        graph_launches=graph_launches(job, trace),
+    )
+    for device in out.devices:
         mask = calls["device"] == device
         sub = {k: v[mask] for k, v in calls.items()}
-        lost = _device(
-            job, result, trace, rank, int(device), sub, in_step[mask], sites[mask], context, params
-        )
-        result.metrics.append(Metric(trace, rank, int(device), "sync_lost_ns", lost, "ns"))
+        on = Where(trace, where.rank, int(device))
+        out.devices[device] = measure_device(job, on, sub, in_step[mask], sites[mask], context)
+    return out
+
+
+def metrics(t: TraceSyncs) -> list[Metric]:
+    """``sync_ns`` and ``sync_count`` of the trace, ``sync_lost_ns`` of each device."""
+    trace, rank = t.where.trace, t.where.rank
+    return [
+        Metric(trace, rank, None, "sync_ns", t.blocked_ns, "ns"),
+        Metric(trace, rank, None, "sync_count", t.calls, "count"),
+        *(
+            Metric(trace, rank, int(device), "sync_lost_ns", m.lost_ns if m else 0, "ns")
+            for device, m in t.devices.items()
+        ),
+    ]
+
+
+class SyncContext(msgspec.Struct, kw_only=True):
+    """What one trace holds around its blocking calls (the same for each of its devices)."""
+
+    item_calls: int  # aten::_local_scalar_dense operators (.item() and friends)
+    gpu_sync_events: dict[str, dict]  # sync kind -> {count, ns} of the GPU's sync events
+    steps: int  # ProfilerStep ranges
+    window: tuple[int, int] | None  # first step start, last step end; None without steps
+    graph_launches: tuple[np.ndarray, np.ndarray]  # union of graph-launch calls (starts, ends)
 
 
 def _gpu_sync_events(job: JobData, trace: str) -> dict:
@@ -328,92 +374,141 @@ def graph_launches(job: JobData, trace: str) -> tuple[np.ndarray, np.ndarray]:
     return intervals.union(cols["start_ns"], cols["end_ns"])
 
 
-def _device(
+class DeviceSyncs(msgspec.Struct, kw_only=True):
+    """One device's blocking calls and the GPU time they cost: :func:`measure_device`.
+
+    ns on the trace's clock; ``span_ns`` is the device's first to last GPU
+    operation, inside the steps when the trace has them. No prose: :func:`speak`
+    writes the finding from it.
+    """
+
+    where: Where
+    span_ns: int
+    lost_ns: int  # GPU idle time charged to the calls (the counterfactual gain)
+    calls: int  # blocking calls on the device
+    blocked_ns: int  # host time inside them
+    calls_in_steps: int
+    steps: int
+    gaps_charged: int  # idle gaps with a cost
+    by_api: list[dict]  # [{api, count, blocked_ns}], most blocked first
+    d2h_blocking_copies: dict  # {count, bytes} of blocking device-to-host copies
+    pageable_d2h: bool  # a device-to-host copy into pageable memory among the calls
+    item_calls: int
+    gpu_sync_events: dict[str, dict]
+    call_sites: list[dict]  # [{call_site, count, blocked_ns, gpu_lost_ns}], top first
+    windows: list[list[int]]  # the costliest gaps, from their draining call's start
+
+    @property
+    def share_pct(self) -> float:
+        """``lost_ns`` as a share of the span (unrounded)."""
+        return 100.0 * self.lost_ns / self.span_ns if self.span_ns else 0.0
+
+    @property
+    def per_step(self) -> float:
+        """Blocking calls per step (0 without steps)."""
+        return float(self.calls_in_steps) / self.steps if self.steps else 0.0
+
+
+def measure_device(
     job: JobData,
-    result: AnalyzerResult,
-    trace: str,
-    rank: int,
-    device: int,
+    where: Where,
     calls: dict,
     in_step: np.ndarray,
     sites: np.ndarray,
-    context: dict,
-    params: dict,
-) -> int:
+    context: SyncContext,
+) -> DeviceSyncs | None:
+    """The cost of one device's blocking ``calls`` (:func:`blocking_calls`' columns for
+    that device; ``in_step``: whether each starts in a step; ``sites``: their call
+    sites). None when the device ran nothing or made no blocking call."""
+    trace, device = where.trace, where.device
     busy = job.numpy(
         "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind IN ('kernel', 'memcpy', 'memset')",
         [trace, device],
     )
     if busy["start_ns"].size == 0 or calls["start_ns"].size == 0:
-        return 0
+        return None
     first, last = int(busy["start_ns"].min()), int(busy["end_ns"].max())
     gap_s, gap_e = intervals.gaps(busy["start_ns"], busy["end_ns"])
-    window = context["window"]
+    window = context.window
     if window and min(last, window[1]) > max(first, window[0]):
         # with ProfilerSteps, only the steps count (not setup such as model.to(device))
         first, last = max(first, window[0]), min(last, window[1])
         keep = (gap_s >= first) & (gap_s < last)
         gap_s, gap_e = gap_s[keep], gap_e[keep]
-    span = last - first
     order = np.argsort(calls["start_ns"], kind="stable")
     calls = {k: v[order] for k, v in calls.items()}
     in_step, sites = in_step[order], sites[order]
-    cost = gap_costs(gap_s, gap_e, calls["start_ns"], calls["end_ns"], context["graph_launches"])
+    cost = gap_costs(gap_s, gap_e, calls["start_ns"], calls["end_ns"], context.graph_launches)
     cost.lost = np.minimum(cost.lost, sync_idle_per_gap(job, trace, device, gap_s, gap_e))
-    lost = int(cost.lost.sum())
-    share = 100.0 * lost / span if span else 0.0
-    steps = context["steps"]
-    per_step = float(in_step.sum()) / steps if steps else 0.0
-    severity = _severity(share, lost, per_step, params)
-    if severity is None:
-        return lost
     durations = calls["end_ns"] - calls["start_ns"]
-    evidence = {
-        "share_of_span_pct": round(float(share), 3),
-        "span_ns": span,
-        "blocking_calls": int(durations.size),
-        "blocked_ns": int(durations.sum()),
-        "calls_in_steps": int(in_step.sum()),
-        "steps": steps,
-        "calls_per_step": round(float(per_step), 2),
-        "gaps_charged": int((cost.lost > 0).sum()),
-        "by_api": _by_api(calls, durations),
-        "d2h_blocking_copies": _d2h(calls),
-        "item_calls": context["item_calls"],
-        "gpu_sync_events": context["gpu_sync_events"],
-        "call_sites": _by_site(sites, durations, cost),
-    }
     top = np.argsort(-cost.lost, kind="stable")[:MAX_WINDOWS]
     top = top[cost.lost[top] > 0]
-    windows = [[int(cost.window_start[i]), int(gap_e[i])] for i in top]
-    per_step_text = f" ({per_step:.1f} per step)" if steps else ""
-    worst = evidence["call_sites"][0]["call_site"] if evidence["call_sites"] else "?"
-    apis = ", ".join(f"{a['api']} ×{a['count']}" for a in evidence["by_api"][:4])
-    result.findings.append(
-        Finding(
-            analyzer="host_sync",
-            trace=trace,
-            rank=rank,
-            device=device,
-            severity=severity,
-            title=(
-                f"GPU {device}: {durations.size} host syncs{per_step_text} cost "
-                f"{lost / 1e6:.2f} ms of GPU time ({share:.1f}% of the span)"
-            ),
-            detail=(
-                f"The host blocked {durations.sum() / 1e6:.2f} ms in {durations.size} synchronizing calls "
-                f"({apis}); "
-                f"{evidence['gaps_charged']} GPU idle gaps followed them, {lost / 1e6:.3f} ms charged to the syncs. "
-                f"Top call site: {worst}. {context['item_calls']} scalar reads (aten::_local_scalar_dense) in the trace."
-            ),
-            recommendation=_recommendation(evidence["call_sites"], calls),
-            impact_ns=lost,
-            saving_ns=lost,
-            evidence=evidence,
-            windows=windows,
-        )
+    return DeviceSyncs(
+        where=where,
+        span_ns=last - first,
+        lost_ns=int(cost.lost.sum()),
+        calls=int(durations.size),
+        blocked_ns=int(durations.sum()),
+        calls_in_steps=int(in_step.sum()),
+        steps=context.steps,
+        gaps_charged=int((cost.lost > 0).sum()),
+        by_api=_by_api(calls, durations),
+        d2h_blocking_copies=_d2h(calls),
+        pageable_d2h=bool(
+            ((calls["copy_kind"] == "DtoH") & (calls["dst_kind"] == "pageable")).any()
+        ),
+        item_calls=context.item_calls,
+        gpu_sync_events=context.gpu_sync_events,
+        call_sites=_by_site(sites, durations, cost),
+        windows=[[int(cost.window_start[i]), int(gap_e[i])] for i in top],
     )
-    return lost
+
+
+def speak(m: DeviceSyncs, params: dict) -> Finding | None:
+    """The device's finding, or None when the loss is under every threshold."""
+    lost, share, per_step, device = m.lost_ns, m.share_pct, m.per_step, m.where.device
+    severity = _severity(share, lost, per_step, params)
+    if severity is None:
+        return None
+    per_step_text = f" ({per_step:.1f} per step)" if m.steps else ""
+    worst = m.call_sites[0]["call_site"] if m.call_sites else "?"
+    apis = ", ".join(f"{a['api']} ×{a['count']}" for a in m.by_api[:4])
+    return Finding(
+        analyzer="host_sync",
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=device,
+        severity=severity,
+        title=(
+            f"GPU {device}: {m.calls} host syncs{per_step_text} cost "
+            f"{lost / 1e6:.2f} ms of GPU time ({share:.1f}% of the span)"
+        ),
+        detail=(
+            f"The host blocked {m.blocked_ns / 1e6:.2f} ms in {m.calls} synchronizing calls "
+            f"({apis}); "
+            f"{m.gaps_charged} GPU idle gaps followed them, {lost / 1e6:.3f} ms charged to the syncs. "
+            f"Top call site: {worst}. {m.item_calls} scalar reads (aten::_local_scalar_dense) in the trace."
+        ),
+        recommendation=_recommendation(m.call_sites, m.pageable_d2h),
+        impact_ns=lost,
+        saving_ns=lost,
+        evidence={
+            "share_of_span_pct": round(float(share), 3),
+            "span_ns": m.span_ns,
+            "blocking_calls": m.calls,
+            "blocked_ns": m.blocked_ns,
+            "calls_in_steps": m.calls_in_steps,
+            "steps": m.steps,
+            "calls_per_step": round(float(per_step), 2),
+            "gaps_charged": m.gaps_charged,
+            "by_api": m.by_api,
+            "d2h_blocking_copies": m.d2h_blocking_copies,
+            "item_calls": m.item_calls,
+            "gpu_sync_events": m.gpu_sync_events,
+            "call_sites": m.call_sites,
+        },
+        windows=m.windows,
+    )
 
 
 def _severity(share: float, lost: int, per_step: float, params: dict) -> str | None:
@@ -485,7 +580,8 @@ _FIXES = (
 )
 
 
-def _recommendation(sites: list[dict], calls: dict) -> str:
+def _recommendation(sites: list[dict], pageable_d2h: bool) -> str:
+    """The fixes for the top call sites (and for copies into pageable memory)."""
     import re
 
     fixes: list[str] = []
@@ -493,7 +589,7 @@ def _recommendation(sites: list[dict], calls: dict) -> str:
         for pattern, text in _FIXES:
             if re.search(pattern, site["call_site"]) and text not in fixes:
                 fixes.append(text)
-    if ((calls["copy_kind"] == "DtoH") & (calls["dst_kind"] == "pageable")).any():
+    if pageable_d2h:
         text = _FIXES[1][1]
         if text not in fixes:
             fixes.append(text)

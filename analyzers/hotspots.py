@@ -24,9 +24,17 @@ from __future__ import annotations
 
 import re
 
+import msgspec
 import numpy as np
 
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    Where,
+)
 from stallscope.host_ops import enclosing_ops, name_lookup, op_stack
 from stallscope.jobdata import JobData
 from stallscope.scope import scope_sql
@@ -223,6 +231,14 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
+    for profile in measure_trace(job, Where(trace, rank), params):
+        result.metrics.extend(metrics(profile))
+        result.findings.append(speak(profile, params))
+
+
+def measure_trace(job: JobData, where: Where, params: dict) -> list[DeviceProfile]:
+    """The profile of each device of trace ``where.trace`` with GPU work, by device."""
+    trace = where.trace
     kernels = {
         k: np.asarray(v)
         for k, v in job.numpy(
@@ -230,7 +246,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
         ).items()
     }
     if kernels["device"].size == 0:
-        return
+        return []
     names = name_lookup(job, trace, kernels["name_id"])
     name = np.array([names.get(int(i), "?") for i in kernels["name_id"]], dtype=object)
     # classification runs once per distinct (name, kind), not per event
@@ -244,7 +260,7 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
     precision = np.array([precision_of(n) for n in name], dtype=object)
     tensor = np.array([tensor_cores_of(n) for n in name], dtype=object)
     ops = _top_ops(job, trace)
-    top_n = int(params["top_n"])
+    out = []
     for device in np.unique(kernels["device"]).tolist():
         m = kernels["device"] == device
         table = {
@@ -258,7 +274,9 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
             "precision": precision[m],
             "tensor_cores": tensor[m],
         }
-        _device(job, result, trace, rank, int(device), table, ops.get(device, []), top_n, params)
+        on = Where(trace, where.rank, int(device))
+        out.append(measure_device(job, on, table, ops.get(device, []), params))
+    return out
 
 
 def _top_ops(job: JobData, trace: str) -> dict[int, list[dict]]:
@@ -301,14 +319,49 @@ def _top_ops(job: JobData, trace: str) -> dict[int, list[dict]]:
     return out
 
 
-def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
+class DeviceProfile(msgspec.Struct, kw_only=True):
+    """What one device's GPU time is made of: :func:`measure_device`'s numbers and tables.
+
+    Durations are summed ns over the device's kernels, memcpys and memsets in
+    the step scope; percentages are unrounded unless a table says otherwise.
+    No prose: :func:`speak` writes the finding from it.
+    """
+
+    where: Where
+    gpu_ns: int  # kernels, memcpys and memsets
+    kernel_ns: int
+    kernel_launches: int  # kernels run (sum of counts)
+    kernel_names: int  # distinct kernel names
+    category_ns: dict[str, int]  # every category of CATEGORIES, 0 when absent
+    categories: list[dict]  # [{category, gpu_ns, pct}], most time first, absent ones left out
+    matrix_ns: int  # GEMM, attention and convolution kernels
+    precision: dict[str, dict]  # {precision: {ns, pct of matrix_ns}}
+    precision_inferred: dict | None  # infer_matrix_precision
+    tensor_cores: dict[str, dict]  # {yes|no|unknown: {ns, pct of matrix_ns}}
+    top_kernels: list[dict]  # top_n rows, see docs/analyzers/hotspots.md
+    top_ops: list[dict]  # top_n rows
+    fp32_no_tensor_core_pct: float  # % of matrix_ns in FP32 kernels without Tensor Cores
+    memory_bound_pct: float  # % of gpu_ns in FUSIBLE kernels
+    lead: dict | None  # _lead: the row with the most GPU time
+    multi_tensor: bool  # the optimizer already runs foreach/fused kernels
+    windows: list[list[int]]  # the longest launches of the top kernel
+
+    @property
+    def tensor_core_pct(self) -> float:
+        return self.tensor_cores.get("yes", {}).get("pct", 0.0)
+
+
+def measure_device(
+    job: JobData, where: Where, t: dict, ops: list[dict], params: dict
+) -> DeviceProfile:
+    """One device's profile from its per-name table ``t`` (see :func:`_trace`; its
+    ``precision`` column gets the inferred 16-bit type) and its operators ``ops``
+    (:func:`_top_ops`); ``params['top_n']`` rows per table."""
+    top_n = int(params["top_n"])
     gpu_ns = int(t["total_ns"].sum())
     is_kernel = t["kind"] == "kernel"
     kernel_ns = int(t["total_ns"][is_kernel].sum())
     cat_ns = {c: int(t["total_ns"][t["category"] == c].sum()) for c in CATEGORIES}
-    for c in CATEGORIES:
-        value = round(100.0 * cat_ns[c] / gpu_ns, 3) if gpu_ns else 0.0
-        result.metrics.append(Metric(trace, rank, device, f"gpu_time_pct_{c}", value, "%"))
     matrix = np.isin(t["category"], MATRIX)
     matrix_ns = int(t["total_ns"][matrix].sum())
     inferred = infer_matrix_precision(t, matrix)
@@ -318,31 +371,62 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
             inferred["precision"],
             t["precision"],
         )
-    precision = _shares(t["precision"][matrix], t["total_ns"][matrix], matrix_ns)
-    tensor = _shares(t["tensor_cores"][matrix], t["total_ns"][matrix], matrix_ns)
-    if matrix_ns:
-        tc_pct = tensor.get("yes", {}).get("pct", 0.0)
-        result.metrics.append(Metric(trace, rank, device, "tensor_core_pct", tc_pct, "%"))
     order = np.lexsort((t["name"].astype(str), -t["total_ns"]))
     top = [i for i in order if is_kernel[i]][:top_n]
-    bounds = ncu_bounds(job, trace, params)
-    top_kernels = [
-        {
-            "name": str(t["name"][i]),
-            "category": str(t["category"][i]),
-            "precision": str(t["precision"][i]),
-            "tensor_cores": str(t["tensor_cores"][i]),
-            "count": int(t["count"][i]),
-            "total_ns": int(t["total_ns"][i]),
-            "share_pct": round(float(100.0 * t["total_ns"][i] / kernel_ns), 3)
-            if kernel_ns
-            else 0.0,
-            "mean_ns": int(round(t["total_ns"][i] / t["count"][i])),
-            "median_ns": int(round(t["median_ns"][i])),
-            "bound": bounds.get(str(t["name"][i]), BOUND_UNKNOWN),
-        }
-        for i in top
-    ]
+    bounds = ncu_bounds(job, where.trace, params)
+    fp32_no_tc = matrix & (t["precision"] == "fp32") & (t["tensor_cores"] == "no")
+    fusible = is_kernel & np.isin(t["category"], FUSIBLE)  # copies are not fusible kernels
+    return DeviceProfile(
+        where=where,
+        gpu_ns=gpu_ns,
+        kernel_ns=kernel_ns,
+        kernel_launches=int(t["count"][is_kernel].sum()),
+        kernel_names=int(is_kernel.sum()),
+        category_ns=cat_ns,
+        categories=[
+            {"category": c, "gpu_ns": cat_ns[c], "pct": _pct(cat_ns[c], gpu_ns)}
+            for c in sorted(CATEGORIES, key=lambda c: -cat_ns[c])
+            if cat_ns[c]
+        ],
+        matrix_ns=matrix_ns,
+        precision=_shares(t["precision"][matrix], t["total_ns"][matrix], matrix_ns),
+        precision_inferred=inferred,
+        tensor_cores=_shares(t["tensor_cores"][matrix], t["total_ns"][matrix], matrix_ns),
+        top_kernels=[_kernel_row(t, i, kernel_ns, bounds) for i in top],
+        top_ops=_op_rows(ops, gpu_ns, top_n),
+        fp32_no_tensor_core_pct=100.0 * t["total_ns"][fp32_no_tc].sum() / matrix_ns
+        if matrix_ns
+        else 0.0,
+        memory_bound_pct=100.0 * t["total_ns"][fusible].sum() / gpu_ns if gpu_ns else 0.0,
+        lead=_lead(t, order, bounds),
+        multi_tensor=multi_tensor_optimizer(t["name"][is_kernel]),
+        windows=_windows(job, where.trace, where.device, t["name_id"][top[0]]) if top else [],
+    )
+
+
+def _pct(part: int, whole: int) -> float:
+    return round(100.0 * part / whole, 3) if whole else 0.0
+
+
+def _kernel_row(t: dict, i: int, kernel_ns: int, bounds: dict[str, str]) -> dict:
+    """Row ``i`` of the per-name table as a top-kernel table row."""
+    return {
+        "name": str(t["name"][i]),
+        "category": str(t["category"][i]),
+        "precision": str(t["precision"][i]),
+        "tensor_cores": str(t["tensor_cores"][i]),
+        "count": int(t["count"][i]),
+        "total_ns": int(t["total_ns"][i]),
+        "share_pct": round(float(100.0 * t["total_ns"][i] / kernel_ns), 3) if kernel_ns else 0.0,
+        "mean_ns": int(round(t["total_ns"][i] / t["count"][i])),
+        "median_ns": int(round(t["median_ns"][i])),
+        "bound": bounds.get(str(t["name"][i]), BOUND_UNKNOWN),
+    }
+
+
+def _op_rows(ops: list[dict], gpu_ns: int, top_n: int) -> list[dict]:
+    """The top operators with their share of GPU time; GPU time no launch record
+    explains is a row of its own (``(no launch record)``)."""
     unlaunched = gpu_ns - sum(row["gpu_ns"] for row in ops)
     if unlaunched > 0:
         ops = sorted(
@@ -357,79 +441,82 @@ def _device(job, result, trace, rank, device, t, ops, top_n, params) -> None:
             ],
             key=lambda r: -r["gpu_ns"],
         )
-    top_ops = [
+    return [
         dict(row, share_pct=round(100.0 * row["gpu_ns"] / gpu_ns, 3) if gpu_ns else 0.0)
         for row in ops[:top_n]
     ]
-    categories = [
-        {
-            "category": c,
-            "gpu_ns": cat_ns[c],
-            "pct": round(100.0 * cat_ns[c] / gpu_ns, 3) if gpu_ns else 0.0,
-        }
-        for c in sorted(CATEGORIES, key=lambda c: -cat_ns[c])
-        if cat_ns[c]
+
+
+def metrics(m: DeviceProfile) -> list[Metric]:
+    """``gpu_time_pct_<category>`` for every category; ``tensor_core_pct`` when there
+    are matrix kernels."""
+    w = m.where
+    out = [
+        Metric(
+            w.trace, w.rank, w.device, f"gpu_time_pct_{c}", _pct(m.category_ns[c], m.gpu_ns), "%"
+        )
+        for c in CATEGORIES
     ]
-    fp32_no_tc = matrix & (t["precision"] == "fp32") & (t["tensor_cores"] == "no")
-    fp32_no_tc_pct = 100.0 * t["total_ns"][fp32_no_tc].sum() / matrix_ns if matrix_ns else 0.0
-    fusible = is_kernel & np.isin(t["category"], FUSIBLE)  # copies are not fusible kernels
-    memory_bound_pct = 100.0 * t["total_ns"][fusible].sum() / gpu_ns if gpu_ns else 0.0
-    windows = _windows(job, trace, device, t["name_id"][top[0]]) if top else []
-    head = top_kernels[0] if top_kernels else None
-    cats_text = ", ".join(f"{c['category']} {c['pct']:.0f}%" for c in categories[:4])
-    title = f"GPU {device} time: {cats_text}" + (
+    if m.matrix_ns:
+        out.append(Metric(w.trace, w.rank, w.device, "tensor_core_pct", m.tensor_core_pct, "%"))
+    return out
+
+
+def speak(m: DeviceProfile, params: dict) -> Finding:
+    """The device's ``info`` finding: title, detail and advice from its profile."""
+    head = m.top_kernels[0] if m.top_kernels else None
+    cats_text = ", ".join(f"{c['category']} {c['pct']:.0f}%" for c in m.categories[:4])
+    title = f"GPU {m.where.device} time: {cats_text}" + (
         f"; top kernel {_short(head['name'])} {head['share_pct']:.0f}% of kernel time"
         if head
         else ""
     )
     detail = (
-        f"{gpu_ns / 1e6:.2f} ms of GPU operations ({kernel_ns / 1e6:.2f} ms in "
-        f"{int(t['count'][is_kernel].sum())} kernels of {int(is_kernel.sum())} distinct names)."
+        f"{m.gpu_ns / 1e6:.2f} ms of GPU operations ({m.kernel_ns / 1e6:.2f} ms in "
+        f"{m.kernel_launches} kernels of {m.kernel_names} distinct names)."
     )
-    if matrix_ns:
-        prec_text = ", ".join(f"{p} {v['pct']:.0f}%" for p, v in precision.items())
+    if m.matrix_ns:
+        prec_text = ", ".join(f"{p} {v['pct']:.0f}%" for p, v in m.precision.items())
         detail += (
-            f" Matrix kernels (GEMM, attention, convolution) take {matrix_ns / 1e6:.2f} ms: {prec_text}; "
-            f"{tensor.get('yes', {}).get('pct', 0.0):.0f}% recognisably on Tensor Cores."
+            f" Matrix kernels (GEMM, attention, convolution) take {m.matrix_ns / 1e6:.2f} ms: {prec_text}; "
+            f"{m.tensor_core_pct:.0f}% recognisably on Tensor Cores."
         )
-    if top_ops:
+    if m.top_ops:
         detail += (
-            f" Top operator: {top_ops[0]['name']} ({top_ops[0]['share_pct']:.0f}% of GPU time)."
+            f" Top operator: {m.top_ops[0]['name']} ({m.top_ops[0]['share_pct']:.0f}% of GPU time)."
         )
-    result.findings.append(
-        Finding(
-            analyzer="hotspots",
-            trace=trace,
-            rank=rank,
-            device=device,
-            severity="info",
-            title=title,
-            detail=detail,
-            recommendation=_recommendation(
-                fp32_no_tc_pct,
-                memory_bound_pct,
-                cat_ns,
-                gpu_ns,
-                _lead(t, order, bounds),
-                params,
-                multi_tensor_optimizer(t["name"][is_kernel]),
-            ),
-            impact_ns=0,
-            evidence={
-                "gpu_ns": gpu_ns,
-                "kernel_ns": kernel_ns,
-                "top_kernels": top_kernels,
-                "top_ops": top_ops,
-                "categories": categories,
-                "matrix_ns": matrix_ns,
-                "precision": precision,
-                "precision_inferred": inferred,
-                "tensor_cores": tensor,
-                "fp32_no_tensor_core_pct": round(float(fp32_no_tc_pct), 3),
-                "memory_bound_pct": round(float(memory_bound_pct), 3),
-            },
-            windows=windows,
-        )
+    return Finding(
+        analyzer="hotspots",
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
+        severity="info",
+        title=title,
+        detail=detail,
+        recommendation=_recommendation(
+            m.fp32_no_tensor_core_pct,
+            m.memory_bound_pct,
+            m.category_ns,
+            m.gpu_ns,
+            m.lead,
+            params,
+            m.multi_tensor,
+        ),
+        impact_ns=0,
+        evidence={
+            "gpu_ns": m.gpu_ns,
+            "kernel_ns": m.kernel_ns,
+            "top_kernels": m.top_kernels,
+            "top_ops": m.top_ops,
+            "categories": m.categories,
+            "matrix_ns": m.matrix_ns,
+            "precision": m.precision,
+            "precision_inferred": m.precision_inferred,
+            "tensor_cores": m.tensor_cores,
+            "fp32_no_tensor_core_pct": round(float(m.fp32_no_tensor_core_pct), 3),
+            "memory_bound_pct": round(float(m.memory_bound_pct), 3),
+        },
+        windows=m.windows,
     )
 
 

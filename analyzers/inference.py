@@ -16,10 +16,10 @@ Documented in docs/analyzers/inference.md.
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 
+from stallscope import job_settings
 from stallscope.analyzers.base import (
     AnalyzerResult,
     AnalyzerSpec,
@@ -31,7 +31,6 @@ from stallscope.analyzers.base import (
     pct,
 )
 from stallscope.decode_periods import HOST_WORK, DecodePeriods, measure_periods
-from stallscope.errors import UsageError
 from stallscope.iterations import Iterations, find_iterations
 from stallscope.jobdata import JobData
 
@@ -54,14 +53,14 @@ THRESHOLDS = (
         "sequences per decode iteration when the trace's names do not say (0: unknown)",
     ),
 )
-ITERATION_RANGE_ENV = "STALLSCOPE_ITERATION_RANGE"  # a regex naming the iteration ranges
+ITERATION_RANGE_ENV = "STALLSCOPE_ITERATION_RANGE"  # fallback for the iteration_range setting
 MAX_ROWS = 2000
 MAX_WINDOWS = 20
 
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
-    name_regex = iteration_range()
+    name_regex = iteration_range(job)
     for ref in job.traces:
         rank = int(ref.meta.get("rank", 0))
         for device in job.devices(ref.trace_id):
@@ -72,24 +71,26 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
             numbers = measure(its, periods, params)
             where = (ref.trace_id, rank, int(device))
             result.metrics.extend(_metrics(where, numbers))
+            numbers["iteration_range"] = name_regex
             result.findings.extend(_findings(where, its, periods, numbers, params))
     return result
 
 
-def iteration_range() -> str | None:
-    """The regex of ``$STALLSCOPE_ITERATION_RANGE`` (host ranges that are the iterations), or None.
+def iteration_range(job: JobData | None = None) -> str | None:
+    """The regex naming the host ranges that are the iterations, or None (find them).
 
-    Set it when the guess is wrong; an invalid pattern is a :class:`UsageError`.
+    The job's ``iteration_range`` setting (``analyze --iteration-range``, the
+    Inference page; :mod:`stallscope.job_settings`), else
+    ``$STALLSCOPE_ITERATION_RANGE``. Set it when the guess is wrong; an
+    invalid pattern is a :class:`UsageError`.
     """
-    value = os.environ.get(ITERATION_RANGE_ENV, "").strip()
+    setting = job_settings.of(job).iteration_range if job is not None else None
+    value = setting or os.environ.get(ITERATION_RANGE_ENV, "").strip()
     if not value:
         return None
-    try:
-        re.compile(value)
-    except re.error as error:
-        raise UsageError(
-            f"{ITERATION_RANGE_ENV}={value!r} is not a regular expression: {error}"
-        ) from None
+    job_settings.check_iteration_range(
+        value, "--iteration-range" if setting else ITERATION_RANGE_ENV
+    )
     return value
 
 
@@ -485,6 +486,20 @@ def _kv_finding(where, numbers, params) -> Finding | None:
     )
 
 
+def _source_text(its: Iterations, numbers: dict) -> str:
+    """How the iterations were found, in words (the names shown are the first few distinct)."""
+    names = ", ".join(sorted(set(n[:60] for n in its.names)))[:300]
+    if its.source == "shapes":
+        return (
+            f"Iterations found from input shapes (no iteration range in the trace): each call of the "
+            f"token embedding (aten::embedding) starts a model forward, and its indices' shape gives "
+            f"batch and tokens ({names}; [batch, 1] is a decode, [batch, seq] a prefill)."
+        )
+    if its.source == "option":
+        return f"Iterations are the host ranges matching the iteration range `{numbers.get('iteration_range')}` ({names})."
+    return f"Iterations found from {its.source} ranges ({names})."
+
+
 def _iterations_finding(where, its: Iterations, periods, numbers) -> Finding:
     """The iteration table (info): for the Inference page and the report."""
     count = {
@@ -505,14 +520,15 @@ def _iterations_finding(where, its: Iterations, periods, numbers) -> Finding:
         "iterations",
         f"Inference: {count['decode']} decode and {count['prefill'] + count['mixed']} prefill/mixed iterations{tpot}",
         (
-            f"Iterations found from {its.source} ranges ({', '.join(sorted(set(n[:60] for n in its.names)))[:300]}). "
-            "A decode period runs from the GPU completion of one decode iteration to the next: the batch's time "
-            "per output token." + ahead
+            _source_text(its, numbers)
+            + " A decode period runs from the GPU completion of one decode "
+            "iteration to the next: the batch's time per output token." + ahead
         ),
         "Use the per-iteration table (Inference page) to see what each slow token waited for.",
         0,
         {
             "source": its.source,
+            "iteration_range": numbers.get("iteration_range"),
             "phases": count,
             "host_period_ns_median": None if host is None else int(host),
             "iterations": _rows(its, periods),

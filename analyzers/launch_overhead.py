@@ -13,12 +13,15 @@ Documented in docs/analyzers/launch_overhead.md.
 
 from __future__ import annotations
 
+import msgspec
+
 from stallscope.analyzers.base import (
     AnalyzerResult,
     AnalyzerSpec,
     Finding,
     Metric,
     Threshold,
+    Where,
     graded_severity,
     graded_thresholds,
 )
@@ -71,13 +74,55 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
             "SELECT count(*) FROM ranges WHERE trace_id = ? AND kind = 'step'", [ref.trace_id]
         ).fetchone()[0]
         for device in job.devices(ref.trace_id):
-            _device(job, result, ref.trace_id, rank, int(device), int(steps), params)
+            where = Where(ref.trace_id, rank, int(device))
+            m = measure_device(job, where, steps=int(steps), params=params)
+            result.metrics.extend(metrics(m))
+            result.findings.extend(speak(m, params))
     return result
 
 
-def _device(
-    job: JobData, result: AnalyzerResult, trace: str, rank: int, device: int, steps: int, params
-) -> None:
+class LaunchStats(msgspec.Struct, kw_only=True):
+    """One device's launch path and the GPU idle time waiting on it: :func:`measure_device`.
+
+    Counts are over the device's kernels in the step scope joined to their
+    launch calls; ns on the trace's clock. No prose: :func:`speak` writes the
+    findings from it.
+    """
+
+    where: Where
+    steps: int  # ProfilerStep ranges of the trace
+    kernels: int
+    launches: int  # distinct launch calls (graph launches included)
+    graph_launches: int
+    driver_launches: int
+    short_kernels: int  # kernels shorter than their (non-graph) launch call
+    single_kernels: int  # kernels launched one by one (not by a graph launch)
+    median_kernel_ns: float | None
+    median_launch_ns: float | None  # of non-graph launch calls
+    mean_graph_launch_ns: float | None
+    span_ns: int  # the idle attribution's span
+    waited_ns: int  # idle time whose cause is launch, graph launches excluded
+    graph_wait_ns: int  # idle time inside graph launches
+    gain_ns: int  # estimated saving of capturing the step in a CUDA Graph
+    windows: list[list[int]]  # the longest waits for launches
+    graph_windows: list[list[int]]  # the longest waits inside graph launches
+
+    @property
+    def share_pct(self) -> float:
+        return 100.0 * self.waited_ns / self.span_ns if self.span_ns else 0.0
+
+    @property
+    def graph_share_pct(self) -> float:
+        return 100.0 * self.graph_wait_ns / self.span_ns if self.span_ns else 0.0
+
+    @property
+    def short_kernel_pct(self) -> float:
+        return 100.0 * self.short_kernels / self.single_kernels if self.single_kernels else 0.0
+
+
+def measure_device(job: JobData, where: Where, *, steps: int, params: dict) -> LaunchStats:
+    """Launch counts and the launch wait of one device (``steps``: the trace's step count)."""
+    trace, device = where.trace, where.device
     row = job.sql(
         _STATS_SQL.replace("{scope}", scope_sql(job, trace)), [trace, trace, device]
     ).fetchone()
@@ -93,50 +138,64 @@ def _device(
         mean_graph,
     ) = row
     attribution = attribute_idle(job, trace, device)
-    span = attribution.span_end - attribution.span_start
     if attribution.per_gap.size:
         graph_per_gap = attribution.graph_launch_per_gap
         per_gap = attribution.per_gap[:, CAUSES.index("launch")] - graph_per_gap
     else:
         graph_per_gap = per_gap = attribution.per_gap.reshape(-1)
-    waited, graph_wait = int(per_gap.sum()), int(graph_per_gap.sum())
-    share = 100.0 * waited / span if span else 0.0
-    graph_share = 100.0 * graph_wait / span if span else 0.0
-    short_pct = 100.0 * short / single if single else 0.0
-    for name, value, unit in (
-        ("launch_overhead_pct", round(share, 3), "%"),
-        ("graph_launch_wait_pct", round(graph_share, 3), "%"),
-        ("launch_count", int(launches), "count"),
-        ("graph_launch_count", int(graph_launches), "count"),
-        ("short_kernel_pct", round(short_pct, 3), "%"),
-    ):
-        result.metrics.append(Metric(trace, rank, device, name, value, unit))
-    graph = _graph_finding(
-        trace,
-        rank,
-        device,
-        attribution,
-        graph_per_gap,
-        graph_share,
-        graph_launches,
-        kernels,
-        mean_graph,
-        params,
-    )
-    if graph:
-        result.findings.append(graph)
-    severity = graded_severity(share, waited, params)
-    if severity is None:
-        return
+    waited = int(per_gap.sum())
     replay_cost = int(params["graph_replay_us"] * 1000) * max(steps, 1)
     gain = max(waited - replay_cost, 0)
-    windows = _windows(attribution, per_gap)
+    return LaunchStats(
+        where=where,
+        steps=steps,
+        kernels=kernels,
+        launches=launches,
+        graph_launches=graph_launches,
+        driver_launches=driver_launches,
+        short_kernels=short,
+        single_kernels=single,
+        median_kernel_ns=median_kernel,
+        median_launch_ns=median_launch,
+        mean_graph_launch_ns=mean_graph,
+        span_ns=attribution.span_end - attribution.span_start,
+        waited_ns=waited,
+        graph_wait_ns=int(graph_per_gap.sum()),
+        gain_ns=gain,
+        windows=_windows(attribution, per_gap),
+        graph_windows=_windows(attribution, graph_per_gap),
+    )
+
+
+def metrics(m: LaunchStats) -> list[Metric]:
+    w = m.where
+    return [
+        Metric(w.trace, w.rank, w.device, name, value, unit)
+        for name, value, unit in (
+            ("launch_overhead_pct", round(m.share_pct, 3), "%"),
+            ("graph_launch_wait_pct", round(m.graph_share_pct, 3), "%"),
+            ("launch_count", int(m.launches), "count"),
+            ("graph_launch_count", int(m.graph_launches), "count"),
+            ("short_kernel_pct", round(m.short_kernel_pct, 3), "%"),
+        )
+    ]
+
+
+def speak(m: LaunchStats, params: dict) -> list[Finding]:
+    """The graph-launch finding (when its wait is material), then the launch-wait finding."""
+    graph = _graph_finding(m, params)
+    findings = [graph] if graph else []
+    share, waited = m.share_pct, m.waited_ns
+    severity = graded_severity(share, waited, params)
+    if severity is None:
+        return findings
+    device, steps, launches, gain = m.where.device, m.steps, m.launches, m.gain_ns
     per_step = f", {launches / steps:.0f} per step" if steps else ""
-    result.findings.append(
+    findings.append(
         Finding(
             analyzer="launch_overhead",
-            trace=trace,
-            rank=rank,
+            trace=m.where.trace,
+            rank=m.where.rank,
             device=device,
             severity=severity,
             title=(
@@ -145,9 +204,9 @@ def _device(
                 else f"GPU {device} waited {share:.1f}% of the time for the CPU to launch kernels"
             ),
             detail=(
-                f"{launches} launches{per_step} ({driver_launches} through the driver API, {graph_launches} graph "
-                f"launches) for {kernels} kernels; {short_pct:.0f}% of kernels ran shorter than the API call that "
-                f"launched them (median kernel {_us(median_kernel)} µs, median launch call {_us(median_launch)} µs). "
+                f"{launches} launches{per_step} ({m.driver_launches} through the driver API, {m.graph_launches} graph "
+                f"launches) for {m.kernels} kernels; {m.short_kernel_pct:.0f}% of kernels ran shorter than the API call that "
+                f"launched them (median kernel {_us(m.median_kernel_ns)} µs, median launch call {_us(m.median_launch_ns)} µs). "
                 f"The GPU waited {waited / 1e6:.2f} ms for the CPU to issue work. The profiler slows every "
                 "launch call, so the wait unprofiled is shorter, by how much the trace cannot show: time a "
                 "few steps without the profiler (torch.cuda.Event) before and after the fix."
@@ -161,19 +220,20 @@ def _device(
             saving_ns=gain,
             evidence={
                 "launches": int(launches),
-                "driver_launches": int(driver_launches),
-                "graph_launches": int(graph_launches),
-                "kernels": int(kernels),
-                "short_kernel_pct": round(short_pct, 3),
-                "median_kernel_ns": _int(median_kernel),
-                "median_launch_ns": _int(median_launch),
+                "driver_launches": int(m.driver_launches),
+                "graph_launches": int(m.graph_launches),
+                "kernels": int(m.kernels),
+                "short_kernel_pct": round(m.short_kernel_pct, 3),
+                "median_kernel_ns": _int(m.median_kernel_ns),
+                "median_launch_ns": _int(m.median_launch_ns),
                 "steps": steps,
                 "estimated_gain_ns": gain,
                 "share_of_span_pct": round(share, 3),
             },
-            windows=windows,
+            windows=m.windows,
         )
     )
+    return findings
 
 
 def _windows(attribution, per_gap) -> list[list[int]]:
@@ -185,25 +245,23 @@ def _windows(attribution, per_gap) -> list[list[int]]:
     ]
 
 
-def _graph_finding(
-    trace, rank, device, attribution, per_gap, share, graph_launches, kernels, mean_graph, params
-):
+def _graph_finding(m: LaunchStats, params: dict) -> Finding | None:
     """Waiting inside graph launches: ``info`` only, since CUPTI inflates them while profiling.
 
     (Not a severity that ``--fail-on low`` gates on: a profiler artifact must not fail CI.)
     """
-    waited = int(per_gap.sum())
+    waited, share, device = m.graph_wait_ns, m.graph_share_pct, m.where.device
     if graded_severity(share, waited, params) is None:
         return None
     return Finding(
         analyzer="launch_overhead",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=device,
         severity="info",
         title=f"GPU {device} waited {share:.1f}% of the time for CUDA Graph launches (likely profiler overhead)",
         detail=(
-            f"{graph_launches} graph launches took {_us(mean_graph)} µs each on average; the GPU waited "
+            f"{m.graph_launches} graph launches took {_us(m.mean_graph_launch_ns)} µs each on average; the GPU waited "
             f"{waited / 1e6:.2f} ms for them. While profiling, CUPTI adds roughly 1 µs per graph node to every "
             "graph launch, so this wait is mostly an artifact of the profiler; unprofiled, a graph launch costs "
             "microseconds to tens of microseconds."
@@ -216,12 +274,12 @@ def _graph_finding(
         impact_ns=waited,
         evidence={
             "key": "graph",
-            "graph_launches": int(graph_launches),
-            "kernels": int(kernels),
-            "mean_graph_launch_ns": _int(mean_graph),
+            "graph_launches": int(m.graph_launches),
+            "kernels": int(m.kernels),
+            "mean_graph_launch_ns": _int(m.mean_graph_launch_ns),
             "share_of_span_pct": round(share, 3),
         },
-        windows=_windows(attribution, per_gap),
+        windows=m.graph_windows,
     )
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from stallscope import intervals
@@ -40,6 +41,7 @@ from stallscope.analyzers.base import (
     Finding,
     Metric,
     Threshold,
+    Where,
     graded_severity,
     graded_thresholds,
 )
@@ -118,6 +120,47 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
+    for c in device_copies(job, Where(trace, rank)):
+        dev, where = c.dev, c.where
+        host_pageable = (dev["src_kind"] == "pageable") | (dev["dst_kind"] == "pageable")
+        result.metrics.append(
+            Metric(
+                where.trace,
+                where.rank,
+                where.device,
+                "pageable_memcpy_bytes",
+                int(dev["bytes"][host_pageable].sum()),
+                "bytes",
+            )
+        )
+        result.metrics.append(
+            Metric(
+                where.trace,
+                where.rank,
+                where.device,
+                "pageable_memcpy_count",
+                int(host_pageable.sum()),
+                "count",
+            )
+        )
+        if not dev["start_ns"].size:
+            continue
+        h2d, bound = measure_pageable_h2d(job, c, params), measure_copy_bound(job, c)
+        for finding in (
+            speak_pageable_h2d(h2d, params) if h2d else None,
+            _pageable_d2h(job, c, params),
+            speak_copy_bound(bound, params) if bound else None,
+            _d2h_in_step(c, params),
+            _sync_copies(c),
+        ):
+            if finding:
+                result.findings.append(finding)
+
+
+def device_copies(job: JobData, where: Where) -> list[DeviceCopies]:
+    """The copies of each device of trace ``where.trace`` with GPU work, by device
+    (a device without copies gets empty columns)."""
+    trace = where.trace
     copies = {
         k: np.asarray(v)
         for k, v in job.con.execute(_COPIES_SQL, {"trace": trace}).fetchnumpy().items()
@@ -146,37 +189,31 @@ def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: 
         if copies["start_ns"].size
         else np.zeros(0, dtype=object)
     )
+    out = []
     for device in devices.tolist():
         mask = copies["device"] == device
-        dev = {k: v[mask] for k, v in copies.items()}
-        host_pageable = (dev["src_kind"] == "pageable") | (dev["dst_kind"] == "pageable")
-        result.metrics.append(
-            Metric(
-                trace,
-                rank,
-                int(device),
-                "pageable_memcpy_bytes",
-                int(dev["bytes"][host_pageable].sum()),
-                "bytes",
+        out.append(
+            DeviceCopies(
+                where=Where(trace, where.rank, int(device)),
+                dev={k: v[mask] for k, v in copies.items()},
+                in_step=in_step[mask],
+                sites=sites[mask],
+                steps=n_steps,
+                window=window,
             )
         )
-        result.metrics.append(
-            Metric(
-                trace, rank, int(device), "pageable_memcpy_count", int(host_pageable.sum()), "count"
-            )
-        )
-        if not mask.any():
-            continue
-        ctx = (trace, rank, int(device), dev, in_step[mask], sites[mask], n_steps)
-        for finding in (
-            _pageable(job, *ctx, params, window),
-            _pageable_d2h(job, *ctx, params, window),
-            _copy_bound(job, trace, rank, int(device), dev, params, window),
-            _d2h_in_step(*ctx, params),
-            _sync_copies(*ctx),
-        ):
-            if finding:
-                result.findings.append(finding)
+    return out
+
+
+class DeviceCopies(msgspec.Struct, kw_only=True):
+    """One device's copies (the columns of ``_COPIES_SQL``) and where they sit."""
+
+    where: Where
+    dev: dict[str, np.ndarray]  # one entry per copy
+    in_step: np.ndarray  # per copy: its launch is inside a step (all True without steps)
+    sites: np.ndarray  # per copy: its call site
+    steps: int  # ProfilerStep ranges of the trace
+    window: tuple[int, int] | None  # first step start, last step end; None without steps
 
 
 def pinned_bandwidth(
@@ -205,9 +242,42 @@ def pinned_bandwidth(
     return UNKNOWN_GBPS, "assumed (GPU generation unknown)"
 
 
-def _pageable(
-    job, trace, rank, device, dev, in_step, sites, n_steps, params, window
-) -> Finding | None:
+class PageableH2D(msgspec.Struct, kw_only=True):
+    """Pageable host-to-device copies of one device (inside the steps when there are
+    any), measured against pinned copies of the same bytes: :func:`measure_pageable_h2d`.
+
+    ``lost_ns`` = Σ max(0, duration − (bytes / ``gbps`` + 1 µs)) per copy;
+    ``saving_ns`` the same over each copy's exposed time (no kernel beside it).
+    """
+
+    where: Where
+    count: int
+    outside_steps: int  # pageable copies outside the steps, not counted (0 without steps)
+    steps: int
+    nbytes: int
+    largest_bytes: int
+    gpu_ns: int
+    exposed_ns: int
+    lost_ns: int
+    saving_ns: int
+    span_ns: int
+    gbps: float  # assumed pinned bandwidth
+    gbps_source: str  # where gbps comes from
+    call_sites: list[dict]
+    windows: list[list[int]]  # the copies that lost the most
+
+    @property
+    def achieved_gbps(self) -> float:
+        return self.nbytes / self.gpu_ns if self.gpu_ns else 0.0
+
+    @property
+    def share_pct(self) -> float:
+        return 100.0 * self.lost_ns / self.span_ns if self.span_ns else 0.0
+
+
+def measure_pageable_h2d(job: JobData, c: DeviceCopies, params: dict) -> PageableH2D | None:
+    """The device's pageable host-to-device copies, or None when it has none."""
+    dev, in_step, trace, device = c.dev, c.in_step, c.where.trace, c.where.device
     pageable = (dev["copy_kind"] == "HtoD") & (dev["src_kind"] == "pageable")
     if not pageable.any():
         return None
@@ -216,11 +286,32 @@ def _pageable(
     dur = dev["end_ns"] - dev["start_ns"]
     pinned_ns = dev["bytes"] / bw + PINNED_LATENCY_NS  # bytes / (GB/s) = ns
     lost_each = np.where(counted, np.maximum(dur - pinned_ns, 0), 0).astype(np.int64)
-    lost = int(lost_each.sum())
     exposed = exposed_each(dev, kernel_union(job, trace, device))
-    saving = int(np.where(counted, np.maximum(exposed - pinned_ns, 0), 0).sum())
-    span = _span(job, trace, device, window)
-    share = 100.0 * lost / span if span else 0.0
+    order = np.argsort(-lost_each, kind="stable")[:MAX_WINDOWS]
+    order = order[lost_each[order] > 0]
+    return PageableH2D(
+        where=c.where,
+        count=int(counted.sum()),
+        outside_steps=int((pageable & ~in_step).sum()) if c.steps else 0,
+        steps=c.steps,
+        nbytes=int(dev["bytes"][counted].sum()),
+        largest_bytes=int(dev["bytes"][counted].max()) if counted.any() else 0,
+        gpu_ns=int(dur[counted].sum()),
+        exposed_ns=int(exposed[counted].sum()),
+        lost_ns=int(lost_each.sum()),
+        saving_ns=int(np.where(counted, np.maximum(exposed - pinned_ns, 0), 0).sum()),
+        span_ns=_span(job, trace, device, c.window),
+        gbps=bw,
+        gbps_source=source,
+        call_sites=_by_site(c.sites[counted], dev["bytes"][counted], dur[counted]),
+        windows=[[int(dev["start_ns"][i]), int(dev["end_ns"][i])] for i in order],
+    )
+
+
+def speak_pageable_h2d(m: PageableH2D, params: dict) -> Finding | None:
+    """The pageable host-to-device finding, graded by the lost share of the span
+    (``info`` below the ladder); None under ``min_impact_ms``."""
+    lost, share, achieved, nbytes = m.lost_ns, m.share_pct, m.achieved_gbps, m.nbytes
     if lost < params["min_impact_ms"] * 1e6:
         return None
     severity = "info"
@@ -228,32 +319,28 @@ def _pageable(
         if share >= params[f"share_pct_{level}"]:
             severity = level
             break
-    nbytes = int(dev["bytes"][counted].sum())
-    gpu_ns = int(dur[counted].sum())
-    achieved = nbytes / gpu_ns if gpu_ns else 0.0
-    order = np.argsort(-lost_each, kind="stable")[:MAX_WINDOWS]
-    order = order[lost_each[order] > 0]
+    device, n_steps = m.where.device, m.steps
     scope = "inside the steps" if n_steps else "in the trace"
     per_step = f" ({_mib(nbytes // n_steps)} per step)" if n_steps else ""
     return Finding(
         analyzer="memcpy",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=device,
         severity=severity,
         title=(
-            f"GPU {device}: {int(counted.sum())} pageable host-to-device copies, "
+            f"GPU {device}: {m.count} pageable host-to-device copies, "
             f"{_mib(nbytes)}{per_step}, at {achieved:.1f} GB/s"
         ),
         detail=(
-            f"{int(counted.sum())} copies from pageable host memory {scope} moved {nbytes:,} bytes in "
-            f"{gpu_ns / 1e6:.2f} ms of GPU time ({achieved:.1f} GB/s). From pinned memory at {bw:.1f} GB/s "
-            f"({source}) they would take about {(nbytes / bw + PINNED_LATENCY_NS * counted.sum()) / 1e6:.2f} ms: "
+            f"{m.count} copies from pageable host memory {scope} moved {nbytes:,} bytes in "
+            f"{m.gpu_ns / 1e6:.2f} ms of GPU time ({achieved:.1f} GB/s). From pinned memory at {m.gbps:.1f} GB/s "
+            f"({m.gbps_source}) they would take about {(nbytes / m.gbps + PINNED_LATENCY_NS * m.count) / 1e6:.2f} ms: "
             f"at least {lost / 1e6:.2f} ms lost ({share:.1f}% of the span). Pageable copies also block the "
             f"host while the driver stages them."
             + (
-                f" {int((pageable & ~in_step).sum())} more outside the steps are not counted."
-                if n_steps and (pageable & ~in_step).any()
+                f" {m.outside_steps} more outside the steps are not counted."
+                if n_steps and m.outside_steps
                 else ""
             )
         ),
@@ -263,24 +350,24 @@ def _pageable(
             "copy overlaps compute; prefetch the next batch to the GPU on a side stream."
         ),
         impact_ns=lost,
-        saving_ns=saving,
+        saving_ns=m.saving_ns,
         evidence={
             "key": "pageable_h2d",
-            "exposed_ns": int(exposed[counted].sum()),
-            "count": int(counted.sum()),
+            "exposed_ns": m.exposed_ns,
+            "count": m.count,
             "bytes": nbytes,
-            "gpu_ns": gpu_ns,
+            "gpu_ns": m.gpu_ns,
             "achieved_gbps": round(float(achieved), 2),
-            "pinned_gbps": round(float(bw), 2),
-            "pinned_gbps_source": source,
+            "pinned_gbps": round(float(m.gbps), 2),
+            "pinned_gbps_source": m.gbps_source,
             "share_of_span_pct": round(float(share), 3),
-            "span_ns": span,
+            "span_ns": m.span_ns,
             "steps": n_steps,
-            "outside_steps": int((pageable & ~in_step).sum()) if n_steps else 0,
-            "largest_bytes": int(dev["bytes"][counted].max()) if counted.any() else 0,
-            "call_sites": _by_site(sites[counted], dev["bytes"][counted], dur[counted]),
+            "outside_steps": m.outside_steps,
+            "largest_bytes": m.largest_bytes,
+            "call_sites": m.call_sites,
         },
-        windows=[[int(dev["start_ns"][i]), int(dev["end_ns"][i])] for i in order],
+        windows=m.windows,
     )
 
 
@@ -356,7 +443,8 @@ class PageableD2H:
     share: float
 
 
-def _measure_d2h(job, trace, device, dev, in_step, params, window) -> PageableD2H | None:
+def _measure_d2h(job: JobData, c: DeviceCopies, params: dict) -> PageableD2H | None:
+    trace, device, dev, in_step, window = c.where.trace, c.where.device, c.dev, c.in_step, c.window
     mask = (dev["copy_kind"] == "DtoH") & (dev["dst_kind"] == "pageable") & in_step
     if not mask.any():
         return None
@@ -385,11 +473,11 @@ def _measure_d2h(job, trace, device, dev, in_step, params, window) -> PageableD2
     )
 
 
-def _pageable_d2h(
-    job, trace, rank, device, dev, in_step, sites, n_steps, params, window
-) -> Finding | None:
+def _pageable_d2h(job: JobData, c: DeviceCopies, params: dict) -> Finding | None:
     """Pageable device-to-host copies: the copy's exposed time is on the critical path."""
-    m = _measure_d2h(job, trace, device, dev, in_step, params, window)
+    trace, rank, device = c.where.trace, c.where.rank, c.where.device
+    dev, sites, n_steps = c.dev, c.sites, c.steps
+    m = _measure_d2h(job, c, params)
     if m is None:
         return None
     severity = graded_severity(m.share, m.exposed_ns, params)
@@ -445,7 +533,9 @@ def _pageable_d2h(
     )
 
 
-def _d2h_in_step(trace, rank, device, dev, in_step, sites, n_steps, params) -> Finding | None:
+def _d2h_in_step(c: DeviceCopies, params: dict) -> Finding | None:
+    trace, rank, device = c.where.trace, c.where.rank, c.where.device
+    dev, in_step, sites, n_steps = c.dev, c.in_step, c.sites, c.steps
     if not n_steps:
         return None
     d2h = (dev["copy_kind"] == "DtoH") & in_step
@@ -498,7 +588,9 @@ def _d2h_in_step(trace, rank, device, dev, in_step, sites, n_steps, params) -> F
     )
 
 
-def _sync_copies(trace, rank, device, dev, in_step, sites, n_steps) -> Finding | None:
+def _sync_copies(c: DeviceCopies) -> Finding | None:
+    trace, rank, device = c.where.trace, c.where.rank, c.where.device
+    dev, in_step, sites = c.dev, c.in_step, c.sites
     sync = dev["sync_api"] & ~((dev["copy_kind"] == "HtoD") & (dev["bytes"] <= SMALL_H2D_BYTES))
     if not sync.any():
         return None
@@ -545,8 +637,26 @@ def _sync_copies(trace, rank, device, dev, in_step, sites, n_steps) -> Finding |
     )
 
 
-def _copy_bound(job, trace, rank, device, dev, params, window) -> Finding | None:
-    """Pinned/device copies that run with no kernel beside them, as a share of the span."""
+class CopyBound(msgspec.Struct, kw_only=True):
+    """Pinned host/device and peer copies of one device (device-to-device copies are GPU
+    memory work, like kernels) against its kernels: :func:`measure_copy_bound`."""
+
+    where: Where
+    copy_ns: int  # union of the copies
+    exposed_ns: int  # of it, with no kernel running
+    span_ns: int
+    by_direction: dict[str, dict]  # copy kind -> {count, bytes, gbps}
+    windows: list[list[int]]  # the longest copies
+
+    @property
+    def share_pct(self) -> float:
+        return 100.0 * self.exposed_ns / self.span_ns
+
+
+def measure_copy_bound(job: JobData, c: DeviceCopies) -> CopyBound | None:
+    """The device's exposed copy time (in the steps when there are any), or None when it
+    has no such copy or no span."""
+    trace, device, dev, window = c.where.trace, c.where.device, c.dev, c.window
     pageable = (dev["src_kind"] == "pageable") | (dev["dst_kind"] == "pageable")
     # host <-> device and peer transfers; device-to-device copies are GPU memory work, like kernels
     mine = ~pageable & np.isin(dev["copy_kind"], ["HtoD", "DtoH", "PtoP"])
@@ -560,16 +670,10 @@ def _copy_bound(job, trace, rank, device, dev, params, window) -> Finding | None
         [trace, device],
     )
     starts, ends = dev["start_ns"][mine], dev["end_ns"][mine]
-    copy_ns = intervals.total(starts, ends)
     kernel_ns = intervals.total(kernels["start_ns"], kernels["end_ns"])
     both = intervals.total(
         np.concatenate([starts, kernels["start_ns"]]), np.concatenate([ends, kernels["end_ns"]])
     )
-    exposed = both - kernel_ns
-    share = 100.0 * exposed / span
-    severity = graded_severity(share, exposed, params, prefix="copy_exposed_pct")
-    if severity is None:
-        return None
     kinds = dev["copy_kind"][mine].astype(str)
     nbytes, dur = dev["bytes"][mine], ends - starts
     by_kind = {}
@@ -581,21 +685,37 @@ def _copy_bound(job, trace, rank, device, dev, params, window) -> Finding | None
             "bytes": int(nbytes[k].sum()),
             "gbps": round(float(nbytes[k].sum()) / seconds / 1e9, 2) if seconds else None,
         }
+    longest = np.argsort(-dur, kind="stable")[:MAX_WINDOWS]
+    return CopyBound(
+        where=c.where,
+        copy_ns=intervals.total(starts, ends),
+        exposed_ns=both - kernel_ns,
+        span_ns=span,
+        by_direction=by_kind,
+        windows=[[int(starts[i]), int(ends[i])] for i in longest],
+    )
+
+
+def speak_copy_bound(m: CopyBound, params: dict) -> Finding | None:
+    """The copy-bound finding, graded by the exposed share (``copy_exposed_pct_*``)."""
+    exposed, share, span, device = m.exposed_ns, m.share_pct, m.span_ns, m.where.device
+    severity = graded_severity(share, exposed, params, prefix="copy_exposed_pct")
+    if severity is None:
+        return None
     moved = ", ".join(
         f"{kind} {_mib(v['bytes'])} in {v['count']} copies"
         + (f" at {v['gbps']:.1f} GB/s" if v["gbps"] else "")
-        for kind, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["bytes"])
+        for kind, v in sorted(m.by_direction.items(), key=lambda kv: -kv[1]["bytes"])
     )
-    longest = np.argsort(-dur, kind="stable")[:MAX_WINDOWS]
     return Finding(
         analyzer="memcpy",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=device,
         severity=severity,
         title=f"GPU {device} copy-bound: copies with no compute beside them fill {share:.1f}% of the time",
         detail=(
-            f"Pinned host/device and peer copies ran {copy_ns / 1e6:.2f} ms, {exposed / 1e6:.2f} ms of it with no kernel "
+            f"Pinned host/device and peer copies ran {m.copy_ns / 1e6:.2f} ms, {exposed / 1e6:.2f} ms of it with no kernel "
             f"running ({share:.1f}% of the {span / 1e6:.2f} ms span): {moved}."
         ),
         recommendation=(
@@ -610,13 +730,13 @@ def _copy_bound(job, trace, rank, device, dev, params, window) -> Finding | None
         impact_ns=int(exposed),
         evidence={
             "key": "copy_bound",
-            "copy_ns": int(copy_ns),
+            "copy_ns": int(m.copy_ns),
             "exposed_ns": int(exposed),
             "share_of_span_pct": round(share, 3),
             "span_ns": int(span),
-            "by_direction": by_kind,
+            "by_direction": m.by_direction,
         },
-        windows=[[int(starts[i]), int(ends[i])] for i in longest],
+        windows=m.windows,
     )
 
 

@@ -25,6 +25,7 @@ stream, fewer tiny collectives). Documented in docs/analyzers/overlap.md.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from stallscope import intervals
@@ -34,6 +35,7 @@ from stallscope.analyzers.base import (
     Finding,
     Metric,
     Threshold,
+    Where,
     graded_severity,
     graded_thresholds,
     pct,
@@ -65,7 +67,12 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
             waits = match.waits_of(trace, device) if match else (np.zeros(0, np.int64),) * 2
             rank = int(ref.meta.get("rank", 0))
             part = job.part_of(trace)  # per-trace queries read this rank's files only
-            _device(part, result, trace, rank, device, ops, waits, params, missing, ranked)
+            where = Where(trace, rank, device)
+            m = measure_device(part, where, ops, waits, missing=missing, ranked=ranked)
+            result.metrics.extend(metrics(m))
+            finding = speak(m, params)
+            if finding:
+                result.findings.append(finding)
     return result
 
 
@@ -92,120 +99,195 @@ def _participants(match) -> int:
     return len(set(zip(rows["trace_id"].tolist(), rows["device"].tolist(), strict=True)))
 
 
-def _device(
-    job, result, trace, rank, device, ops, waits, params, missing=None, ranked=False
-) -> None:
+class Collectives(msgspec.Struct, kw_only=True):
+    """What one device's communication looks like (:func:`measure_collectives`)."""
+
+    comm_kernels: int  # communication kernels of the device
+    comm_streams: list[int]  # streams that run them
+    shared_streams: list[int]  # of those, the ones that also run compute kernels
+    ops: dict[str, int]  # collective op -> count in the step scope, most first
+    per_step: float | None  # communication kernels per step (1 decimal); None without steps
+    median_bytes: float | None  # median collective size; None when the trace lacks sizes
+    uses_ddp: bool  # the trace shows DistributedDataParallel
+
+    @property
+    def main_op(self) -> str:
+        return next(iter(self.ops), "unknown")
+
+
+class CommOverlap(msgspec.Struct, kw_only=True):
+    """One device's communication and copies against its compute: :func:`measure_device`.
+
+    Lengths are ns of interval unions inside the step scope (the trace when it
+    has no steps). No prose: :func:`speak` writes the finding from it.
+    """
+
+    where: Where
+    comm_ns: int  # |comm|
+    exposed_ns: int  # |comm - compute|
+    wait_ns: int  # the part of exposed_ns spent waiting for a later rank
+    copy_ns: int  # |memcpy ∪ memset|
+    copy_exposed_ns: int  # |copies - compute - comm|
+    span_ns: int  # the step scope's length (first to last GPU operation without steps)
+    scope: str  # "steps" or "trace"
+    ranked: bool  # waiting is measured against other ranks' collectives
+    missing: tuple[int, int] | None  # (ranks present, world size) when ranks are missing
+    steps: list[dict]  # per step: comm, exposed, wait and copy ns, comm_overlap_pct
+    windows: list[list[int]]  # the longest stretches of exposed transfer
+    collectives: Collectives | None  # None without communication
+
+    @property
+    def transfer_ns(self) -> int:
+        """Exposed communication that is not waiting: data moving with nothing else to do."""
+        return self.exposed_ns - self.wait_ns
+
+    @property
+    def overlap_pct(self) -> float:
+        return pct(self.comm_ns - self.exposed_ns, self.comm_ns)
+
+    @property
+    def share_pct(self) -> float:
+        """The exposed transfer as a share of the span (unrounded)."""
+        return 100.0 * self.transfer_ns / self.span_ns if self.span_ns else 0.0
+
+
+def measure_device(
+    job: JobData,
+    where: Where,
+    ops: dict,
+    waits: tuple[np.ndarray, np.ndarray],
+    *,
+    missing: tuple[int, int] | None = None,
+    ranked: bool = False,
+) -> CommOverlap:
+    """One device's overlap from its GPU operations ``ops`` (:func:`gpu_activity`) and
+    the intervals it waited for later ranks ``waits`` (starts, ends)."""
     kernel = ops["is_kernel"]
     comm_mask, comp_mask = kernel & ops["is_comm"], kernel & ~ops["is_comm"]
     comm, comp, copy = (_union(ops, m) for m in (comm_mask, comp_mask, ~kernel))
     seg = _Segments([comm, comp, copy, intervals.union(*waits)], step_windows(ops))
     in_comm, in_comp, in_copy, in_wait = (m & seg.scope for m in seg.masks)
     exposed = in_comm & ~in_comp
-    totals = {
-        "comm": seg.total(in_comm),
-        "exposed": seg.total(exposed),
-        "wait": seg.total(exposed & in_wait),
-        "copy": seg.total(in_copy),
-        "copy_exposed": seg.total(in_copy & ~in_comp & ~in_comm),
-    }
-    metric = _metric_adder(result, trace, rank, device)
-    if totals["comm"]:
-        metric("comm_overlap_pct", pct(totals["comm"] - totals["exposed"], totals["comm"]), "%")
-        metric("exposed_comm_ns", totals["exposed"], "ns")
-        metric("comm_ns", totals["comm"], "ns")
-        if ranked:  # waiting is measurable only against other ranks' collectives
-            metric("exposed_comm_wait_ns", totals["wait"], "ns")
-    if totals["copy"]:
-        metric(
-            "memcpy_overlap_pct", pct(totals["copy"] - totals["copy_exposed"], totals["copy"]), "%"
-        )
-        metric("exposed_memcpy_ns", totals["copy_exposed"], "ns")
-    transfer = totals["exposed"] - totals["wait"]
-    span = (
-        seg.total(seg.scope) if seg.steps.size else int(ops["end_ns"].max() - ops["start_ns"].min())
-    )
-    share = 100.0 * transfer / span if span else 0.0
-    if not totals["comm"]:
-        return
-    severity = graded_severity(share, transfer, params)
-    context = _context(job, trace, device, ops, comm_mask, comp_mask, params)
-    overlap_pct = pct(totals["comm"] - totals["exposed"], totals["comm"])
     steps = seg.per_step({"comm_ns": in_comm, "exposed_comm_ns": exposed, "exposed_wait_ns": exposed & in_wait, "memcpy_ns": in_copy, "exposed_memcpy_ns": in_copy & ~in_comp & ~in_comm})  # fmt: skip
     for row in steps:
         row["comm_overlap_pct"] = pct(row["comm_ns"] - row["exposed_comm_ns"], row["comm_ns"])
-    per_step = f" ({transfer / len(steps) / 1e6:.2f} ms per step)" if steps else ""
     windows = intervals.union(seg.start[exposed & ~in_wait], seg.end[exposed & ~in_wait])
     longest = np.argsort(windows[0] - windows[1], kind="stable")[:MAX_WINDOWS]
+    comm_ns = seg.total(in_comm)
+    return CommOverlap(
+        where=where,
+        comm_ns=comm_ns,
+        exposed_ns=seg.total(exposed),
+        wait_ns=seg.total(exposed & in_wait),
+        copy_ns=seg.total(in_copy),
+        copy_exposed_ns=seg.total(in_copy & ~in_comp & ~in_comm),
+        span_ns=seg.total(seg.scope)
+        if seg.steps.size
+        else int(ops["end_ns"].max() - ops["start_ns"].min()),
+        scope="steps" if seg.steps.size else "trace",
+        ranked=ranked,
+        missing=missing,
+        steps=steps,
+        windows=[[int(windows[0][i]), int(windows[1][i])] for i in longest],
+        collectives=measure_collectives(job, where, ops, comm_mask, comp_mask) if comm_ns else None,
+    )
+
+
+def metrics(m: CommOverlap) -> list[Metric]:
+    """The overlap metrics (comm ones with communication, memcpy ones with copies)."""
+    w = m.where
+    out = []
+    if m.comm_ns:
+        out.append(Metric(w.trace, w.rank, w.device, "comm_overlap_pct", m.overlap_pct, "%"))
+        out.append(Metric(w.trace, w.rank, w.device, "exposed_comm_ns", m.exposed_ns, "ns"))
+        out.append(Metric(w.trace, w.rank, w.device, "comm_ns", m.comm_ns, "ns"))
+        if m.ranked:  # waiting is measurable only against other ranks' collectives
+            out.append(Metric(w.trace, w.rank, w.device, "exposed_comm_wait_ns", m.wait_ns, "ns"))
+    if m.copy_ns:
+        hidden = pct(m.copy_ns - m.copy_exposed_ns, m.copy_ns)
+        out.append(Metric(w.trace, w.rank, w.device, "memcpy_overlap_pct", hidden, "%"))
+        out.append(Metric(w.trace, w.rank, w.device, "exposed_memcpy_ns", m.copy_exposed_ns, "ns"))
+    return out
+
+
+def speak(m: CommOverlap, params: dict) -> Finding | None:
+    """The device's finding (None without communication): graded by the exposed
+    transfer's share of the span, ``info`` below the ladder."""
+    c = m.collectives
+    if not m.comm_ns or c is None:
+        return None
+    device, transfer, share, overlap_pct = m.where.device, m.transfer_ns, m.share_pct, m.overlap_pct
+    severity = graded_severity(share, transfer, params)
+    tips = _tips(c, params)
+    per_step = f" ({transfer / len(m.steps) / 1e6:.2f} ms per step)" if m.steps else ""
     if severity is None:  # below the ladder: say why in numbers, never "nothing to fix" over a loss
-        context["tips"] = _below_threshold_tips(
-            context["tips"], totals, transfer, overlap_pct, share, len(steps), params
-        )
-    result.findings.append(
-        Finding(
-            analyzer="overlap",
-            trace=trace,
-            rank=rank,
-            device=device,
-            severity=severity or "info",
-            title=(
-                f"GPU {device}: {transfer / 1e6:.1f} ms of communication not hidden under compute "
-                f"({overlap_pct:.0f}% overlapped, {share:.1f}% of the time)"
-                if severity
-                else f"GPU {device}: communication {overlap_pct:.0f}% hidden under compute, "
-                f"{transfer / 1e6:.2f} ms exposed transfer ({share:.1f}% of the time)"
-            ),
-            detail=(
-                f"Communication kernels ran {totals['comm'] / 1e6:.2f} ms on GPU {device}; {overlap_pct:.1f}% of that "
-                f"time had a compute kernel beside it. {totals['exposed'] / 1e6:.2f} ms was exposed, of which "
-                f"{totals['wait'] / 1e6:.2f} ms waiting for other ranks (see nccl_wait) and {transfer / 1e6:.2f} ms "
-                f"moving data with nothing else to do{per_step}. {context['summary']}"
-                + (
-                    f" Only {missing[0]} of the job's {missing[1]} ranks are in this analysis: waiting "
-                    "for the missing ones cannot be told from moving data, so part of the exposed time "
-                    "may be waiting (ingest every rank's trace together to split them)."
-                    if missing
-                    else ""
-                )
-            ),
-            recommendation=" ".join(context["tips"]),
-            impact_ns=transfer,
-            evidence={
-                "comm_ns": totals["comm"],
-                "exposed_comm_ns": totals["exposed"],
-                "exposed_wait_ns": totals["wait"],
-                "exposed_transfer_ns": transfer,
-                "comm_overlap_pct": overlap_pct,
-                "memcpy_ns": totals["copy"],
-                "exposed_memcpy_ns": totals["copy_exposed"],
-                "share_of_span_pct": round(share, 3),
-                "scope": "steps" if seg.steps.size else "trace",
-                "ranks_present": missing[0] if missing else None,
-                "world_size": missing[1] if missing else None,
-                "comm_streams": context["comm_streams"],
-                "shared_streams": context["shared_streams"],
-                "ops": context["ops"],
-                "collectives_per_step": context["per_step"],
-                "median_collective_bytes": context["median_bytes"],
-                "steps": steps[:MAX_STEPS_IN_EVIDENCE],
-            },
-            windows=[[int(windows[0][i]), int(windows[1][i])] for i in longest],
-        )
+        tips = _below_threshold_tips(tips, m, params)
+    missing = m.missing
+    return Finding(
+        analyzer="overlap",
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=device,
+        severity=severity or "info",
+        title=(
+            f"GPU {device}: {transfer / 1e6:.1f} ms of communication not hidden under compute "
+            f"({overlap_pct:.0f}% overlapped, {share:.1f}% of the time)"
+            if severity
+            else f"GPU {device}: communication {overlap_pct:.0f}% hidden under compute, "
+            f"{transfer / 1e6:.2f} ms exposed transfer ({share:.1f}% of the time)"
+        ),
+        detail=(
+            f"Communication kernels ran {m.comm_ns / 1e6:.2f} ms on GPU {device}; {overlap_pct:.1f}% of that "
+            f"time had a compute kernel beside it. {m.exposed_ns / 1e6:.2f} ms was exposed, of which "
+            f"{m.wait_ns / 1e6:.2f} ms waiting for other ranks (see nccl_wait) and {transfer / 1e6:.2f} ms "
+            f"moving data with nothing else to do{per_step}. {_summary(c)}"
+            + (
+                f" Only {missing[0]} of the job's {missing[1]} ranks are in this analysis: waiting "
+                "for the missing ones cannot be told from moving data, so part of the exposed time "
+                "may be waiting (ingest every rank's trace together to split them)."
+                if missing
+                else ""
+            )
+        ),
+        recommendation=" ".join(tips),
+        impact_ns=transfer,
+        evidence={
+            "comm_ns": m.comm_ns,
+            "exposed_comm_ns": m.exposed_ns,
+            "exposed_wait_ns": m.wait_ns,
+            "exposed_transfer_ns": transfer,
+            "comm_overlap_pct": overlap_pct,
+            "memcpy_ns": m.copy_ns,
+            "exposed_memcpy_ns": m.copy_exposed_ns,
+            "share_of_span_pct": round(share, 3),
+            "scope": m.scope,
+            "ranks_present": missing[0] if missing else None,
+            "world_size": missing[1] if missing else None,
+            "comm_streams": c.comm_streams,
+            "shared_streams": c.shared_streams,
+            "ops": c.ops,
+            "collectives_per_step": c.per_step,
+            "median_collective_bytes": None if c.median_bytes is None else int(c.median_bytes),
+            "steps": m.steps[:MAX_STEPS_IN_EVIDENCE],
+        },
+        windows=m.windows,
     )
 
 
 WELL_HIDDEN_PCT = 90.0  # communication this much overlapped has nothing left to hide
 
 
-def _below_threshold_tips(tips, totals, transfer, overlap_pct, share, steps, params) -> list[str]:
+def _below_threshold_tips(tips: list[str], m: CommOverlap, params: dict) -> list[str]:
     """Advice for exposed transfer under the low-severity share: the numbers, then the fix
     that fits (or why none is needed). "Nothing to fix" only when communication is hidden."""
-    if totals["wait"] > transfer:
+    transfer, overlap_pct, share = m.transfer_ns, m.overlap_pct, m.share_pct
+    if m.wait_ns > transfer:
         return [
             "Most exposed communication here is waiting for a late rank: see the nccl_wait findings."
         ]
     if overlap_pct >= WELL_HIDDEN_PCT or transfer == 0:
         return [f"Nothing to fix: {overlap_pct:.0f}% of communication is hidden under compute."]
-    per_step = f"{transfer / steps / 1e6:.2f} ms per step, " if steps else ""
+    per_step = f"{transfer / len(m.steps) / 1e6:.2f} ms per step, " if m.steps else ""
     size = (
         f"The exposed transfer ({per_step}{share:.1f}% of the time) is under the "
         f"{params['share_pct_low']:g}% at which it is reported as a loss: hiding all of it gains at most "
@@ -250,36 +332,50 @@ class _Segments:
         return rows
 
 
-def _context(job, trace, device, ops, comm_mask, comp_mask, params) -> dict:
-    """What the communication looks like, and the fixes that fit it."""
+def measure_collectives(
+    job: JobData, where: Where, ops: dict, comm_mask: np.ndarray, comp_mask: np.ndarray
+) -> Collectives:
+    """The device's collectives in the step scope (set-up broadcasts of a whole-run
+    capture are out), their streams and sizes."""
+    trace, device = where.trace, where.device
     comm_streams = sorted(set(ops["stream"][comm_mask].tolist()))
     shared = sorted(set(comm_streams) & set(ops["stream"][comp_mask].tolist()))
-    # The collectives of the step scope (set-up broadcasts of a whole-run capture are out).
     scope = step_scope(job, trace, device)
-    where = "trace_id = ? AND device = ?" + (
+    condition = "trace_id = ? AND device = ?" + (
         f" AND start_ns >= {scope[0]} AND start_ns < {scope[1]}" if scope else ""
     )
     rows = job.sql(
         f"SELECT op, count(*), median(coalesce(in_bytes, out_bytes)) FROM collectives "
-        f"WHERE {where} GROUP BY 1 ORDER BY 2 DESC",
+        f"WHERE {condition} GROUP BY 1 ORDER BY 2 DESC",
         [trace, device],
     ).fetchall()
-    counts = {str(op): int(n) for op, n, _ in rows}
     sizes = job.sql(
-        f"SELECT median(coalesce(in_bytes, out_bytes)) FROM collectives WHERE {where}",
+        f"SELECT median(coalesce(in_bytes, out_bytes)) FROM collectives WHERE {condition}",
         [trace, device],
     ).fetchone()[0]
     in_step = ops["step"] >= 0
     steps = np.unique(ops["step"][in_step]).size
-    per_step = round(int((comm_mask & in_step).sum()) / steps, 1) if steps else None
-    main = rows[0][0] if rows else "unknown"
+    return Collectives(
+        comm_kernels=int(comm_mask.sum()),
+        comm_streams=comm_streams,
+        shared_streams=shared,
+        ops={str(op): int(n) for op, n, _ in rows},
+        per_step=round(int((comm_mask & in_step).sum()) / steps, 1) if steps else None,
+        median_bytes=sizes,
+        uses_ddp=bool(rows) and rows[0][0] == "allreduce" and _uses_ddp(job, trace),
+    )
+
+
+def _tips(c: Collectives, params: dict) -> list[str]:
+    """The fixes that fit the collectives seen."""
+    shared, main, sizes = c.shared_streams, c.main_op, c.median_bytes
     tips = []
     if shared:
         tips.append(
             f"Communication runs on the compute stream ({', '.join(map(str, shared))}): issue collectives on their own "
             "stream (async_op=True, or a dedicated torch.cuda.Stream) so they can run beside compute."
         )
-    if main == "allreduce" and _uses_ddp(job, trace):
+    if main == "allreduce" and c.uses_ddp:
         tips.append(
             "DistributedDataParallel is in use, so gradient buckets already all-reduce while backward runs: "
             "what stays exposed is mostly the last buckets after backward ends. Tune bucket_cap_mb (smaller "
@@ -313,37 +409,26 @@ def _context(job, trace, device, ops, comm_mask, comp_mask, params) -> dict:
         )
     if not tips:
         tips.append("Start communication earlier or overlap it with independent compute.")
+    return tips
+
+
+def _summary(c: Collectives) -> str:
+    """One sentence: the collectives, how many per step, their median size, their streams."""
     ops_text = (
-        ", ".join(f"{n} {op}" for op, n in counts.items())
-        or f"{int(comm_mask.sum())} communication kernels"
+        ", ".join(f"{n} {op}" for op, n in c.ops.items())
+        or f"{c.comm_kernels} communication kernels"
     )
-    summary = (
+    return (
         f"Collectives: {ops_text}"
-        + (f" ({per_step} per step" if per_step is not None else "")
-        + (f", median {sizes / 1e6:.2f} MB" if sizes is not None else "")
-        + (")" if per_step is not None else "")
-        + f" on stream(s) {', '.join(map(str, comm_streams))}."
+        + (f" ({c.per_step} per step" if c.per_step is not None else "")
+        + (f", median {c.median_bytes / 1e6:.2f} MB" if c.median_bytes is not None else "")
+        + (")" if c.per_step is not None else "")
+        + f" on stream(s) {', '.join(map(str, c.comm_streams))}."
     )
-    return {
-        "tips": tips,
-        "summary": summary,
-        "comm_streams": comm_streams,
-        "shared_streams": shared,
-        "ops": counts,
-        "per_step": per_step,
-        "median_bytes": None if sizes is None else int(sizes),
-    }
 
 
 def _union(ops: dict, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return intervals.union(ops["start_ns"][mask], ops["end_ns"][mask])
-
-
-def _metric_adder(result, trace, rank, device):
-    def add(name, value, unit):
-        result.metrics.append(Metric(trace, rank, device, name, value, unit))
-
-    return add
 
 
 SPEC = AnalyzerSpec(

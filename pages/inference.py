@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from stallscope.errors import UsageError
 from stallscope.inference_charts import (
     iteration_frame,
     iteration_timeline,
@@ -16,6 +17,7 @@ from stallscope.inference_charts import (
     stall_causes,
     tpot_histogram,
 )
+from stallscope.job_settings import ITERATION_RANGE, check_iteration_range
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import literal
 from stallscope.views import findings_of
@@ -27,13 +29,19 @@ def render() -> None:
     if picked is None:
         return
     job, traces = picked
-    report = report_for(job["job_id"], traces, threshold_overrides())
+    overrides = threshold_overrides()
+    regex = _iteration_range_input()
+    if regex:
+        overrides.setdefault(ITERATION_RANGE[0], {})[ITERATION_RANGE[1]] = regex
+    report = report_for(job["job_id"], traces, overrides)
     found = findings_of(report, "inference")
     tables = [f for f in found if f["evidence"].get("key") == "iterations"]
     if not tables:
         st.info(
             "No inference iterations in this job: no engine or user ranges named for prefill/decode, "
-            "and no CUDA-graph replays beside an inference marker (docs/analyzers/inference.md)."
+            "no CUDA-graph replays beside an inference marker, and no repeated model forwards in the "
+            "input shapes (profile with record_shapes=True); name the iteration ranges above "
+            "(docs/analyzers/inference.md)."
         )
         return
     labels = {f"rank {f['rank']} · GPU {f['device']}": f for f in tables}
@@ -49,6 +57,25 @@ def render() -> None:
     _findings([f for f in found if f is not chosen and f["device"] == chosen["device"]])
 
 
+def _iteration_range_input() -> str | None:
+    """The iteration-range input (a regex, as ``analyze --iteration-range``); None when empty or invalid."""
+    value = st.text_input(
+        "Iteration range (regular expression)",
+        key="inference_iteration_range",
+        placeholder="found automatically; e.g. ^decode_step$",
+        help="The host ranges (record_function/NVTX names) that are the serving loop's iterations, "
+        "when the automatic guess (engine names, CUDA-graph replays, input shapes) is wrong.",
+    ).strip()
+    if not value:
+        return None
+    try:
+        check_iteration_range(value)
+    except UsageError as error:
+        st.error(literal(str(error)))
+        return None
+    return value
+
+
 def _headline(report: dict, chosen: dict, frame) -> None:
     values = {
         m["name"]: m["value"]
@@ -59,8 +86,9 @@ def _headline(report: dict, chosen: dict, frame) -> None:
     tokens = values.get("tokens_per_s")
     cols = st.columns(6)
     cols[0].metric("Tokens/s", "—" if tokens is None else f"{tokens:,.0f}",
-                   help="Batch per decode iteration / time per token; — when the batch is unknown "
-                   "(set the inference analyzer's decode_batch threshold)")  # fmt: skip
+                   help="Batch per decode iteration (from engine names or input shapes) / time per "
+                   "token; — when the batch is unknown (profile with record_shapes=True, or set "
+                   "the inference analyzer's decode_batch threshold)")  # fmt: skip
     for col, key in zip(cols[1:4], ("p50", "p90", "p99"), strict=True):
         value = spread.get(key)
         col.metric(f"TPOT {key}", "—" if value is None else f"{value:.2f} ms",

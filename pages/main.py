@@ -64,6 +64,19 @@ def _logout_link() -> None:
         st.sidebar.markdown(link, unsafe_allow_html=True)
 
 
+def _preload_note() -> None:
+    """While ``serve`` loads the sample traces in the background, say how far it got."""
+    from stallscope import preload
+    from stallscope.pages.state import get_store
+
+    running = preload.status(get_store().root)
+    if running is not None:
+        st.sidebar.info(
+            f"Loading the sample traces: {running.done} of {running.total} jobs ready "
+            "(they appear in the Library as they land)."
+        )
+
+
 def main() -> None:
     st.set_page_config(page_title="stallscope", page_icon="⏱", layout="wide")
     if not authorized():
@@ -101,6 +114,7 @@ def main() -> None:
         params = {k: v for k, v in st.query_params.items() if k != "page"}
         st.switch_page(pages[wanted], query_params=params)
     st.sidebar.caption("stallscope · where your GPU time goes")
+    _preload_note()
     _logout_link()
     nav.run()
 

@@ -26,11 +26,18 @@ that is neither an iteration nor ``ProfilerStep#N`` (``sample_and_schedule``,
 a scheduler or detokenizer range): the cause is named by the range that owns
 it. Periods that cross a ``ProfilerStep`` boundary are flagged: their idle
 time holds the capture loop's own synchronize and ``prof.step()``.
+
+A period that holds a prefill of exactly the batch of the decode that ends it
+(static batching: each ``generate()`` call prefills its whole batch, then
+decodes it) starts a new batch of requests: its wait is those requests' time to
+first token, not a time per output token of a running batch, so it is left out
+(:func:`new_batch_periods`). Batch sizes are known from input shapes or engine
+names; where unknown nothing is left out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -98,6 +105,20 @@ class DecodePeriods:
     def idle_ns(self) -> np.ndarray:
         return sum(self.idle.values(), np.zeros(self.start.size, dtype=np.int64))
 
+    def subset(self, keep: np.ndarray) -> DecodePeriods:
+        """The periods where ``keep`` (bool per period) is true, every field alike."""
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, dict):
+                value = {key: column[keep] for key, column in value.items()}
+            elif isinstance(value, list):
+                value = [item for item, kept in zip(value, keep, strict=True) if kept]
+            elif value is not None:
+                value = value[keep]
+            values[f.name] = value
+        return DecodePeriods(**values)
+
 
 def measure_periods(
     job: JobData, trace_id: str, device: int, its: Iterations
@@ -117,7 +138,23 @@ def measure_periods(
     periods.step_boundary = _crosses_step(job, trace_id, its, decode)
     periods.prefills = _prefills_in(its, starts, ends)
     periods.sync_calls = _sync_calls(job, trace_id, pids, starts, ends)
-    return periods
+    running = ~new_batch_periods(its, periods)
+    if not running.any():
+        return None
+    return periods if running.all() else periods.subset(running)
+
+
+def new_batch_periods(its: Iterations, periods: DecodePeriods) -> np.ndarray:
+    """Per period, whether it holds a prefill of the same (known) batch as the decode that
+    ends it: a new batch of requests (see the module docstring), not a running batch's token."""
+    batch = its.batch[periods.iteration]
+    return np.array(
+        [
+            b > 0 and any(its.phases[i] == "prefill" and its.batch[i] == b for i in held)
+            for b, held in zip(batch.tolist(), periods.prefills, strict=True)
+        ],
+        dtype=bool,
+    )
 
 
 def _gpu_ops(job: JobData, trace_id: str, device: int, lo: int, hi: int) -> dict:

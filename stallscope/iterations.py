@@ -10,26 +10,41 @@ looks, in this order, for
 2. host ranges named by an engine or by the user: vLLM V1 ``execute_model``
    and its layerwise ``execute_<tokens>_context_<n>(…)_generation_<m>(…)``
    ranges, SGLang ``forward_batch``/``run_batch``/``step[DECODE bs=…]``,
-   TensorRT-LLM ``_forward_step``/``forward_step``, and user ranges whose
+   TensorRT-LLM ``[Executor] _forward_step N: c ctx reqs, g gen reqs`` (its
+   PyTorch executor) and ``_forward_step``/``forward_step``, and user ranges whose
    names say prefill, decode, generate, extend or iteration;
 3. CUDA/HIP graph replays (``cudaGraphLaunch``), one replay per iteration,
    when the trace also shows an inference marker (a range or kernel named for
    KV caches, paged or decode attention, sampling, or an engine): a training
-   step captured in a graph replays the same way.
+   step captured in a graph replays the same way;
+4. input shapes (a Kineto trace profiled with ``record_shapes=True``, the host
+   table's ``input_dims``): each call of the token embedding (``aten::embedding``
+   whose indices are integer tensors) starts one model forward, and the
+   indices' shape says what it is: ``[batch, 1]`` a decode of ``batch`` tokens,
+   ``[batch, seq]`` a prefill of ``batch * seq`` tokens, a flat ``[tokens]``
+   (engines that pack the batch) a forward of unknown phase. The embedding
+   called at least twice with the most rows (the vocabulary; a learned
+   position embedding has fewer) is the token embedding. A trace that runs
+   a backward pass or an optimizer is training, not inference: no iterations.
+   An iteration runs from its forward's embedding call to the next one (its
+   sampling included), cut at the end of the ``ProfilerStep`` that holds it.
 
 Of named ranges, a range that holds two or more others is a wrapper (HF
 ``generate``, a serving request) and is dropped; of the rest the outermost
-count. Input shapes (sequence length 1 = decode) are not in the store, so a
-loop with neither annotations nor graphs is not detected.
+count.
 
 Each iteration gets its GPU window: first start to last end of the GPU
 operations its host range launched (correlation id -> launch call inside the
 range, any thread of the range's process). Times are int64 ns on the trace's
-clock. Phase, tokens and batch size come from the name where it carries them.
+clock. Phase, tokens and batch size come from the name where it carries them,
+else from the input shapes: a named iteration whose name does not say its
+batch takes tokens and batch (and, when the name says no phase, the phase)
+from the first token-embedding call inside its range.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -50,8 +65,18 @@ INFERENCE_MARKER_REGEX = (
     r"|tensorrt_llm|trtllm|reshape_and_cache|generate)"
 )
 GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
+TOKEN_EMBEDDING_OP = (
+    "aten::embedding"  # inputs: weight [rows, dim], indices [batch, seq] or [tokens]
+)
+TRAINING_REGEX = r"(?i)(backward|autograd::engine|^Optimizer\.)"
+_INDEX_TYPES = ("long int", "long", "int", "int64", "int32", "c10::Long", "c10::Int")
 
 _VLLM_LAYERWISE = re.compile(r"execute_(?:(\d+)_)?context_(\d+)\(.*?\)_generation_(\d+)")
+# TensorRT-LLM's PyTorch executor: "[Executor] _forward_step 12: 2 ctx reqs, 8 gen reqs"
+# (newer: "..., 2 ctx reqs, 4096 ctx tokens, 8 gen reqs").
+_TRTLLM_STEP = re.compile(
+    r"_forward_step(?: \d+)?: (\d+) ctx reqs(?:, (\d+) ctx tokens)?, (\d+) gen reqs"
+)
 _BATCH_SIZE = re.compile(r"(?i)\bbs\s*=\s*(\d+)")
 _PREFILL_WORDS = re.compile(r"(?i)(prefill|extend|context|prompt|encode)")
 _DECODE_WORDS = re.compile(r"(?i)(decode|generat|sampl|next_token)")
@@ -63,7 +88,7 @@ class Iterations:
 
     ``gpu_start``/``gpu_end`` are the GPU window of each iteration's launched
     work, ``gpu_busy`` the union of that work (the window less its gaps); ``tokens`` and ``batch`` are -1 when the name does not say them.
-    ``source`` says how they were found: ``option``, ``annotation`` or ``graph``.
+    ``source`` says how they were found: ``option``, ``annotation``, ``graph`` or ``shapes``.
     """
 
     source: str
@@ -95,8 +120,22 @@ def classify(name: str) -> tuple[str, int, int]:
     """(phase, tokens, batch) from an iteration range's name (-1 where unknown).
 
     vLLM's layerwise names carry the token count and the numbers of prefill
-    (``context``) and decode (``generation``) requests; SGLang's carry ``bs=``.
+    (``context``) and decode (``generation``) requests, as TensorRT-LLM's
+    ``[Executor] _forward_step N: c ctx reqs[, t ctx tokens], g gen reqs`` do
+    (a decode request adds one token); SGLang's carry ``bs=``.
     """
+    match = _TRTLLM_STEP.search(name)
+    if match:
+        context, context_tokens, generation = (int(g) if g else None for g in match.groups())
+        phase = "mixed" if context and generation else "prefill" if context else "decode"
+        tokens = (
+            context_tokens + generation
+            if context_tokens is not None
+            else generation
+            if not context
+            else -1
+        )
+        return phase, tokens, context + generation
     match = _VLLM_LAYERWISE.search(name)
     if match:
         tokens, context, generation = (int(g) if g else -1 for g in match.groups())
@@ -130,9 +169,167 @@ def find_iterations(
         source = "annotation"
     if not ranges and not name_regex and _has_inference_marker(job, trace_id):
         ranges, source = _graph_replays(job, trace_id), "graph"
+    if not ranges and not name_regex:
+        return shape_iterations(job, trace_id, device)
     if not ranges:
         return None
-    return _with_gpu_windows(job, trace_id, device, ranges, source)
+    its = _with_gpu_windows(job, trace_id, device, ranges, source)
+    if its is not None and source != "graph":
+        _fill_from_shapes(job, trace_id, its)
+    return its
+
+
+def _fill_from_shapes(job: JobData, trace_id: str, its: Iterations) -> None:
+    """Tokens and batch (and an unknown phase) of named iterations from the token
+    embedding's index shape of the first forward inside each range, where the name
+    did not say them; a phase the name gives is kept."""
+    if not (its.batch < 0).any() and "unknown" not in its.phases:
+        return
+    calls = _embedding_calls(job, trace_id, min_calls=1)
+    if not calls:
+        return
+    starts = np.array([c[0] for c in calls], dtype=np.int64)
+    first = np.searchsorted(starts, its.host_start, side="left")
+    for i, k in enumerate(first.tolist()):
+        if k >= len(calls) or calls[k][0] >= its.host_end[i]:
+            continue
+        phase, tokens, batch = classify_indices(calls[k][4])
+        if its.batch[i] < 0:
+            its.tokens[i], its.batch[i] = tokens, batch
+        if its.phases[i] == "unknown":
+            its.phases[i] = phase
+
+
+def shape_iterations(job: JobData, trace_id: str, device: int) -> Iterations | None:
+    """The model forwards found from the token embedding's input shapes (step 4 of the
+    module docstring), or None: no shapes recorded, a training trace, or fewer than two."""
+    calls = _embedding_calls(job, trace_id)
+    if len(calls) < 2 or _is_training(job, trace_id):
+        return None
+    starts = np.array([c[0] for c in calls], dtype=np.int64)
+    ends = _forward_ends(job, trace_id, calls, starts)
+    ranges, labels = [], []
+    for (start, _, pid, _, ids), end in zip(calls, ends.tolist(), strict=True):
+        phase, tokens, batch = classify_indices(ids)
+        ranges.append((start, end, pid, f"forward {ids}"))
+        labels.append((phase, tokens, batch))
+    return _with_gpu_windows(job, trace_id, device, ranges, "shapes", labels)
+
+
+def classify_indices(ids: list[int]) -> tuple[str, int, int]:
+    """(phase, tokens, batch) of a forward from its token indices' shape (-1 where unknown).
+
+    ``[batch, 1]``: decode; ``[batch, seq > 1]``: prefill of ``batch * seq``
+    tokens; ``[tokens]`` (a packed batch): unknown phase, ``tokens`` tokens.
+    """
+    if len(ids) == 2 and ids[0] >= 1 and ids[1] >= 1:
+        return ("decode" if ids[1] == 1 else "prefill"), ids[0] * ids[1], ids[0]
+    if len(ids) == 1 and ids[0] >= 1:
+        return "unknown", ids[0], -1
+    return "unknown", -1, -1
+
+
+def has_shapes(job: JobData) -> bool:
+    """Whether the job's host table has the ``input_dims`` column (stores older than it don't)."""
+    key = ("host_has_input_dims",)
+    if key not in job.cache:
+        columns = {row[0] for row in job.sql("DESCRIBE host").fetchall()}
+        job.cache[key] = "input_dims" in columns and "input_types" in columns
+    return job.cache[key]
+
+
+def _embedding_calls(job: JobData, trace_id: str, min_calls: int = 2) -> list[tuple]:
+    """(start, end, pid, tid, index shape) of the token embedding's calls, in time order.
+
+    Calls are grouped by (weight shape, thread); a group needs ``min_calls`` calls
+    or more and integer indices of one or two dimensions. The group with 2-D indices
+    (``[batch, seq]``) and the most weight rows wins, else the one with the most rows.
+    """
+    if not has_shapes(job):
+        return []
+    rows = job.sql(
+        """SELECT h.start_ns, h.end_ns, h.pid, h.tid, h.input_dims, h.input_types FROM host h
+           JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+           WHERE h.trace_id = ? AND h.kind = 'cpu_op' AND n.name = ? AND h.input_dims IS NOT NULL
+           ORDER BY h.start_ns""",
+        [trace_id, TOKEN_EMBEDDING_OP],
+    ).fetchall()
+    groups: dict[tuple, list[tuple]] = {}
+    for start, end, pid, tid, dims_text, types_text in rows:
+        shapes = _embedding_inputs(dims_text, types_text)
+        if shapes is not None:
+            weight, ids = shapes
+            groups.setdefault((weight, int(pid or 0), int(tid or 0)), []).append(
+                (int(start), int(end), int(pid or 0), int(tid or 0), ids)
+            )
+    candidates = [(key, calls) for key, calls in groups.items() if len(calls) >= min_calls]
+    if not candidates:
+        return []
+    best = max(
+        candidates,
+        key=lambda kc: (any(len(c[4]) == 2 for c in kc[1]), kc[0][0][0], len(kc[1])),
+    )
+    return best[1]
+
+
+def _embedding_inputs(dims_text: str, types_text: str | None) -> tuple[tuple, list[int]] | None:
+    """(weight shape, indices shape) of one ``aten::embedding`` call, or None when the shapes
+    are not a 2-D weight and integer indices of one or two dimensions."""
+    try:
+        dims = json.loads(dims_text)
+        types = json.loads(types_text) if types_text else None
+    except ValueError:
+        return None
+    if not isinstance(dims, list) or len(dims) < 2:
+        return None
+    weight, ids = dims[0], dims[1]
+    if not (_int_list(weight) and len(weight) == 2 and _int_list(ids) and 1 <= len(ids) <= 2):
+        return None
+    if isinstance(types, list) and len(types) >= 2 and str(types[1]) not in _INDEX_TYPES:
+        return None
+    return tuple(weight), list(ids)
+
+
+def _int_list(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+
+
+def _is_training(job: JobData, trace_id: str) -> bool:
+    """Whether a host operator or range says backward, autograd engine or optimizer."""
+    row = job.sql(
+        """SELECT count(*) FROM names n WHERE n.trace_id = ? AND regexp_matches(n.name, ?)
+             AND n.name_id IN (SELECT name_id FROM host WHERE trace_id = ?
+                               AND kind IN ('cpu_op', 'annotation', 'python'))""",
+        [trace_id, TRAINING_REGEX, trace_id],
+    ).fetchone()
+    return bool(row[0])
+
+
+def _forward_ends(
+    job: JobData, trace_id: str, calls: list[tuple], starts: np.ndarray
+) -> np.ndarray:
+    """Each forward's host end: the next forward's start, cut at the end of the profiler
+    step that holds the forward; the last one (outside a step) at its thread's last activity."""
+    pid, tid = calls[-1][2], calls[-1][3]
+    last = job.sql(
+        "SELECT max(end_ns) FROM host WHERE trace_id = ? AND pid = ? AND tid = ? "
+        "AND kind IN ('cpu_op', 'python', 'runtime', 'driver')",
+        [trace_id, pid, tid],
+    ).fetchone()[0]
+    ends = np.append(starts[1:], np.int64(last if last is not None else calls[-1][1]))
+    steps = job.numpy(
+        """SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'
+           ORDER BY start_ns""",
+        [trace_id],
+    )
+    if steps["start_ns"].size:
+        holder = np.searchsorted(steps["start_ns"], starts, side="right") - 1
+        inside = (holder >= 0) & (starts < steps["end_ns"][np.maximum(holder, 0)])
+        cut = steps["end_ns"][np.maximum(holder, 0)]
+        ends = np.where(inside, np.minimum(ends, cut), ends)
+    return np.maximum(ends, np.array([c[1] for c in calls], dtype=np.int64))
 
 
 def _named_ranges(job: JobData, trace_id: str, regex: str, exclude: str) -> list[tuple]:
@@ -185,9 +382,16 @@ def _graph_replays(job: JobData, trace_id: str) -> list[tuple]:
 
 
 def _with_gpu_windows(
-    job: JobData, trace_id: str, device: int, ranges: list[tuple], source: str
+    job: JobData,
+    trace_id: str,
+    device: int,
+    ranges: list[tuple],
+    source: str,
+    labels: list[tuple[str, int, int]] | None = None,
 ) -> Iterations | None:
-    """Attach each range's GPU window; ranges that launched nothing on ``device`` are dropped."""
+    """Attach each range's GPU window; ranges that launched nothing on ``device`` are dropped.
+
+    ``labels`` (phase, tokens, batch) per range; by default from the range's name."""
     launches = job.numpy(
         """SELECT h.start_ns AS launch_ns, h.pid, g.start_ns, g.end_ns FROM gpu g
            JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation
@@ -211,7 +415,10 @@ def _with_gpu_windows(
     if not keep:
         return None
     picked = [ranges[i] for i in keep]
-    labels = [classify(r[3]) if source != "graph" else ("decode", -1, -1) for r in picked]
+    if labels is not None:
+        labels = [labels[i] for i in keep]
+    else:
+        labels = [classify(r[3]) if source != "graph" else ("decode", -1, -1) for r in picked]
     return Iterations(
         source=source,
         names=[r[3] for r in picked],

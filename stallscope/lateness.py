@@ -52,6 +52,7 @@ from stallscope.critical_path import (
 from stallscope.host_ops import LAUNCH_CTE
 from stallscope.idle import CAUSES, DATALOADER_REGEX, attribute_idle, launch_threads
 from stallscope.jobdata import JobData
+from stallscope.report_types import CriticalPathSegment, CriticalPathStep
 from stallscope.sync_calls import API_SQL, SYNC_API_REGEX
 
 _OPS_SQL = f"""
@@ -515,11 +516,11 @@ MAX_PATH_STEPS = 20
 MAX_PATH_SEGMENTS = 200
 
 
-def critical_path_table(job: JobData, tl: Timeline) -> list[dict]:
+def critical_path_table(job: JobData, tl: Timeline) -> list[CriticalPathStep]:
     """The cross-rank critical path of each step (first :data:`MAX_PATH_STEPS` steps).
 
-    Per step: ``{step, time_ns, segments: [{rank, what, start_ns, end_ns,
-    duration_ns}]}`` (common clock, earliest first, at most
+    Per step: :class:`~stallscope.report_types.CriticalPathStep` ``{step, time_ns,
+    segments: [{rank, what, start_ns, end_ns, duration_ns}]}`` (common clock, earliest first, at most
     :data:`MAX_PATH_SEGMENTS`). GPU idle on the path is named by its main
     cause (``idle: dataloader`` …), or ``before capture`` where it lies before
     that rank's first captured event.
@@ -543,13 +544,19 @@ def critical_path_table(job: JobData, tl: Timeline) -> list[dict]:
         )
         segs = path.drop(columns=["part"]).head(MAX_PATH_SEGMENTS)
         out.append(
-            {
-                "step": int(step),
-                "time_ns": int(times[step]),
-                "segments": [
-                    {k: (int(v) if k != "what" else str(v)) for k, v in row.items()}
+            CriticalPathStep(
+                step=int(step),
+                time_ns=int(times[step]),
+                segments=[
+                    CriticalPathSegment(
+                        rank=int(row["rank"]),
+                        what=str(row["what"]),
+                        start_ns=int(row["start_ns"]),
+                        end_ns=int(row["end_ns"]),
+                        duration_ns=int(row["duration_ns"]),
+                    )
                     for row in segs.to_dict("records")
                 ],
-            }
+            )
         )
     return out

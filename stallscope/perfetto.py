@@ -13,7 +13,9 @@ Layout: GPU ``d`` is process ``d`` named ``GPU d`` with one thread per stream
 (as Kineto writes them); host activities keep their pid/tid; times are
 microseconds with exactly three decimals, from the stored integer
 nanoseconds. Categories and args follow Kineto's, so ``stallscope ingest``
-reads the export back (same kernels, same GPU busy time).
+reads the export back (same kernels, same GPU busy time, same operator input
+shapes: ``Input Dims``/``Input type`` are written back verbatim from the host
+table's ``input_dims``/``input_types``).
 """
 
 from __future__ import annotations
@@ -108,8 +110,9 @@ def _host_sql(cols: set[str]) -> str:
         SELECT '{{"ph":"X","cat":' || to_json({_case("h.kind", HOST_CATS)}) || ',"name":' || to_json(coalesce(n.name, ''))
             || ',"pid":' || coalesce(h.pid, 0) || ',"tid":' || coalesce(h.tid, 0)
             || ',"ts":' || {us_sql("h.start_ns")} || ',"dur":' || {us_sql("h.end_ns - h.start_ns")}
-            || ',"args":' || json_object('correlation', {col("correlation")}, 'External id', {col("external_id")})::VARCHAR
-            || '}}' AS line
+            || ',"args":' || rtrim(json_object('correlation', {col("correlation")}, 'External id', {col("external_id")})::VARCHAR, '}}')
+            || coalesce(',"Input Dims":' || {col("input_dims")}, '') || coalesce(',"Input type":' || {col("input_types")}, '')
+            || '}}}}' AS line
         FROM host h LEFT JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
         WHERE h.trace_id = $trace ORDER BY h.pid, h.tid, h.start_ns"""
 

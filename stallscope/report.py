@@ -1,7 +1,8 @@
 """Build the versioned report (docs/report-schema.md) for stored jobs.
 
 :func:`build_report` runs the analyzers over jobs and returns a plain dict
-in the ``stallscope.report/1`` contract; renderers live in ``render``.
+in the ``stallscope.report/1`` contract, built from its types
+(:mod:`stallscope.report_types`); renderers live in ``render``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from stallscope.analyzers import PER_RANK, all_specs
 from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult, concatenate
 from stallscope.errors import NotFoundError
 from stallscope.jobdata import JobData
+from stallscope.report_types import REPORT_SCHEMA, DeviceEntry, Report, TraceEntry
 from stallscope.store import TABLES, Store, TraceRef
-
-REPORT_SCHEMA = "stallscope.report/1"
 
 
 def analyze_job(
@@ -55,28 +55,32 @@ def analyze_job(
     return combined
 
 
-def trace_entry(ref: TraceRef) -> dict[str, Any]:
+def trace_entry(ref: TraceRef) -> TraceEntry:
+    """The report's entry for one stored trace (from its catalog metadata)."""
     meta = ref.meta
-    return {
-        "id": ref.trace_id,
-        "name": meta.get("name"),
-        "source": meta.get("source"),
-        "source_version": meta.get("source_version"),
-        "job": ref.job_id,
-        "rank": meta.get("rank"),
-        "world_size": meta.get("world_size"),
-        "devices": meta.get("devices", []),
-        "span_ns": meta.get("span_ns"),
-        "event_count": meta.get("event_count"),
-        "kernel_count": meta.get("kernel_count"),
-        "warnings": list(meta.get("warnings", [])),
-    }
+    return TraceEntry(
+        id=ref.trace_id,
+        name=meta.get("name"),
+        source=meta.get("source"),
+        source_version=meta.get("source_version"),
+        job=ref.job_id,
+        rank=meta.get("rank"),
+        world_size=meta.get("world_size"),
+        devices=[
+            DeviceEntry(d["device"], d.get("name"), d.get("sm_count"))
+            for d in meta.get("devices", [])
+        ],
+        span_ns=meta.get("span_ns"),
+        event_count=meta.get("event_count"),
+        kernel_count=meta.get("kernel_count"),
+        warnings=list(meta.get("warnings", [])),
+    )
 
 
 def job_report_part(
     store: Store, refs: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
-) -> dict[str, list[dict[str, Any]]]:
-    """The report entries (traces, metrics, findings) of one job.
+) -> Report:
+    """The report of one job: its traces, metrics and findings (in analyzer order).
 
     A stored file that cannot be read (truncated, damaged, or removed while
     this runs) raises :class:`~stallscope.errors.StoreFileCorrupt` or
@@ -95,11 +99,12 @@ def job_report_part(
         raise unreadable_job(store, refs, exc) from None
     finally:
         job.close()
-    return {
-        "traces": [trace_entry(r) for r in job.traces],
-        "metrics": [m.to_dict() for m in result.metrics],
-        "findings": [f.to_dict() for f in result.findings],
-    }
+    return Report(
+        schema=REPORT_SCHEMA,
+        traces=[trace_entry(r) for r in job.traces],
+        metrics=result.metrics,
+        findings=[f.to_entry() for f in result.findings],
+    )
 
 
 def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Exception:
@@ -130,9 +135,7 @@ def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Except
     return StoreFileCorrupt(f"job {job_id}: its stored files cannot be read ({first})")
 
 
-def _part_in_worker(
-    store_root: str, job_id: str, trace_ids: list[str], overrides
-) -> dict[str, list[dict[str, Any]]]:
+def _part_in_worker(store_root: str, job_id: str, trace_ids: list[str], overrides) -> Report:
     """``job_report_part`` in a worker process (arguments are picklable names, not refs)."""
     store = Store(store_root)
     wanted = set(trace_ids)
@@ -171,9 +174,8 @@ def build_report(
     jobs are analyzed in parallel processes; the report is the same as a
     sequential run's.
     """
-    report: dict[str, Any] = {"schema": REPORT_SCHEMA, "traces": [], "metrics": [], "findings": []}
     jobs = [refs for refs in jobs if refs]
-    parts: list[dict[str, list[dict[str, Any]]]] = []
+    parts: list[Report] = []
     if workers > 1 and len(jobs) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -192,7 +194,7 @@ def build_report(
                 ): index
                 for index, refs in enumerate(jobs)
             }
-            by_index: dict[int, dict] = {}
+            by_index: dict[int, Report] = {}
             for done, future in enumerate(as_completed(futures), start=1):
                 by_index[futures[future]] = future.result()
                 if progress:
@@ -203,11 +205,13 @@ def build_report(
             parts.append(job_report_part(store, refs, overrides))
             if progress:
                 progress("analyzed", done, len(jobs))
+    report = Report(schema=REPORT_SCHEMA, traces=[], metrics=[], findings=[])
     for part in parts:
-        for key in ("traces", "metrics", "findings"):
-            report[key].extend(part[key])
-    report["findings"].sort(key=lambda f: (-SEVERITY_RANK[f["severity"]], -f["impact_ns"], f["id"]))
-    return report
+        report.traces.extend(part.traces)
+        report.metrics.extend(part.metrics)
+        report.findings.extend(part.findings)
+    report.findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], -f.impact_ns, f.id))
+    return report.to_dict()
 
 
 def worst_severity(report: dict[str, Any]) -> str | None:

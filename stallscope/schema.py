@@ -122,6 +122,8 @@ HOST = Table("host", "host activities", TIMELINE, (
     _c("name_id", "int32", _NAME_ID),
     _c("correlation", "int64", "runtime/driver calls: matches `gpu.correlation`"),
     _c("external_id", "int64", "Kineto `External id`", KINETO),
+    _c("input_dims", "string", "operator input shapes, Kineto `Input Dims` (older traces: `Input dims`) as its JSON text, one list per input (`[[128, 1], [32768, 2048], []]`; `[]` for a scalar or a non-tensor); NULL when the trace was profiled without `record_shapes=True`", KINETO),
+    _c("input_types", "string", "Kineto `Input type` as its JSON text (`[\"long int\", \"c10::BFloat16\", \"Scalar\"]`), beside `input_dims`", KINETO),
 ))  # fmt: skip
 
 RANGES = Table("ranges", "steps and annotations", TIMELINE, (

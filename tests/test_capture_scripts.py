@@ -370,3 +370,26 @@ def test_pack_splits_under_the_limit(tt, tmp_path):
             names |= set(tf.getnames())
     assert "cap/nsys/x.truth.json" in names and not any(x.endswith(".nsys-rep") for x in names)
     assert {f"cap/kineto/a/f{i}.bin" for i in range(3)} <= names
+
+
+# ---------------------------------------------------------------- shapes_generate
+
+
+def test_shapes_generate_model_and_expected_iterations():
+    sg = load("shapes_generate")
+    c = sg.CFG
+    d, layers, vocab = c["d"], c["layers"], c["vocab"]
+    per_layer = (
+        (d * 3 * d + 3 * d) + (d * d + d) + 2 * (2 * d) + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    )
+    params = vocab * d + c["max_pos"] * d + layers * per_layer + 2 * d + vocab * d
+    truth = json.loads((SAMPLES / "kineto/shapes_decode/shapes_decode.truth.json").read_text())
+    assert params == truth["model"]["parameters"] == 453_148_672  # >= 200M, as issue 17 asks
+    e = sg.expected_iterations("shapes_generate", sg.RUN, steps=2)
+    assert (e["prefill"], e["decode"], e["prefill_tokens_per_iteration"]) == (2, 32, 128 * 512)
+    e = sg.expected_iterations("shapes_decode", sg.RUN, steps=4)
+    assert (e["prefill"], e["decode"], e["token_embedding_input_dims"]["decode"]) == (
+        0,
+        32,
+        [128, 1],
+    )

@@ -142,7 +142,11 @@ def canonical_rows(job: JobData, trace_id: str, table: str) -> set[tuple]:
 
 @pytest.mark.parametrize(
     "sample",
-    ["dataloader_stall/dataloader_stall.pt.trace.json.gz", "ddp_overlap/rank0.pt.trace.json.gz"],
+    [
+        "dataloader_stall/dataloader_stall.pt.trace.json.gz",
+        "ddp_overlap/rank0.pt.trace.json.gz",
+        "shapes_decode/shapes_decode.pt.trace.json.gz",  # record_shapes: input shapes round-trip
+    ],
 )
 def test_export_then_ingest_gives_the_same_canonical_tables(cli, store, sample, tmp_path):
     (source,) = ingest_paths(store, [str(SAMPLES / "kineto" / sample)])
@@ -162,6 +166,10 @@ def test_export_then_ingest_gives_the_same_canonical_tables(cli, store, sample, 
         for table in ("gpu", "host", "ranges"):
             before = canonical_rows(job, source.trace_ids[0], table)
             assert before and canonical_rows(job, back.trace_ids[0], table) == before, table
+        shapes = "SELECT count(input_dims), count(input_types) FROM host WHERE trace_id = ?"
+        counts = job.sql(shapes, [back.trace_ids[0]]).fetchone()
+        assert counts == job.sql(shapes, [source.trace_ids[0]]).fetchone()
+        assert ("shapes" in sample) == (counts[0] > 0)
         launches = job.sql(
             "SELECT count(*) FROM gpu g JOIN host h ON h.trace_id = g.trace_id AND "
             "h.correlation = g.correlation AND h.kind IN ('runtime', 'driver') WHERE g.trace_id = ?",

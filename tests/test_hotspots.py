@@ -256,8 +256,12 @@ def test_reports_hold_plain_json_values(store):
         result = module.run(job, module.SPEC.params())
         assert result.findings, module.SPEC.id
         for finding in result.findings:
+            # the analyzer's own evidence, not only the report's copy (to_dict turns NumPy
+            # scalars into Python numbers on the way out)
+            assert plain(finding.evidence), (module.SPEC.id, finding.evidence)
             assert plain(finding.to_dict()), (module.SPEC.id, finding.evidence)
         assert all(plain(m.to_dict()) for m in result.metrics), module.SPEC.id
+        assert all(plain(m.value) for m in result.metrics), module.SPEC.id
     job.close()
 
 

@@ -43,6 +43,18 @@ def test_inference_page_draws_iterations_tpot_and_causes(jobs):
     assert any("Prefills stall decode" in e.label for e in at.expander)
 
 
+def test_inference_page_iteration_range_input(jobs):
+    at = page("inference", job=jobs["prefill"])
+    at.text_input(key="inference_iteration_range").input("^decode_step$").run()
+    assert not at.exception and not at.error
+    values = {m.label: m.value for m in at.metric}
+    assert values["Prefill iterations"] == "0" and values["Decode iterations"] == "10"
+    at.text_input(key="inference_iteration_range").input("decode_step(").run()
+    assert not at.exception
+    assert "is not a regular expression" in at.error[0].value
+    assert {m.label: m.value for m in at.metric}["Prefill iterations"] == "1"  # ignored
+
+
 def test_inference_page_on_a_training_job_says_why_not(jobs):
     at = page("inference", job=jobs["train"])
     assert not at.exception

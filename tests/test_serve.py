@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 
+from stallscope import preload
 from stallscope.store import Store
 from tests.conftest import SAMPLES
 
@@ -31,6 +32,14 @@ def wait_for(url: str, timeout: float = 90.0) -> str:
     raise TimeoutError(url)
 
 
+def wait_preloaded(store_dir, timeout: float = 600.0) -> None:
+    """Until the background preload of the samples has finished."""
+    deadline = time.time() + timeout
+    while preload.status(store_dir) is not None:
+        assert time.time() < deadline, "the sample preload did not finish"
+        time.sleep(0.5)
+
+
 def test_serve_preloads_samples_and_answers(tmp_path):
     store_dir, port = tmp_path / "store", free_port()
     env = dict(os.environ, STALLSCOPE_SAMPLES=str(SAMPLES))
@@ -40,10 +49,15 @@ def test_serve_preloads_samples_and_answers(tmp_path):
     )  # fmt: skip
     try:
         assert wait_for(f"http://127.0.0.1:{port}/_stcore/health") == "ok"
-        assert "<title>" in wait_for(f"http://127.0.0.1:{port}/")
-        jobs = Store(store_dir).jobs()
         sample_dirs = [p for p in (SAMPLES / "kineto").iterdir() if p.is_dir()]
         nsys_files = list((SAMPLES / "nsys").glob("*.sqlite*"))
+        # the server answers before the samples are in: they load in the background
+        running = preload.status(store_dir)
+        assert running is not None and running.total == len(sample_dirs) + len(nsys_files)
+        assert "<title>" in wait_for(f"http://127.0.0.1:{port}/")
+        wait_preloaded(store_dir)
+        assert not (store_dir / preload.MARKER).exists()
+        jobs = Store(store_dir).jobs()
         assert len(jobs) == len(sample_dirs) + len(nsys_files)
         assert all("sample" in j["tags"] for j in jobs)
         assert {tuple(j["sources"]) for j in jobs} == {("kineto",), ("nsys",), ("kineto", "ncu")}

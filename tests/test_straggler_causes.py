@@ -96,5 +96,5 @@ def test_healthy_job_has_no_straggler_finding(store, tmp_path):
     assert straggler_findings(result) == []
     summary = next(f for f in result.findings if f.evidence.get("key") == "collectives")
     path = summary.evidence["critical_path"]
-    assert [p["step"] for p in path] == [0, 1, 2]
+    assert [p.step for p in path] == [0, 1, 2]  # typed: report_types.CriticalPathStep
     job.close()

@@ -38,7 +38,8 @@ def free_port() -> int:
 def start_server(
     store: Path, port: int, samples: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.Popen:
-    """``stallscope serve`` on 127.0.0.1:``port``, once it answers; ``env`` adds variables."""
+    """``stallscope serve`` on 127.0.0.1:``port``, once it answers and its samples (if any) are
+    in; ``env`` adds variables."""
     args = [
         sys.executable,
         "-m",
@@ -62,11 +63,20 @@ def start_server(
     while time.time() < deadline:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2):
-                return proc
+                break
         except OSError:
             time.sleep(0.3)
-    stop_server(proc)
-    raise TimeoutError("the dashboard did not start")
+    else:
+        stop_server(proc)
+        raise TimeoutError("the dashboard did not start")
+    from stallscope import preload
+
+    while preload.status(store) is not None:  # the samples load in the background
+        if time.time() > deadline + 600:
+            stop_server(proc)
+            raise TimeoutError("the sample preload did not finish")
+        time.sleep(0.5)
+    return proc
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -107,11 +107,17 @@ def _to_canonical(
         rows = _RowFilter(events)
         tid = trace_id.replace("'", "")
 
-        def query(sql: str, mask: pa.ChunkedArray, gpu_args: bool = False) -> pa.Table:
+        def query(
+            sql: str, mask: pa.ChunkedArray, gpu_args: bool = False, shapes: bool = False
+        ) -> pa.Table:
             # Each query gets only its own rows, copied out of the Arrow table
             # in Arrow (a superset of its WHERE clause); nothing else is kept.
             table, columns, view = (
-                ("evg_rows", _ALL, _EVG) if gpu_args else ("evn_rows", _COMMON, _EVN)
+                ("evg_rows", _ALL, _EVG)
+                if gpu_args
+                else ("evn_rows", _COMMON + _SHAPES, _EVH)
+                if shapes
+                else ("evn_rows", _COMMON, _EVN)
             )
             con.register(table, events.select(columns).filter(mask))
             try:
@@ -125,7 +131,7 @@ def _to_canonical(
             rows.complete("kernel"),
             gpu_args=True,
         )
-        host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS))
+        host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS), shapes=True)
         ranges = query(_RANGES_SQL.format(trace_id=tid), rows.ranges())
         threads = query(_THREADS_SQL.format(trace_id=tid), rows.metadata)
         untimed = query(
@@ -164,11 +170,15 @@ _GPU_ARGS = [
     "collective", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks", "seq",
 ]  # fmt: skip
 _ALL = _COMMON + _GPU_ARGS
+_SHAPES = ["input_dims", "input_types"]  # operator input shapes (JSON text), host rows only
+
 
 # ``evn`` (rows with the columns every event has) and ``evg`` (GPU activities,
 # with their launch, copy and collective args): each query below reads one of
 # them, over the rows registered for that query alone.
-_EVN = f"""WITH evn AS (
+def _evn_view(extra: str = "") -> str:
+    """The ``evn`` CTE; ``extra`` adds columns (``, a, b``)."""
+    return f"""WITH evn AS (
 SELECT
   ph,
   lower(coalesce(cat, '')) AS cat,
@@ -177,9 +187,13 @@ SELECT
   device, stream, correlation, external_id,
   meta_name,
   name_id,
-  event_index
+  event_index{extra}
 FROM evn_rows)
 """
+
+
+_EVN = _evn_view()
+_EVH = _evn_view(", input_dims, input_types")  # with the operators' input shapes: host rows
 _EVG = f"""WITH evg AS (
 SELECT
   ph,
@@ -275,7 +289,9 @@ SELECT
   start_ns + greatest(dur_ns, 0) AS end_ns,
   name_id,
   correlation,
-  external_id
+  external_id,
+  input_dims,
+  input_types
 FROM evn
 WHERE ph = 'X' AND cat IN ({", ".join(f"'{c}'" for c in HOST_KINDS)}) AND start_ns IS NOT NULL
 ORDER BY pid, tid, start_ns, event_index

@@ -24,6 +24,7 @@ than ``traceEvents`` (``deviceProperties``, ``distributedInfo``,
 from __future__ import annotations
 
 import gc
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +77,10 @@ class Args(msgspec.Struct, gc=False):
     seq: Any = _f("Seq")
     seq_alt: Any = _f("seq")
     meta_name: Any = _f("name")
+    # Operator input shapes (``record_shapes=True``): kept as their JSON text, never parsed.
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_dims_old: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input dims")
+    input_types: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
 
 
 class Event(msgspec.Struct, gc=False):
@@ -101,7 +106,7 @@ RAW_COLUMNS = (
     "registers", "shared_memory", "blocks_per_sm", "warps_per_sm", "est_occupancy",
     "bytes", "kind", "sync_kind", "wait_on_stream",
     "collective", "in_nelems", "out_nelems", "group_size", "dtype",
-    "pg_name", "pg_desc", "pg_ranks", "seq", "meta_name",
+    "pg_name", "pg_desc", "pg_ranks", "seq", "meta_name", "input_dims", "input_types",
 )  # fmt: skip
 
 
@@ -257,7 +262,8 @@ def _split_by_search(data: bytes) -> tuple[dict[str, Any], memoryview] | None:
 
 
 def _decode_piece(piece: bytes) -> pa.RecordBatch:
-    return _to_batch(_EVENTS_LIST.decode(piece))
+    # A piece without the text '"Input ' holds no input shapes: skip reading them (a byte search).
+    return _to_batch(_EVENTS_LIST.decode(piece), shapes=b'"Input ' in piece)
 
 
 def _strip_bounds(data: bytes) -> tuple[int, int]:
@@ -358,12 +364,14 @@ def _describe_json_error(exc: msgspec.DecodeError, data: bytes) -> str:
     return f"invalid JSON ({reason})"
 
 
-def _to_batch(events: list[Event]) -> pa.RecordBatch:
+def _to_batch(events: list[Event], shapes: bool = True) -> pa.RecordBatch:
     """One Arrow batch; ``args`` read only by GPU activities are built for those rows alone.
 
     Column by column over a few hundred thousand structs is the cost here, so
     the launch, copy and collective args (null on every other row) are read
     from the GPU-category rows only, and ``meta_name`` from metadata rows.
+    ``shapes=False`` (the caller knows no event has input shapes) leaves
+    ``input_dims``/``input_types`` null without reading them.
     """
     n = len(events)
     no_args = Args()
@@ -417,8 +425,57 @@ def _to_batch(events: list[Event]) -> pa.RecordBatch:
             _int_col(_either([a.seq for a in gpu_args], lambda: [a.seq_alt for a in gpu_args]))
         ),
         "meta_name": meta_rows.spread(_str_col([a.meta_name for a in meta_rows.pick(args)])),
+        **(_shapes(args, cat) if shapes else _no_shapes(n)),
     }
     return pa.RecordBatch.from_pydict(cols)
+
+
+def _shapes(args: list[Args], cat: pa.Array) -> dict[str, pa.Array]:
+    """``input_dims`` and ``input_types`` of the operator rows: the JSON text of ``Input Dims``
+    (or the older ``Input dims``) and ``Input type``, null elsewhere and where absent.
+
+    Without ``record_shapes`` no operator has them: that costs one attribute read
+    per operator row and an empty join, then all-null columns.
+    """
+    rows = _Rows(_op_mask(cat), len(args))
+    ops = rows.pick(args)
+    dims = list(map(_DIMS, ops))
+    if not any(map(len, dims)):
+        dims = list(map(_DIMS_OLD, ops))
+        if not any(map(len, dims)):
+            return _no_shapes(len(args))
+    else:
+        old = list(map(_DIMS_OLD, ops))
+        if any(map(len, old)):
+            dims = [d if len(d) else o for d, o in zip(dims, old, strict=True)]
+    return {
+        "input_dims": rows.spread(_raw_text(dims)),
+        "input_types": rows.spread(_raw_text(list(map(_TYPES, ops)))),
+    }
+
+
+def _no_shapes(n: int) -> dict[str, pa.Array]:
+    return {"input_dims": pa.nulls(n, pa.string()), "input_types": pa.nulls(n, pa.string())}
+
+
+_DIMS = operator.attrgetter("input_dims")
+_DIMS_OLD = operator.attrgetter("input_dims_old")
+_TYPES = operator.attrgetter("input_types")
+
+
+def _op_mask(cat: pa.Array) -> pa.Array:
+    """Rows whose category is an operator (``cpu_op``, 2021's ``Operator``), or non-ASCII."""
+    lowered = pc.is_in(pc.ascii_lower(cat), value_set=pa.array(["cpu_op", "operator"]))
+    return pc.or_(lowered, pc.invert(pc.string_is_ascii(cat))).fill_null(False)
+
+
+def _raw_text(values: list[msgspec.Raw]) -> pa.Array:
+    """Raw JSON values as text, null where absent (empty) or JSON ``null``."""
+    text = _raw_col(values)
+    if not len(text) or text.buffers()[2] is None or not text.buffers()[2].size:
+        return pa.nulls(len(values), pa.string())
+    absent = pc.or_(pc.equal(pc.binary_length(text), 0), pc.equal(text, "null"))
+    return pc.if_else(absent, pa.scalar(None, pa.string()), text)
 
 
 # Lower-cased categories whose rows read the GPU-only args (kineto_canonical.GPU_KINDS).

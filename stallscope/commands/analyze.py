@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from stallscope.analyzers.base import SEVERITIES
 from stallscope.cli import EXIT_FINDINGS, EXIT_OK, add_store_option, open_store
@@ -44,6 +45,15 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
     )
     p.add_argument("--each", action="store_true", help="treat every file argument as its own job")
     p.add_argument(
+        "--iteration-range",
+        metavar="REGEX",
+        help=(
+            "inference: the host ranges (record_function/NVTX names) that are the serving loop's "
+            "iterations, as a regular expression; default: found from engine names, CUDA-graph "
+            "replays or input shapes (docs/analyzers/inference.md)"
+        ),
+    )
+    p.add_argument(
         "--jobs",
         "-j",
         type=int,
@@ -72,12 +82,20 @@ def add_threshold_options(p: argparse.ArgumentParser) -> None:
             )
 
 
-def threshold_overrides(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    overrides: dict[str, dict[str, float]] = {}
+def threshold_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """``overrides[analyzer][threshold]`` from the flags; ``--iteration-range`` as the
+    inference analyzer's ``iteration_range`` setting (:mod:`stallscope.job_settings`)."""
+    overrides: dict[str, dict[str, Any]] = {}
     for key, value in vars(args).items():
         if key.startswith("threshold__") and value is not None:
             _, analyzer, name = key.split("__", 2)
             overrides.setdefault(analyzer, {})[name] = value
+    regex = (getattr(args, "iteration_range", None) or "").strip()
+    if regex:
+        from stallscope.job_settings import ITERATION_RANGE, check_iteration_range
+
+        check_iteration_range(regex)
+        overrides.setdefault(ITERATION_RANGE[0], {})[ITERATION_RANGE[1]] = regex
     return overrides
 
 
@@ -90,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise InputError("--jobs", "must be at least 1")
+    overrides = threshold_overrides(args)  # a bad --iteration-range fails before any ingest
     store = open_store(args)
     progress = Progress()
     targets = expand_globs(args.targets)
@@ -99,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         jobs = resolve_targets(store, targets, args.each, pool, progress)
         report = build_report(
-            store, jobs, threshold_overrides(args), executor=pool if len(jobs) > 1 else None,
+            store, jobs, overrides, executor=pool if len(jobs) > 1 else None,
             progress=progress,
         )  # fmt: skip
     finally:

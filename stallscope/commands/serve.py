@@ -15,8 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="start the dashboard (Streamlit) on the store",
         description=(
-            "Start the web dashboard on the store. On an empty store the sample traces are ingested first "
-            "(unless --no-samples). With $STALLSCOPE_TOKEN set, every page and upload needs the team "
+            "Start the web dashboard on the store. On an empty store the sample traces are ingested in "
+            "the background (unless --no-samples): the dashboard answers at once and the jobs appear "
+            "one by one. With $STALLSCOPE_TOKEN set, every page and upload needs the team "
             "token, entered once per browser (a 7-day session cookie); uploads have per-user quotas "
             "(docs/security.md)."
         ),
@@ -42,50 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def sample_traces_dir() -> Path | None:
-    """$STALLSCOPE_SAMPLES, else the checkout's sample_traces/ folder."""
-    env = os.environ.get("STALLSCOPE_SAMPLES")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[2] / "sample_traces")
-    return next((c for c in candidates if c.is_dir()), None)
-
-
-def preload_samples(store) -> int:
-    """Ingest the samples into an empty store: each folder of sample_traces/kineto (with the
-    Nsight Compute CSV pages of the same program, ``ncu/<folder>.*.csv``, in the same job), each
-    nsys export."""
-    from stallscope.ingest import ingest_paths
-
-    if store.traces():
-        return 0
-    root = sample_traces_dir()
-    if root is None:
-        return 0
-    folders = (
-        sorted(p for p in (root / "kineto").glob("*") if p.is_dir())
-        if (root / "kineto").is_dir()
-        else []
-    )
-    count = 0
-    for folder in folders:
-        traces = sorted(
-            str(p) for p in folder.glob("*.json*") if not p.name.endswith(".truth.json")
-        )
-        traces += sorted(str(p) for p in (root / "ncu").glob(f"{folder.name}.*.csv"))
-        if traces:
-            ingest_paths(store, traces, uploaded_by="samples", tags=["sample", "kineto"])
-            count += 1
-    nsys = (
-        sorted(str(p) for p in (root / "nsys").glob("*.sqlite*"))
-        if (root / "nsys").is_dir()
-        else []
-    )
-    if nsys:
-        done = ingest_paths(store, nsys, each=True, uploaded_by="samples", tags=["sample", "nsys"])
-        count += len(done)
-    return count
-
-
 def run(args: argparse.Namespace) -> int:
     from stallscope.access import Settings
     from stallscope.errors import StallscopeError
@@ -96,9 +53,10 @@ def run(args: argparse.Namespace) -> int:
         raise StallscopeError(str(exc)) from None
     store = open_store(args)
     if not args.no_samples:
-        loaded = preload_samples(store)
-        if loaded:
-            print(f"loaded {loaded} sample job(s) into {store.root}")
+        from stallscope import preload
+
+        if preload.start_in_background(store):
+            print(f"loading the sample traces into {store.root} in the background")
     import stallscope.pages
 
     # an st.App: Streamlit serves it behind the access gate (token, session cookie, quotas)
