@@ -1,9 +1,9 @@
-"""Self-checks for the fast paths in ingest/kineto_decode.py (exit 1 on a mismatch).
+"""Self-checks for the fast paths in ingest/kineto/decode.py (exit 1 on a mismatch).
 
     python benchmarks/check_decode.py [TRACE.json ...]
 
 1. ``_plain_ns`` (µs text -> integer ns in NumPy) against the SQL conversion
-   it shortcuts (``kineto_canonical._ns_sql``) on hand-picked and 50,000
+   it shortcuts (``kineto.canonical._ns_sql``) on hand-picked and 50,000
    random spellings: wherever it gives a value, the value must be the same.
 2. Piece size: each trace decoded with 64 KiB pieces and with the default
    must give equal tables, and the fast path must accept it.
@@ -18,9 +18,9 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from stallscope.ingest import kineto_canonical as kc
-from stallscope.ingest import kineto_decode as kd
-from stallscope.ingest import kineto_pieces as kp
+from stallscope.ingest.kineto import canonical as kc
+from stallscope.ingest.kineto import decode as kd
+from stallscope.ingest.kineto import pieces as kp
 
 HERE = Path(__file__).resolve().parent
 SPELLINGS = [

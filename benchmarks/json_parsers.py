@@ -8,7 +8,7 @@ decoded objects take (peak RSS minus RSS with the file's bytes loaded).
 
 * ``json``, ``orjson``, ``msgspec (dicts)``: the whole document as Python
   dicts and lists, what a generic loader (HTA's, for one) builds;
-* ``msgspec (stallscope structs)``: what ``ingest/kineto_decode.py`` does,
+* ``msgspec (stallscope structs)``: what ``ingest/kineto/decode.py`` does,
   typed structs holding only the fields stallscope reads, ``ts``/``dur`` kept
   as exact text.
 
@@ -45,7 +45,7 @@ elif parser == "msgspec (dicts)":
     decode = msgspec.json.Decoder().decode
 else:
     import gc
-    from stallscope.ingest import kineto_decode as kd
+    from stallscope.ingest.kineto import decode as kd
     def decode(data):
         gc.disable()
         top = kd._TOP.decode(data)

@@ -66,8 +66,8 @@ def main(path: str) -> None:
     with Stage("imports"):
         import pyarrow.parquet as pq
 
-        from stallscope.ingest.kineto_canonical import to_canonical
-        from stallscope.ingest.kineto_decode import decode_kineto
+        from stallscope.ingest.kineto.canonical import to_canonical
+        from stallscope.ingest.kineto.decode import decode_kineto
         from stallscope.ingest.reader import expand_path
     if os.environ.get("PANDAS_PROBE") != "1":  # as in the CLI (ingest.startup.skip_pandas_probe)
         import pyarrow as pa
@@ -76,7 +76,7 @@ def main(path: str) -> None:
             from stallscope.ingest.startup import NoPandas as _NoPandas
         except ImportError:  # an older checkout
             try:
-                from stallscope.ingest.kineto_decode import _NoPandas
+                from stallscope.ingest.kineto.decode import _NoPandas
             except ImportError:  # older still: it had no such thing
                 _NoPandas = None
         if _NoPandas is not None:

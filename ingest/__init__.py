@@ -1,7 +1,9 @@
 """Ingest: sniff and parse trace files into the canonical tables of the store.
 
-Entry point: :func:`ingest_paths`. One module per format (``kineto_*``);
-``reader`` handles compression and archives, ``job`` publishes atomically.
+Entry point: :func:`ingest_paths`. One folder per format (``kineto/``,
+``nsys/``, ``ncu/``, ``memory_snapshot/``; ``registry`` lists them, ``sniff``
+tells them apart; docs/extending.md); ``reader`` handles compression and
+archives, ``job`` publishes atomically.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def plan_jobs(
     """Group user arguments into jobs.
 
     Each directory or zip is one job; inside it, files that are not traces
-    (told by name, then by content: :func:`~stallscope.ingest.formats.not_a_trace`)
+    (told by name, then by content: :func:`~stallscope.ingest.sniff.not_a_trace`)
     are skipped, and one with no trace at all is refused (InputError). Plain
     files given together form one job (the ranks of one run) unless ``each``
     is set, in which case every file is its own job; a plain file that is not
@@ -72,7 +74,7 @@ def plan_jobs(
 
 def _container_job(display: str, expanded: Expanded) -> PlannedJob:
     """A directory's or zip's job: its traces, the rest skipped with a reason."""
-    from stallscope.ingest.formats import not_a_trace
+    from stallscope.ingest.sniff import not_a_trace
 
     traces = []
     skipped = list(expanded.skipped)  # by name

@@ -1,20 +1,27 @@
-"""The contract between the job ingester and each format parser.
+"""The contract between the job ingester and each input format.
+
+Each format lives in its own folder (``ingest/kineto/``, ``nsys/``, ``ncu/``,
+``memory_snapshot/``) whose ``__init__.py`` declares a :class:`Format`: how a
+file of it is recognised, its parser, and what its traces provide. The
+formats are listed, in the order they are tried, in
+:data:`stallscope.ingest.registry.FORMATS`; :func:`stallscope.ingest.sniff.sniff`
+names a file's format.
 
 A parser turns one input file into one or more :class:`ParsedTrace` (a Kineto
 file is one rank; an Nsight Systems report may hold several processes or
-devices, each its own rank). Parsers are registered in :data:`PARSERS` under
-the name that :func:`stallscope.ingest.sniff.sniff` returns for the file.
+devices, each its own rank).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from stallscope.errors import InputError
 from stallscope.ingest.canonical import CanonicalTrace
-from stallscope.ingest.reader import Source, decompressed_head
+from stallscope.ingest.reader import Source
 
 
 @dataclass
@@ -71,6 +78,16 @@ class Payload:
 
 Parser = Callable[[Source, Payload, ParseContext], list[ParsedTrace]]
 
+_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
+
+
+def rank_in_name(name: str) -> int | None:
+    """The rank a file's base name gives (``rank3``, ``worker_1``...; zip members: the member's
+    name), else None: the rule every format uses when the file itself does not say."""
+    match = _RANK_IN_NAME.search(name.rsplit(":", 1)[-1].rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
 # Files given together are one job's ranks; said where ranks cannot be told apart.
 SEPARATE_JOBS_HINT = (
     "files given together are taken as the ranks of one job: to analyze unrelated traces,"
@@ -78,86 +95,43 @@ SEPARATE_JOBS_HINT = (
 )
 
 
-def _kineto(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.kineto import parse_kineto
-
-    return parse_kineto(source, payload.take(), ctx)
-
-
-def _ncu(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.ncu import parse_ncu
-
-    return parse_ncu(source, payload.take(), ctx)
+# What a format's traces can provide: a GPU timeline (the gpu, host, ranges... tables that
+# time-based analyzers read), per-kernel metrics (kernel_metrics), allocator events (memory).
+PROVIDES = ("timeline", "kernel_metrics", "memory")
 
 
-def _nsys(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.nsys import parse_nsys
+@dataclass(frozen=True)
+class Format:
+    """One input format, declared by its folder's ``__init__.py``.
 
-    return parse_nsys(source, payload, ctx)
-
-
-def _nsys_report(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.nsys_export import parse_nsys_report
-
-    return parse_nsys_report(source, payload.take(), ctx)
-
-
-PARSERS: dict[str, Parser] = {"kineto": _kineto, "ncu": _ncu}
-
-
-def _memory_snapshot(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
-    from stallscope.ingest.memory_snapshot import parse_snapshot
-
-    return parse_snapshot(source, payload.take(), ctx)
-
-
-PARSERS.update({"nsys": _nsys, "nsys-rep": _nsys_report, "memory-snapshot": _memory_snapshot})
-
-
-def detect_format(name: str, data: bytes) -> str:
-    """The :data:`PARSERS` key for decompressed ``data``.
-
-    Nsight Systems reports (``.nsys-rep``/``.qdrep``) are ``"nsys-rep"``: their
-    parser exports them to SQLite first. Everything else is :func:`sniff`'s call.
+    ``detect(name, data)`` says from a file's name and decompressed head (at
+    least its first MiB) whether the file is of this format; it may raise
+    InputError for a file that looks like this format but is refused (e.g. a
+    PyTorch Execution Trace, JSON but not Kineto's). ``binary`` formats are
+    recognised by a header and tried first; text formats only once the file
+    is known to be UTF-8 text. ``source`` is the catalog ``source`` of the
+    traces it makes. A ``companion`` format's traces describe the kernels of a
+    timeline trace of the same rank (Nsight Compute): they are not ranks of
+    their own, and ``finish(metas, staging)`` pairs them with their timeline
+    once every file of the job is parsed. ``extensions`` are the file name
+    endings the dashboard's file picker offers (files are told by content,
+    never by these alone).
     """
-    from stallscope.ingest.nsys_export import is_report
-    from stallscope.ingest.sniff import sniff
 
-    if is_report(name, data[:64]):
-        return "nsys-rep"
-    return sniff(name, data)
+    name: str
+    title: str
+    detect: Callable[[str, bytes], bool]
+    parse: Parser
+    provides: frozenset[str]
+    source: str = ""  # default: ``name``
+    binary: bool = False
+    companion: bool = False
+    finish: Callable[[list[dict[str, Any]], Path], None] | None = None
+    extensions: tuple[str, ...] = ()
 
-
-# How much of a file's decompressed head tells whether it is a trace: sniff
-# looks at the first MiB at most (Nsight Systems table names in an SQLite file).
-SNIFF_HEAD_BYTES = 1 << 20
-# One of these sits in the first 64 KiB of every JSON trace we know.
-_TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"',
-               b'"displayTimeUnit"', b'"ph"')  # fmt: skip
-_JSON_KEYS_HEAD = 1 << 16
-# Refusals about how a file is packed, not what it is (empty, compressed twice, another
-# archive, UTF-16): it may well be a rank's trace, so it refuses the job, never skipped.
-_PACKING = ("empty file", "compressed twice", "decompress it first", "unpack it first", "UTF-16")
-
-
-def not_a_trace(source: Source) -> str | None:
-    """Why a file inside a directory or zip is not a trace, from its content; ``None`` when it is one.
-
-    Reads only the decompressed head (:data:`SNIFF_HEAD_BYTES`). Not a trace:
-    what :func:`detect_format` refuses (an image, a CSV, an empty file...), and
-    JSON with none of a trace's keys in its first 64 KiB (a run's
-    ``meta.json``). A trace that is broken further on (truncated, corrupt) is a
-    trace here: its parse refuses the job; so is a file packed in a way that
-    hides what it is (empty, compressed twice, a nested archive, UTF-16), and
-    a head that cannot be decoded at all: the full read says why.
-    """
-    head = decompressed_head(source, SNIFF_HEAD_BYTES)
-    if head is None:
-        return None
-    try:
-        fmt = detect_format(source.name, head)
-    except InputError as exc:
-        return None if any(word in exc.reason for word in _PACKING) else exc.reason
-    if fmt == "kineto" and not any(key in head[:_JSON_KEYS_HEAD] for key in _TRACE_KEYS):
-        return "JSON without any trace keys (traceEvents, schemaVersion, ph...), not a trace"
-    return None
+    def __post_init__(self) -> None:
+        if not self.source:
+            object.__setattr__(self, "source", self.name)
+        unknown = set(self.provides) - set(PROVIDES)
+        if unknown:
+            raise ValueError(f"format {self.name}: unknown provides {sorted(unknown)}")

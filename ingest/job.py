@@ -2,7 +2,7 @@
 
 A job's id is derived from the hashes of its files, so ingesting the same
 files again finds the job already stored instead of duplicating it. Each file
-is handed to the parser of its format (``formats.PARSERS``), which returns
+is handed to the parser of its format (``registry.FORMATS``), which returns
 one trace per rank it holds; ranks must be distinct across the job — a clash
 is an error, never a silent guess.
 """
@@ -27,15 +27,7 @@ import pyarrow.parquet as pq
 from stallscope import __version__
 from stallscope.errors import EnvironmentProblem, InputError
 from stallscope.ingest.canonical import conform
-from stallscope.ingest.formats import (
-    PARSERS,
-    SEPARATE_JOBS_HINT,
-    ParseContext,
-    ParsedTrace,
-    Parser,
-    Payload,
-    detect_format,
-)
+from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace, Parser, Payload
 from stallscope.ingest.limits import (
     check_deadline,
     check_rank,
@@ -44,9 +36,9 @@ from stallscope.ingest.limits import (
     memory_limit_text,
     negative_durations,
 )
-from stallscope.ingest.ncu import source_is_ncu
-from stallscope.ingest.ncu_match import pair_ncu_traces
 from stallscope.ingest.reader import Source
+from stallscope.ingest.registry import BY_NAME, FORMATS, companion_file, is_companion, provides
+from stallscope.ingest.sniff import sniff
 from stallscope.ingest.startup import skip_pandas_probe
 from stallscope.store import Store, current_user, new_upload, write_json, write_upload
 
@@ -175,8 +167,8 @@ def _prepare(
     staging = store.new_staging()
     try:
         metas = []
-        # Nsight Compute results describe a timeline's kernels: they are not ranks of their own.
-        single = sum(not source_is_ncu(s) for s in sources) <= 1
+        # Companion results (Nsight Compute) describe a timeline's kernels: not ranks of their own.
+        single = sum(not companion_file(s) for s in sources) <= 1
         for index, (source, digest) in enumerate(zip(sources, hashes, strict=True)):
 
             def stage(label: str, index: int = index, source: Source = source) -> None:
@@ -185,7 +177,7 @@ def _prepare(
 
             metas += _ingest_source(source, job_id, digest, staging, single=single, stage=stage)
             source.release()
-        pair_ncu_traces(metas, staging)
+        _finish_formats(metas, staging)
         _check_ranks(metas)
         now = datetime.fromisoformat(upload["uploaded_at"]).isoformat(timespec="seconds")
         user = upload["uploaded_by"]
@@ -218,6 +210,14 @@ def _prepare(
     return PreparedJob(result, staging, upload)
 
 
+def _finish_formats(metas: list[dict[str, Any]], staging: Path) -> None:
+    """Each format of the job that has a ``finish`` step (ncu: pairing with the timeline) runs it."""
+    sources = {meta["source"] for meta in metas}
+    for fmt in FORMATS:
+        if fmt.finish is not None and fmt.source in sources:
+            fmt.finish(metas, staging)
+
+
 def _reject_duplicate_files(sources: list[Source], hashes: list[str]) -> None:
     seen: dict[str, str] = {}
     for source, digest in zip(sources, hashes, strict=True):
@@ -243,7 +243,7 @@ def _ingest_source(
     data = source.read()
     source.release()  # the (compressed) file bytes are no longer needed: keep one copy only
     stage("parsing")
-    fmt = detect_format(source.name, data)
+    fmt = sniff(source.name, data)
     ctx = ParseContext(
         name=source.name,
         single=single,
@@ -253,7 +253,7 @@ def _ingest_source(
     skip_pandas_probe()  # the command never needs pandas: 0.2-0.5 s less start-up
     payload = Payload(data)
     del data  # the parser holds the only reference and may free the bytes early
-    parsed = _parse_guarded(PARSERS[fmt], source, payload, ctx)
+    parsed = _parse_guarded(BY_NAME[fmt].parse, source, payload, ctx)
     check_deadline(source.name)
     stage("writing")
     metas = []
@@ -338,9 +338,9 @@ def _write_tables(folder: Path, tables: dict[str, Any]) -> None:
 
 
 def _check_ranks(metas: list[dict[str, Any]]) -> None:
-    """One timeline per rank, at most ``max_ranks()`` of them; beside each, at most one ncu
-    result of each kind (raw/details page)."""
-    timelines = sum(meta["source"] != "ncu" for meta in metas)
+    """One timeline per rank, at most ``max_ranks()`` of them; beside each, at most one
+    companion result of each kind (ncu: raw/details page)."""
+    timelines = sum(not is_companion(meta["source"]) for meta in metas)
     if timelines > max_ranks():
         raise InputError(
             metas[0]["file_name"],
@@ -349,7 +349,8 @@ def _check_ranks(metas: list[dict[str, Any]]) -> None:
         )
     by_rank: dict[tuple, str] = {}
     for meta in metas:
-        key = (meta["rank"], meta["name"].rsplit("(", 1)[-1] if meta["source"] == "ncu" else "")
+        kind = meta["name"].rsplit("(", 1)[-1] if is_companion(meta["source"]) else ""
+        key = (meta["rank"], kind)
         other = by_rank.get(key)
         if other is not None:
             raise InputError(
@@ -368,12 +369,12 @@ def _trace_meta(
     span = pc.max(busy["end_ns"]).as_py() - pc.min(busy["start_ns"]).as_py() if busy.num_rows else 0
     kernel_count = (pc.sum(pc.equal(gpu["kind"], "kernel")).as_py() or 0) if gpu.num_rows else 0
     warnings = list(trace.warnings)
-    if gpu.num_rows == 0 and trace.source != "ncu":
+    if gpu.num_rows == 0 and provides(trace.source, "timeline"):
         warnings.append("no GPU activity in this trace (CPU-only or unsupported accelerator)")
     name = os.path.basename(source.name.rsplit(":", 1)[-1]) or source.name
     if trace.rank is None:
-        if trace.source == "ncu":
-            rank = None  # the rank of the timeline it describes: set by pair_ncu_traces
+        if is_companion(trace.source):
+            rank = None  # the rank of the timeline it describes: set by its format's finish
         elif not single:
             raise InputError(source.name, f"cannot tell this file's rank ({SEPARATE_JOBS_HINT})")
         else:

@@ -39,7 +39,7 @@ _SKIP_NAMES = {".DS_Store", "Thumbs.db"}
 # Files that sit beside traces in a job folder or zip and are never traces:
 # notes, logs, scripts, images, and stallscope's own ground-truth sidecars.
 # They are skipped by name (never read) and named in the job's warnings;
-# other non-traces are told apart by content (stallscope.ingest.formats.not_a_trace).
+# other non-traces are told apart by content (stallscope.ingest.sniff.not_a_trace).
 _SKIP_SUFFIXES = (
     ".truth.json",
     ".md",

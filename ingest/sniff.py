@@ -1,17 +1,20 @@
 """Tell what a file is from its first bytes, before any expensive parsing.
 
-:func:`sniff` returns ``"kineto"`` for a file worth handing to the Kineto
-parser, or raises :class:`InputError` with a specific reason (a PNG, an nsys
-report that needs exporting, a PyTorch memory timeline, an Execution Trace...).
+:func:`sniff` names the format (:data:`stallscope.ingest.registry.FORMATS`)
+whose ``detect`` claims the file, or raises :class:`InputError` with a
+specific reason (a PNG, a file compressed twice, a CSV that is not Nsight
+Compute's, a PyTorch Execution Trace...). What is not a trace at all is
+refused here; what looks like one format but is not is refused by that
+format's ``detect``. :func:`not_a_trace` tells the traces of a folder or zip
+from the files beside them.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 
 from stallscope.errors import InputError
+from stallscope.ingest.reader import Source, decompressed_head
 
 _MAGIC = (
     (b"\x89PNG", "PNG image, not a trace"),
@@ -27,34 +30,29 @@ _MAGIC = (
     (b"\x7fELF", "executable file, not a trace"),
 )
 _SQLITE = b"SQLite format 3\x00"
-# Table names only an Nsight Systems export has (its schema is near the start).
-_NSYS_TABLES = (b"StringIds", b"CUPTI_ACTIVITY_KIND", b"TARGET_INFO", b"META_DATA_EXPORT",
-                b"EXPORT_META_DATA", b"NVTX_EVENTS")  # fmt: skip
-_NSYS_REPORT = b"NVIDIA Tegra Profiler Report"  # header of every .nsys-rep and .qdrep
-_NSYS_EXT = re.compile(r"\.(nsys-rep|qdrep)$", re.IGNORECASE)
 _SQLITE_EXT = re.compile(r"\.(sqlite|sqlite3|db)(\.gz)?$", re.IGNORECASE)
-_NCU_CSV = b'"ID","Process ID","Process Name","Host Name","Kernel Name"'
 _WHITESPACE = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*")
 
 
 def sniff(name: str, data: bytes) -> str:
-    """Format of decompressed ``data``: ``"kineto"``, ``"ncu"`` (Nsight Compute CSV or report),
-    ``"nsys"`` or ``"memory-snapshot"`` (a pickle: a CUDA memory snapshot, or refused by its parser)."""
+    """The name of the format of decompressed ``data`` (a key of ``registry.BY_NAME``).
+
+    Refusals by magic number first; then the binary formats (told by a
+    header: nsys reports and exports, ncu, memory snapshots); then, once the
+    file is known to be UTF-8 text, the text formats (Kineto JSON); then why
+    nothing claimed it.
+    """
+    from stallscope.ingest.registry import FORMATS
+
     head = data[:4096]
     for magic, reason in _MAGIC:
         if head.startswith(magic):
             raise InputError(name, reason)
+    for fmt in FORMATS:
+        if fmt.binary and fmt.detect(name, data):
+            return fmt.name
     if head.startswith(_SQLITE):
-        # Nsight Systems exports can be large; its table names sit in the first pages.
-        if any(table in data[: 1 << 20] for table in _NSYS_TABLES):
-            return "nsys"  # ingest/nsys.py checks the tables for real
         raise InputError(name, "SQLite database, not a trace")
-    if head.startswith(_NSYS_REPORT) or _NSYS_EXT.search(name):
-        raise InputError(name, _nsys_report_reason(name))
-    if name.lower().endswith(".ncu-rep") or head.startswith((b"NVIDIA Nsight Compute", b"NVR\x00")):
-        return "ncu"  # ingest/ncu.py exports it with ncu, or says how to
-    if head[:1] == b"\x80" and head[1:2] in b"\x02\x03\x04\x05":
-        return "memory-snapshot"  # ingest/memory_snapshot.py reads plain values only, or refuses
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise InputError(name, "UTF-16 text: save the trace as UTF-8 JSON")
     start = _WHITESPACE.match(data).end()
@@ -67,16 +65,18 @@ def sniff(name: str, data: bytes) -> str:
                 name, "not an SQLite database (no SQLite header), so not an Nsight Systems export"
             )
         raise InputError(name, "binary data, not a JSON trace")
+    for fmt in FORMATS:
+        if not fmt.binary and fmt.detect(name, data):
+            return fmt.name
+    return _unclaimed(name, text)
+
+
+def _unclaimed(name: str, text: bytes) -> str:
+    """Why UTF-8 text that no format claimed is not a trace (always raises)."""
     first = text[:1]
     line = text.split(b"\n", 1)[0]
-    if line.startswith(_NCU_CSV) or (text.startswith(b"==PROF==") and b"\n" + _NCU_CSV in text):
-        return "ncu"  # Nsight Compute CSV (--page raw or details), maybe after ncu's log lines
     if first not in b"[{<" and (b'","' in line or (first != b'"' and b"," in line)):
         raise InputError(name, _csv_reason(line))
-    if first == b"[":
-        return _sniff_array(name, text)
-    if first == b"{":
-        return _sniff_object(name, data[start:])
     if first == b'"':
         raise InputError(name, "a JSON string, not a Kineto trace (expected an object)")
     if first in b"-0123456789" or text.startswith((b"true", b"false", b"null")):
@@ -108,15 +108,6 @@ def _looks_binary(text: bytes) -> bool:
     return False
 
 
-def _nsys_report_reason(name: str) -> str:
-    """Why an nsys report reached :func:`sniff` (``detect_format`` hands reports to
-    ``ingest/nsys_export.py`` first): stallscope reads its SQLite export."""
-    path = name if os.path.isfile(name) else name.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
-    stem = _NSYS_EXT.sub("", path) if _NSYS_EXT.search(path) else path
-    command = f"nsys export --type sqlite -o {shlex.quote(stem + '.sqlite')} {shlex.quote(path)}"
-    return f"Nsight Systems report: stallscope reads its SQLite export (make it with: {command})"
-
-
 def _csv_reason(line: bytes) -> str:
     if b"(ns)" in line or b"Time (%)" in line:
         return (
@@ -126,33 +117,36 @@ def _csv_reason(line: bytes) -> str:
     return "CSV file, not a PyTorch profiler (Kineto) trace"
 
 
-def _sniff_array(name: str, text: bytes) -> str:
-    inner = text[1:].lstrip()
-    if inner[:1] == b"[":
-        raise InputError(name, "PyTorch memory-timeline export, not a trace")
-    if inner[:1] in (b"{", b"]"):
-        return "kineto"
-    if not inner:
-        return "kineto"  # a huge run of whitespace: let the parser decide
-    raise InputError(name, "JSON array of non-objects: not a Kineto trace")
+# How much of a file's decompressed head tells whether it is a trace: sniff
+# looks at the first MiB at most (Nsight Systems table names in an SQLite file).
+SNIFF_HEAD_BYTES = 1 << 20
+# One of these sits in the first 64 KiB of every JSON trace we know.
+_TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"',
+               b'"displayTimeUnit"', b'"ph"')  # fmt: skip
+_JSON_KEYS_HEAD = 1 << 16
+# Refusals about how a file is packed, not what it is (empty, compressed twice, another
+# archive, UTF-16): it may well be a rank's trace, so it refuses the job, never skipped.
+_PACKING = ("empty file", "compressed twice", "decompress it first", "unpack it first", "UTF-16")
 
 
-def _sniff_object(name: str, data: bytes) -> str:
-    # The distinguishing keys sit near the top in every producer we know;
-    # a full parse later gives the definitive answer.
-    head = data[: 1 << 16]
-    if b'"traceEvents"' in head or b'"schemaVersion"' in head or b'"deviceProperties"' in head:
-        return "kineto"
-    if b'"nodes"' in head and (b'"schema"' in head or b'"pid"' in head):
-        raise InputError(
-            name,
-            "PyTorch Execution Trace (ET), not a Kineto trace: ingest the matching profiler trace",
-        )
-    if b'"rocprofiler-sdk-tool"' in head or b'"rocprofiler' in head:
-        raise InputError(
-            name, "rocprofv3 JSON, not a Kineto trace: use the PyTorch profiler's trace instead"
-        )
-    if b'"segments"' in head and b'"device_traces"' in head:
-        raise InputError(name, "PyTorch CUDA memory snapshot, not a profiler trace")
-    # traceEvents may follow a large metadata block: let the parser decide.
-    return "kineto"
+def not_a_trace(source: Source) -> str | None:
+    """Why a file inside a directory or zip is not a trace, from its content; ``None`` when it is one.
+
+    Reads only the decompressed head (:data:`SNIFF_HEAD_BYTES`). Not a trace:
+    what :func:`sniff` refuses (an image, a CSV, an empty file...), and
+    JSON with none of a trace's keys in its first 64 KiB (a run's
+    ``meta.json``). A trace that is broken further on (truncated, corrupt) is a
+    trace here: its parse refuses the job; so is a file packed in a way that
+    hides what it is (empty, compressed twice, a nested archive, UTF-16), and
+    a head that cannot be decoded at all: the full read says why.
+    """
+    head = decompressed_head(source, SNIFF_HEAD_BYTES)
+    if head is None:
+        return None
+    try:
+        fmt = sniff(source.name, head)
+    except InputError as exc:
+        return None if any(word in exc.reason for word in _PACKING) else exc.reason
+    if fmt == "kineto" and not any(key in head[:_JSON_KEYS_HEAD] for key in _TRACE_KEYS):
+        return "JSON without any trace keys (traceEvents, schemaVersion, ph...), not a trace"
+    return None

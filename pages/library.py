@@ -13,19 +13,12 @@ import streamlit as st
 from stallscope.errors import StallscopeError
 from stallscope.pages.state import get_store, jobs, max_upload_mb
 from stallscope.pages.text import literal
+from stallscope.targets import upload_extensions
 
-ACCEPTED = [
-    "json",
-    "gz",
-    "zip",
-    "sqlite",
-    "csv",
-    "nsys-rep",
-    "qdrep",
-    "ncu-rep",
-    "pickle",
-    "pkl",
-]  # reports need nsys/ncu on the server; pickles: CUDA memory snapshots, read as plain data
+# Each registered format's endings (json, sqlite, nsys-rep, csv, ncu-rep, pickle...) plus gz
+# and zip; reports need nsys/ncu on the server; pickles (CUDA memory snapshots) are read
+# as plain data.
+ACCEPTED = upload_extensions()
 
 
 def render() -> None:

@@ -40,11 +40,14 @@ def load(
     """One job from trace files or a store id.
 
     ``target`` is a trace file, a directory or ``.zip`` of a job's ranks, a list
-    of files (the ranks of one job), or a stored trace id, job id or unique
-    prefix of either. Files are ingested into ``store`` (a :class:`Store`, a
-    folder, or by default ``$STALLSCOPE_STORE``, else ``~/.stallscope/store``);
-    ingesting the same files again finds the stored job. ``thresholds`` overrides
-    analyzer thresholds: ``{"gpu_idle": {"share_pct_high": 20}}``.
+    of files (the ranks of one job), a quoted glob pattern, or a stored trace
+    id, job id or unique prefix of either (looked up as ``stallscope analyze``
+    looks up its ids: :meth:`stallscope.store.Store.resolve`). Files are ingested
+    into ``store`` (a :class:`Store`, a folder, or by default ``$STALLSCOPE_STORE``,
+    else ``~/.stallscope/store``); ingesting the same files again finds the stored
+    job. ``thresholds`` overrides analyzer thresholds:
+    ``{"gpu_idle": {"share_pct_high": 20}}``. Targets that make more than one job
+    are an InputError.
 
     Files are ingested in a child process under the ingest's wall-time and memory
     limits (``$STALLSCOPE_INGEST_TIMEOUT``, ``$STALLSCOPE_INGEST_MAX_MEMORY_MB``), as
@@ -60,6 +63,9 @@ def load(
         targets = [os.fspath(t) for t in target]
     if not targets:
         raise InputError("load", "nothing to load")
+    from stallscope.targets import expand_globs
+
+    targets = expand_globs(targets)
     existing = [t for t in targets if os.path.exists(t)]
     if existing:
         missing = [t for t in targets if t not in existing]
@@ -69,7 +75,8 @@ def load(
         if len(results) != 1:
             names = ", ".join(r.job_name for r in results)
             raise InputError(
-                targets[0], f"these paths make {len(results)} jobs ({names}); load them one by one"
+                targets[0],
+                f"these targets make {len(results)} jobs ({names}); load them one by one",
             )
         refs = st.traces(results[0].job_id)
     else:
@@ -147,8 +154,8 @@ class Job:
     def sql(
         self, query: str, *, max_rows: int | None = None, timeout_s: float = 300.0
     ) -> pd.DataFrame:
-        """One read-only ``SELECT`` over this job's tables (``gpu``, ``host``, ``ranges``,
-        ``collectives``, ``names``, ``threads``, ``devices``, ``kernel_metrics``, ``catalog``).
+        """One read-only ``SELECT`` over this job's canonical tables (docs/schema.md:
+        ``gpu``, ``host``, ``memory``...) and ``catalog``.
 
         Runs in the same sandbox process as the dashboard's SQL page, without its row,
         result-size and load caps, and with up to half the machine's memory."""

@@ -1,9 +1,9 @@
 """Read access to one job's canonical tables, for analyzers and front ends.
 
 A :class:`JobData` wraps the store's Parquet files of the job's traces in a
-private in-memory DuckDB connection with views named after the canonical
-tables (``gpu``, ``host``, ``ranges``, ``collectives``, ``names``, ``threads``,
-``devices``) plus ``catalog``. It is read-only and cheap to create.
+private in-memory DuckDB connection with a view per canonical table
+(:data:`stallscope.schema.TABLES`, docs/schema.md) plus ``catalog``. It is
+read-only and cheap to create.
 
 Every query on a view binds and prunes every file under it, so a query about
 one trace costs in proportion to the job's rank count: asked once per rank,

@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallscope.ingest.ncu_csv import to_base
+from stallscope.ingest.ncu.csv_pages import to_base
 from stallscope.jobdata import JobData
 
 # name: (raw page metric, details section, details label)

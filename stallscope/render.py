@@ -133,10 +133,14 @@ def _where_label(report: dict[str, Any], records: list[dict[str, Any]]):
 
 def _no_timeline(report: dict[str, Any]) -> str:
     """What stands in for the metrics table when no trace has a GPU timeline."""
-    if report["traces"] and all(t.get("source") == "ncu" for t in report["traces"]):
+    from stallscope.ingest.registry import of_source, provides
+
+    sources = {t.get("source") for t in report["traces"]}
+    if sources and not any(provides(s, "timeline") for s in sources):
+        titles = sorted(f.title for s in sources if (f := of_source(s)) is not None)
         return (
-            "No GPU timeline: Nsight Compute results only (per-kernel metrics; add a Kineto or "
-            "nsys trace of the same program for time-based metrics)."
+            f"No GPU timeline: {' and '.join(titles) or 'no timeline format'} only (add a Kineto "
+            "or nsys trace of the same program for time-based metrics)."
         )
     return "No GPU activity in these traces."
 

@@ -32,7 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stallscope.errors import StallscopeError
-from stallscope.store import CATALOG_COLUMNS, EMPTY_TABLES, TABLES, Store, TraceRef
+from stallscope.schema import EMPTY_SELECTS
+from stallscope.store import CATALOG_COLUMNS, TABLES, Store, TraceRef
 
 if TYPE_CHECKING:  # pandas is imported by to_pandas(), in the server only, not in the sandbox
     import pandas as pd
@@ -146,7 +147,7 @@ def table_columns(traces: list[TraceRef]) -> list[tuple[str, list[str]]]:
                     names.update(dict.fromkeys(pq.read_schema(path).names))
         if not names:
             with duckdb.connect() as con:
-                con.execute(f"SELECT * FROM {EMPTY_TABLES[table]} LIMIT 0")
+                con.execute(f"SELECT * FROM {EMPTY_SELECTS[table]} LIMIT 0")
                 names = dict.fromkeys(d[0] for d in con.description)
         listing.append((table, list(names)))
     listing.append(("catalog", [name for name, _ in CATALOG_COLUMNS]))

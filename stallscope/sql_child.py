@@ -39,8 +39,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stallscope.schema import EMPTY_SELECTS
 from stallscope.sql import QueryError, check_query, first_line
-from stallscope.store import EMPTY_TABLES, TABLES, create_catalog
+from stallscope.store import TABLES, create_catalog
 
 NOWHERE = "/nonexistent"  # where path-bearing settings point: reveals nothing, holds nothing
 START_OVERHEAD_BYTES = 1 << 30  # address space DuckDB's and Arrow's threads reserve at start
@@ -137,7 +138,7 @@ def sandbox_connection(
         if table in loaded.tables:
             con.register(table, loaded.tables[table])
         else:
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM {EMPTY_TABLES[table]} WHERE false")
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM {EMPTY_SELECTS[table]} WHERE false")
     create_catalog(con, loaded.catalog)
     con.execute("SET python_enable_replacements = false")
     con.execute("SET enable_external_access = false")

@@ -49,11 +49,10 @@ from typing import Any
 import duckdb
 
 from stallscope.errors import NotFoundError, environment_problem
+from stallscope.schema import EMPTY_SELECTS, TABLE_NAMES
 
 STORE_FORMAT = "stallscope-store/1"
-TABLES = (
-    "gpu", "host", "ranges", "collectives", "names", "threads", "devices", "kernel_metrics", "memory",
-)  # fmt: skip
+TABLES = TABLE_NAMES  # the canonical tables, declared in stallscope.schema
 
 
 def default_store_path() -> Path:
@@ -378,35 +377,11 @@ class Store:
                 )
             else:
                 con.execute(
-                    f"CREATE {view} {table} AS SELECT * FROM {EMPTY_TABLES[table]} WHERE false"
+                    f"CREATE {view} {table} AS SELECT * FROM {EMPTY_SELECTS[table]} WHERE false"
                 )
         create_catalog(con, [r.meta for r in refs])
         return con
 
-
-EMPTY_TABLES = {
-    "gpu": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER device, NULL::BIGINT stream, NULL::VARCHAR kind,"
-    " NULL::BIGINT start_ns, NULL::BIGINT end_ns, NULL::INTEGER name_id, NULL::BOOLEAN is_comm)",
-    "host": "(SELECT NULL::VARCHAR trace_id, NULL::BIGINT pid, NULL::BIGINT tid, NULL::VARCHAR kind,"
-    " NULL::BIGINT start_ns, NULL::BIGINT end_ns, NULL::INTEGER name_id)",
-    "ranges": "(SELECT NULL::VARCHAR trace_id, NULL::VARCHAR kind, NULL::INTEGER name_id,"
-    " NULL::BIGINT start_ns, NULL::BIGINT end_ns, NULL::BIGINT step)",
-    "collectives": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER rank, NULL::VARCHAR op,"
-    " NULL::BIGINT start_ns, NULL::BIGINT end_ns)",
-    "names": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER name_id, NULL::VARCHAR name)",
-    "threads": "(SELECT NULL::VARCHAR trace_id, NULL::BIGINT pid, NULL::BIGINT tid, NULL::VARCHAR name)",
-    "devices": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER device, NULL::VARCHAR name, NULL::INTEGER sm_count)",
-    "kernel_metrics": "(SELECT NULL::VARCHAR trace_id, NULL::BIGINT kernel_index, NULL::INTEGER name_id,"
-    " NULL::BIGINT pid, NULL::INTEGER device, NULL::BIGINT stream, NULL::INTEGER grid_x, NULL::INTEGER grid_y,"
-    " NULL::INTEGER grid_z, NULL::INTEGER block_x, NULL::INTEGER block_y, NULL::INTEGER block_z,"
-    " NULL::VARCHAR section, NULL::VARCHAR metric, NULL::DOUBLE value, NULL::VARCHAR value_text,"
-    " NULL::VARCHAR unit, NULL::VARCHAR timeline_trace_id, NULL::INTEGER timeline_name_id,"
-    " NULL::BIGINT timeline_correlation, NULL::BIGINT timeline_start_ns, NULL::BIGINT timeline_end_ns)",
-    "memory": "(SELECT NULL::VARCHAR trace_id, NULL::INTEGER device, NULL::BIGINT ts_ns, NULL::BIGINT bytes,"
-    " NULL::BIGINT total_allocated, NULL::BIGINT total_reserved, NULL::BIGINT addr, NULL::BIGINT pid,"
-    " NULL::BIGINT tid, NULL::BIGINT external_id, NULL::BIGINT seq, NULL::VARCHAR source,"
-    " NULL::VARCHAR action, NULL::VARCHAR stack)",
-}
 
 CATALOG_COLUMNS = (
     ("trace_id", "VARCHAR"), ("job_id", "VARCHAR"), ("name", "VARCHAR"), ("source", "VARCHAR"),

@@ -102,6 +102,21 @@ def test_contracts_cover_every_module():
     assert analyzers <= pages
 
 
+def test_every_format_folder_is_packaged_registered_and_independent():
+    """ingest/<format>/ folders: installed (pyproject ``packages``), registered (their FORMAT
+    in the registry) and under the formats' independence contract."""
+    from stallscope.ingest.registry import FORMATS
+
+    folders = {p.parent.name for p in (REPO / "ingest").glob("*/__init__.py")}
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = set(config["tool"]["setuptools"]["packages"])
+    assert {f"stallscope.ingest.{f}" for f in folders} <= packages
+    independent = _contracts()["Input formats never import each other"]["modules"]
+    assert set(independent) == {f"stallscope.ingest.{f}" for f in folders}
+    registered = {f.parse.__module__.rsplit(".", 1)[-1] for f in FORMATS}
+    assert registered == folders
+
+
 @pytest.mark.slow
 def test_wheel_installs_only_the_stallscope_namespace(tmp_path):
     subprocess.run(
@@ -114,6 +129,11 @@ def test_wheel_installs_only_the_stallscope_namespace(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for module in (
         "stallscope/ingest/job.py",
+        "stallscope/ingest/kineto/decode.py",
+        "stallscope/ingest/nsys/db.py",
+        "stallscope/ingest/ncu/parse.py",
+        "stallscope/ingest/memory_snapshot/parse.py",
+        "stallscope/schema.py",
         "stallscope/analyzers/utilization.py",
         "stallscope/pages/main.py",
     ):

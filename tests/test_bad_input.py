@@ -547,16 +547,25 @@ def test_trace_events_without_any_event_object_is_refused(cli, tmp_path):
     )
 
 
-def test_sniff_reasons_name_what_this_version_reads():
-    """Reports and ``nsys stats`` CSVs are refused with the way in, never 'not available'."""
+def test_sniff_names_each_registered_format_and_says_the_way_in():
+    """Each format's file is named by its registered format; an ``nsys stats`` CSV is refused
+    with the way in (ingest the report's SQLite export)."""
     from stallscope.errors import InputError
     from stallscope.ingest.sniff import sniff
 
-    stats = b"Time (%),Total Time (ns),Instances,Avg (ns),Name\n12.5,1000,3,333,kernel\n"
-    for name, data, says in (
-        ("r.nsys-rep", b"NVIDIA Tegra Profiler Report\x00", "stallscope reads its SQLite export"),
-        ("stats.csv", stats, "ingest the report's SQLite export instead"),
+    sqlite = b"SQLite format 3\x00" + b"\x00" * 100 + b"CREATE TABLE StringIds"
+    for name, data, fmt in (
+        ("r.nsys-rep", b"NVIDIA Tegra Profiler Report\x00", "nsys-rep"),
+        ("r.qdrep", b"anything", "nsys-rep"),
+        ("r.sqlite", sqlite, "nsys"),
+        ("k.csv", b'"ID","Process ID","Process Name"\n', "ncu"),
+        ("k.ncu-rep", b"NVR\x00rest", "ncu"),
+        ("s.pickle", b"\x80\x04\x95", "memory-snapshot"),
+        ("t.json", b'  {"traceEvents": []}', "kineto"),
     ):
-        with pytest.raises(InputError) as err:
-            sniff(name, data)
-        assert says in str(err.value) and "not available" not in str(err.value)
+        assert sniff(name, data) == fmt, name
+    stats = b"Time (%),Total Time (ns),Instances,Avg (ns),Name\n12.5,1000,3,333,kernel\n"
+    with pytest.raises(InputError, match="ingest the report's SQLite export instead"):
+        sniff("stats.csv", stats)
+    with pytest.raises(InputError, match="SQLite database, not a trace"):
+        sniff("x.sqlite", b"SQLite format 3\x00" + b"\x00" * 200)

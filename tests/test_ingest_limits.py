@@ -11,7 +11,7 @@ import pytest
 
 from stallscope.errors import InputError
 from stallscope.ingest import limits
-from stallscope.ingest.nsys_db import NsysDb, harden
+from stallscope.ingest.nsys.db import NsysDb, harden
 from stallscope.ingest.reader import gunzip_limited
 
 

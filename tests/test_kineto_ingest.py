@@ -281,15 +281,3 @@ def test_one_bad_job_publishes_none_of_the_others(store, tmp_path):
     with pytest.raises(InputError):
         ingest_paths(store, [str(good), str(folder)])
     assert store.jobs() == [] and not any((store.root / "staging").iterdir())
-
-
-def test_generated_reference_schemas_match_the_kineto_sql():
-    """ingest/reference_schemas.py is what the Kineto SQL writes (else: tools/gen_reference_schemas.py)."""
-    from stallscope.ingest.canonical import reference_schemas
-    from stallscope.ingest.kineto_canonical import to_canonical
-    from stallscope.ingest.kineto_decode import _empty_table
-
-    tables = to_canonical(_empty_table(), {}, "reference", 0).tables()
-    assert {name: t.schema for name, t in tables.items()} == reference_schemas(), (
-        "stale: run python tools/gen_reference_schemas.py"
-    )

@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from stallscope.ingest import kineto_decode, kineto_pieces, startup
+from stallscope.ingest import startup
+from stallscope.ingest.kineto import decode as kineto_decode
+from stallscope.ingest.kineto import pieces as kineto_pieces
 from tests.kineto_builder import KinetoTrace
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="workers are forked")

@@ -10,7 +10,7 @@ import pytest
 
 from stallscope.analyzers import memory as analyzer
 from stallscope.ingest import ingest_paths
-from stallscope.ingest.kineto_memory import memory_table
+from stallscope.ingest.kineto.memory import memory_table
 from stallscope.jobdata import JobData
 from tests.conftest import CORPUS, SAMPLES
 from tests.kineto_builder import H100, KinetoTrace, us

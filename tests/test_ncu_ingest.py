@@ -12,7 +12,7 @@ import pytest
 
 from stallscope.errors import InputError
 from stallscope.ingest import ingest_paths
-from stallscope.ingest.ncu_csv import parse_number, read_ncu_csv, to_base
+from stallscope.ingest.ncu.csv_pages import parse_number, read_ncu_csv, to_base
 from stallscope.ingest.sniff import sniff
 from stallscope.kernel_names import kernel_base_name
 from tests.conftest import CORPUS, SAMPLES

@@ -167,9 +167,9 @@ def test_canonical_schemas_equal_kinetos(store, tmp_path):
 
     _, (nsys,) = ingest_one(store, tiny().write(tmp_path / "tiny.sqlite"))
     _, (kineto,) = ingest_one(store, SAMPLES / "kineto" / "healthy" / "healthy.pt.trace.json.gz")
-    from stallscope.ingest.canonical import TABLES
+    from stallscope.schema import TABLE_NAMES
 
-    for table in TABLES:
+    for table in TABLE_NAMES:
         ours = pq.read_schema(nsys.table_path(table)).remove_metadata()
         theirs = pq.read_schema(kineto.table_path(table)).remove_metadata()
         assert ours.equals(theirs), table

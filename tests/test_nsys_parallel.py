@@ -8,8 +8,11 @@ import sqlite3
 import pytest
 
 from stallscope.errors import InputError
-from stallscope.ingest import nsys_db, nsys_parallel, nsys_tables, startup
-from stallscope.ingest.nsys_db import NsysDb
+from stallscope.ingest import startup
+from stallscope.ingest.nsys import db as nsys_db
+from stallscope.ingest.nsys import parallel as nsys_parallel
+from stallscope.ingest.nsys import tables as nsys_tables
+from stallscope.ingest.nsys.db import NsysDb
 from tests.nsys_builder import NsysBuilder
 
 READERS = {

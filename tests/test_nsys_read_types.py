@@ -12,8 +12,8 @@ import sqlite3
 
 import pytest
 
-from stallscope.ingest import nsys_tables
-from stallscope.ingest.nsys_db import NsysDb
+from stallscope.ingest.nsys import tables as nsys_tables
+from stallscope.ingest.nsys.db import NsysDb
 from tests.nsys_builder import NsysBuilder
 
 READERS = {

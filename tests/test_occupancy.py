@@ -11,7 +11,7 @@ import pytest
 from stallscope.analyzers import occupancy as analyzer
 from stallscope.gpu_specs import ARCHES, device_limits, occupancy, regs_for_blocks, smem_for_blocks
 from stallscope.ingest import ingest_paths
-from stallscope.ingest.ncu_csv import to_base
+from stallscope.ingest.ncu.csv_pages import to_base
 from stallscope.jobdata import JobData
 from tests.conftest import CORPUS, SAMPLES
 from tests.test_ncu_ingest import kernel, raw_page

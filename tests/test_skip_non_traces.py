@@ -13,8 +13,8 @@ import pytest
 
 from stallscope.errors import InputError
 from stallscope.ingest import ingest_paths, plan_jobs
-from stallscope.ingest.formats import not_a_trace
 from stallscope.ingest.reader import decompressed_head, expand_path
+from stallscope.ingest.sniff import not_a_trace
 from stallscope.store import Store
 from tests.conftest import SAMPLES
 

@@ -25,9 +25,10 @@ import json
 import re
 from dataclasses import dataclass
 
+from stallscope.ingest.formats import rank_in_name
+
 _MPI_THREAD = re.compile(r"^MPI Rank (\d+)$")
-# The file-name rule of Kineto files (ingest/kineto.py).
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
+# The file-name rule of Kineto files (ingest/kineto/parse.py).
 
 
 @dataclass
@@ -81,9 +82,9 @@ def assign(units: list[Unit], recorded: dict[int, int], name: str, single: bool)
         if unit.gp in recorded:
             unit.rank = recorded[unit.gp]
             return "recorded"
-        match = _RANK_IN_NAME.search(name.rsplit("/", 1)[-1].rsplit(":", 1)[-1])
-        unit.rank = int(match.group(1)) if match else (0 if single else None)
-        return "file name" if match else "single process"
+        named = rank_in_name(name)
+        unit.rank = named if named is not None else (0 if single else None)
+        return "file name" if named is not None else "single process"
     ranks = [recorded.get(u.gp) for u in units]
     if all(r is not None for r in ranks) and not any(u.split for u in units) and _distinct(ranks):
         for unit, rank in zip(units, ranks, strict=True):

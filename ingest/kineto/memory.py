@@ -12,7 +12,7 @@ the allocator's state *after* the call. Device type 1 is CUDA; CPU rows
 their rows keep null totals and the analyzer rebuilds allocated bytes from the
 deltas.
 
-The general decoder (``kineto_decode``) does not read these args, so this
+The general decoder (``decode``) does not read these args, so this
 module finds the events by their name in the raw bytes (a C-speed search that
 costs nothing on traces without them) and decodes each event object alone.
 """
@@ -26,7 +26,8 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from stallscope.ingest.canonical import MEMORY_SCHEMA, _as_int
+from stallscope.ingest.canonical import _as_int
+from stallscope.schema import arrow_schema
 
 _MARK = b'"[memory]"'
 # One JSON object with at most one level of nested objects (the ``args``).
@@ -63,7 +64,7 @@ def memory_table(data: bytes | bytearray | memoryview, trace_id: str) -> tuple[p
     ``ts_ns`` is on the same clock as the other canonical tables (the
     trace's µs ``ts`` times 1000, exactly).
     """
-    columns: dict[str, list[Any]] = {name: [] for name in MEMORY_SCHEMA.names}
+    columns: dict[str, list[Any]] = {name: [] for name in arrow_schema("memory").names}
     view = bytes(data) if isinstance(data, memoryview) else data
     chunks, unreadable = _event_objects(view)
     for event in _decode_all(chunks):
@@ -71,7 +72,7 @@ def memory_table(data: bytes | bytearray | memoryview, trace_id: str) -> tuple[p
             unreadable += 1
         elif event.name == "[memory]" and event.ph == "i":
             _append_row(columns, event, trace_id)
-    return pa.Table.from_pydict(columns, schema=MEMORY_SCHEMA), unreadable
+    return pa.Table.from_pydict(columns, schema=arrow_schema("memory")), unreadable
 
 
 def _event_objects(view: bytes | bytearray) -> tuple[list[bytes], int]:

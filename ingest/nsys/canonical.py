@@ -1,7 +1,7 @@
 """Raw nsys tables -> the canonical tables of every trace in the file (docs/schema.md).
 
-:class:`NsysCanonical` loads the raw Arrow tables of ``nsys_tables`` into a
-private DuckDB connection and runs ``nsys_sql``: all per-event work is SQL,
+:class:`NsysCanonical` loads the raw Arrow tables of ``tables`` into a
+private DuckDB connection and runs ``sql``: all per-event work is SQL,
 nothing per event passes through Python. The caller decides the traces
 (*units*: a process, or one GPU of a multi-GPU process) and their ranks, then
 :meth:`NsysCanonical.emit` returns each trace's tables, ready for the store.
@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 
 from stallscope.ingest.canonical import CanonicalTrace
 from stallscope.ingest.comm import MACROS_SQL
-from stallscope.ingest.nsys_ranks import payload_fields
-from stallscope.ingest.nsys_sql import (
+from stallscope.ingest.nsys.ranks import payload_fields
+from stallscope.ingest.nsys.sql import (
     COLLECTIVES_OUT_SQL,
     CORR_DEV_SQL,
     ENCLOSE_SQL,

@@ -2,13 +2,13 @@
 
 ``parse_nsys`` is the format parser (the decompressed bytes of a ``.sqlite`` or
 ``.sqlite.gz``); ``parse_nsys_file`` reads an export on disk (such as the cached
-export of a ``.nsys-rep``, see ``nsys_export``). sqlite3 needs a file: bytes
+export of a ``.nsys-rep``, see ``export``). sqlite3 needs a file: bytes
 that are not already a plain file on disk are written to a temporary file,
 removed afterwards.
 
-The export's tables and columns are detected, never assumed (``nsys_db``);
-``nsys_tables`` reads them, ``nsys_canonical`` turns them into the canonical
-tables, ``nsys_ranks`` decides ranks. What comes from which table is in
+The export's tables and columns are detected, never assumed (``db``);
+``tables`` reads them, ``canonical`` turns them into the canonical
+tables, ``ranks`` decides ranks. What comes from which table is in
 docs/formats/nsys.md. Times are the export's integer nanoseconds (session
 relative; ``base_time_ns`` is the session start in Unix-epoch ns).
 """
@@ -24,11 +24,11 @@ from typing import Any
 from stallscope.errors import InputError
 from stallscope.ingest.canonical import devices_table
 from stallscope.ingest.formats import ParseContext, ParsedTrace, Payload
-from stallscope.ingest.nsys_canonical import NsysCanonical
-from stallscope.ingest.nsys_db import NsysDb, check_header
-from stallscope.ingest.nsys_enums import enum_tables
-from stallscope.ingest.nsys_ranks import Unit, assign, recorded_ranks
-from stallscope.ingest.nsys_tables import (
+from stallscope.ingest.nsys.canonical import NsysCanonical
+from stallscope.ingest.nsys.db import NsysDb, check_header
+from stallscope.ingest.nsys.enums import enum_tables
+from stallscope.ingest.nsys.ranks import Unit, assign, recorded_ranks
+from stallscope.ingest.nsys.tables import (
     GPU_TABLES,
     RUNTIME,
     cuda_device_map,

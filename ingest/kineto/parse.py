@@ -1,6 +1,6 @@
 """Kineto (PyTorch Profiler) JSON -> one :class:`ParsedTrace` per file.
 
-Decoding is in ``kineto_decode``, the canonical SQL in ``kineto_canonical``;
+Decoding is in ``decode``, the canonical SQL in ``canonical``;
 this module decides the rank: ``distributedInfo.rank``, else a rank in the
 file name (``rank3``, ``rank-3``, ``worker3``...), else 0 for a single-file
 job, else a clear error.
@@ -8,19 +8,16 @@ job, else a clear error.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pyarrow.compute as pc
 
 from stallscope.errors import InputError
-from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace
-from stallscope.ingest.kineto_canonical import to_canonical
-from stallscope.ingest.kineto_decode import decode_kineto
-from stallscope.ingest.kineto_memory import memory_table
+from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace, rank_in_name
+from stallscope.ingest.kineto.canonical import to_canonical
+from stallscope.ingest.kineto.decode import decode_kineto
+from stallscope.ingest.kineto.memory import memory_table
 from stallscope.ingest.reader import Source
-
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
 
 
 def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
@@ -86,9 +83,9 @@ def rank_info(
     world = world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else None
     if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
         return rank, world, backend
-    match = _RANK_IN_NAME.search(name.rsplit("/", 1)[-1].rsplit(":", 1)[-1])
-    if match:
-        return int(match.group(1)), world, backend
+    named = rank_in_name(name)
+    if named is not None:
+        return named, world, backend
     if single:
         return 0, world, backend
     raise InputError(

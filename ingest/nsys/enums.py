@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from stallscope.ingest.nsys_db import NsysDb
+from stallscope.ingest.nsys.db import NsysDb
 
 # ENUM_CUDA_MEMCPY_OPER: id -> copy_kind. Array copies keep their own words;
 # unified-memory (UVM) migrations map to the direction they move data.

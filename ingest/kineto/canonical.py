@@ -1,6 +1,6 @@
 """Turn decoded Kineto events into the canonical tables (docs/schema.md).
 
-All the per-event work is SQL over the Arrow table from ``kineto_decode``
+All the per-event work is SQL over the Arrow table from ``decode``
 (DuckDB, columnar): category mapping across the 2021 and current schemas,
 exact text -> integer-nanosecond conversion (for the spellings the decoder
 left as text), memcpy kinds, communication detection and the collectives

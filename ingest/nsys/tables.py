@@ -2,7 +2,7 @@
 
 Which table and column each raw column comes from is documented in
 docs/formats/nsys.md; a column the file lacks reads as NULL. Conventions of the
-raw tables (consumed by ``nsys_canonical``):
+raw tables (consumed by ``canonical``):
 
 * times (``start``, ``end``) are the file's integer nanoseconds, untouched;
 * ``gp`` is the process key ``globalTid >> 24`` / ``globalPid >> 24`` (hardware,
@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stallscope.ingest.nsys_db import NsysDb
+from stallscope.ingest.nsys.db import NsysDb
 
 I64 = pa.int64()
 STR = pa.string()

@@ -1,6 +1,6 @@
 """The SQL (DuckDB) that turns the raw nsys tables into canonical rows.
 
-Stage ``PREPARE_SQL`` builds, from the raw Arrow tables of ``nsys_tables``:
+Stage ``PREPARE_SQL`` builds, from the raw Arrow tables of ``tables``:
 
 * ``api``  — CUDA runtime/driver calls, ``_v<N>`` suffix stripped from names;
 * ``g``    — GPU activities with their process, names (kernel names from
@@ -10,7 +10,7 @@ Stage ``PREPARE_SQL`` builds, from the raw Arrow tables of ``nsys_tables``:
 * ``nv``   — NVTX ranges with text, per-process domain names and step numbers.
 
 ``pairs`` (which launch calls fall inside which NVTX range) is built by
-:mod:`nsys_canonical` with a range join; the ``*_OUT_SQL`` queries then emit
+:mod:`canonical` with a range join; the ``*_OUT_SQL`` queries then emit
 the canonical tables of every trace at once, tagged with the trace index
 ``tix`` (rows shared by the GPUs of one process appear once per GPU trace).
 Times stay integer nanoseconds throughout; a row is kept when ``end >= start``

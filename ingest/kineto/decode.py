@@ -11,7 +11,7 @@ which splits the events one by one and repairs what it can.
 Numbers that carry time (``ts``, ``dur``) are read from their exact JSON text,
 never through a float: plain numbers (``1712195495519689.047`` µs) become
 integer nanoseconds here (``*_fast_ns``), any other spelling keeps its text
-(``*_txt``) for the SQL conversion in ``kineto_canonical``.
+(``*_txt``) for the SQL conversion in ``canonical``.
 
 Output contract (:class:`KinetoDecoded`): ``events`` has one row per trace
 event with the columns of :data:`RAW_COLUMNS`; the launch, copy and collective
@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stallscope.errors import InputError
-from stallscope.ingest.kineto_pieces import LastPieceError, decode_pieces
+from stallscope.ingest.kineto.pieces import LastPieceError, decode_pieces
 from stallscope.ingest.startup import skip_pandas_probe
 
 CHUNK_EVENTS = 100_000

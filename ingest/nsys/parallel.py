@@ -88,7 +88,7 @@ def _read_in_worker(bounds: tuple[int, int]) -> bytes:
     uri, read = _JOB
     if _CONNECTION is None:
         _CONNECTION = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        from stallscope.ingest.nsys_db import harden
+        from stallscope.ingest.nsys.db import harden
 
         harden(_CONNECTION)
     table = read(_CONNECTION, *bounds)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from stallscope.errors import InputError
 from stallscope.ingest.formats import ParseContext, ParsedTrace
-from stallscope.ingest.nsys_db import SQLITE_MAGIC
+from stallscope.ingest.nsys.db import SQLITE_MAGIC
 from stallscope.ingest.reader import Source
 
 REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"  # header of every .nsys-rep and .qdrep
@@ -65,7 +65,7 @@ def export_command(name: str) -> str:
 
 def parse_nsys_report(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
     """Export the report (or reuse its cached export) and parse that export."""
-    from stallscope.ingest.nsys import parse_nsys_file
+    from stallscope.ingest.nsys.parse import parse_nsys_file
 
     exe = nsys_executable()
     if exe is None:

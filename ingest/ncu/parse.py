@@ -1,7 +1,7 @@
 """Nsight Compute results -> one :class:`ParsedTrace` (source ``"ncu"``) per file.
 
 Input: a CSV page exported with ``ncu --import R.ncu-rep --csv --page raw``
-or ``--page details`` (see :mod:`stallscope.ingest.ncu_csv`), or a binary
+or ``--page details`` (see :mod:`stallscope.ingest.ncu.csv_pages`), or a binary
 ``.ncu-rep`` report, which is exported through ``ncu`` when it is on PATH
 (else a one-line error gives the export commands).
 
@@ -10,7 +10,7 @@ with its unit, long format), ``names`` (kernel names), ``devices`` (from the
 raw page's ``device__attribute_*`` metrics, or the ``CC`` column) and empty
 timeline tables. ncu profiles kernels one at a time with serialized replay,
 so its trace has no timeline: the job ingester pairs it with the timeline
-trace of the same rank and matches kernels (:mod:`stallscope.ingest.ncu_match`).
+trace of the same rank and matches kernels (:mod:`stallscope.ingest.ncu.match`).
 The rank comes from the file name (``rank3``...) or, later, from that pairing.
 """
 
@@ -22,20 +22,19 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-import zlib
 
 import pyarrow as pa
 
 from stallscope.errors import InputError
-from stallscope.ingest.canonical import KERNEL_METRICS_SCHEMA, CanonicalTrace, devices_table
-from stallscope.ingest.formats import ParseContext, ParsedTrace
-from stallscope.ingest.ncu_csv import HEADER_START, NcuCsv, read_ncu_csv
-from stallscope.ingest.reader import GZIP_MAGIC, Source
+from stallscope.ingest.canonical import CanonicalTrace, devices_table
+from stallscope.ingest.formats import ParseContext, ParsedTrace, rank_in_name
+from stallscope.ingest.ncu import REPORT_MAGIC
+from stallscope.ingest.ncu.csv_pages import NcuCsv, read_ncu_csv
+from stallscope.ingest.reader import Source
+from stallscope.schema import arrow_schema
 
-REPORT_MAGIC = b"NVR\x00"
-_RANK_IN_NAME = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_ ]?(\d+)", re.IGNORECASE)
 _EXPORT_TIMEOUT_S = 600
-# device__attribute_* metric -> Kineto deviceProperties key (canonical.DEVICE_COLUMNS)
+# device__attribute_* metric -> Kineto deviceProperties key (canonical.DEVICE_KEYS)
 _DEVICE_ATTRIBUTES = {
     "display_name": "name", "compute_capability_major": "computeMajor",
     "compute_capability_minor": "computeMinor", "multiprocessor_count": "numSms",
@@ -50,38 +49,6 @@ _DEVICE_ATTRIBUTES = {
     "warp_size": "warpSize", "total_memory": "totalGlobalMem",
 }  # fmt: skip
 # Empty timeline tables: an ncu result has no timeline.
-_EMPTY_SCHEMAS = {
-    "gpu": [("device", pa.int32()), ("stream", pa.int64()), ("kind", pa.string()),
-            ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("name_id", pa.int32()),
-            ("correlation", pa.int64()), ("is_comm", pa.bool_())],
-    "host": [("pid", pa.int64()), ("tid", pa.int64()), ("kind", pa.string()),
-             ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("name_id", pa.int32())],
-    "ranges": [("kind", pa.string()), ("name_id", pa.int32()), ("start_ns", pa.int64()),
-               ("end_ns", pa.int64()), ("step", pa.int64())],
-    "collectives": [("rank", pa.int32()), ("op", pa.string()), ("start_ns", pa.int64()),
-                    ("end_ns", pa.int64())],
-    "threads": [("pid", pa.int64()), ("tid", pa.int64()), ("kind", pa.string()), ("name", pa.string())],
-}  # fmt: skip
-
-
-def looks_like_ncu(name: str, head: bytes) -> bool:
-    """True for an Nsight Compute CSV export or report, from its first (decompressed) bytes."""
-    if head.startswith(REPORT_MAGIC) or name.lower().endswith(".ncu-rep"):
-        return True
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    marker = HEADER_START.encode()
-    return text.startswith(marker) or (text.startswith(b"==PROF==") and b"\n" + marker in text)
-
-
-def source_is_ncu(source: Source) -> bool:
-    """Cheap check on the stored bytes (only the start of a gzip file is inflated)."""
-    head = source.head(1 << 16)  # (a zip member or file is not loaded whole just for this)
-    if head[:2] == GZIP_MAGIC:
-        try:
-            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 1 << 16)
-        except zlib.error:
-            return False
-    return looks_like_ncu(source.name, head)
 
 
 def parse_ncu(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
@@ -94,15 +61,13 @@ def parse_ncu(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrac
         label = f"ncu {pages[0].page} page"
     trace_id = ctx.trace_id("")
     canonical = _canonical(trace_id, pages)
-    base = os.path.basename(name.rsplit(":", 1)[-1])
-    match = _RANK_IN_NAME.search(base)
     return [
         ParsedTrace(
             key="",
             canonical=canonical,
             source="ncu",
             source_version=None,
-            rank=int(match.group(1)) if match else None,
+            rank=rank_in_name(name),
             label=label,
             warnings=_warnings(pages),
         )
@@ -116,7 +81,7 @@ def _canonical(trace_id: str, pages: list[NcuCsv]) -> CanonicalTrace:
             kernels.setdefault(index, kernel)
     names = sorted({k.name for k in kernels.values()})
     name_ids = {n: i for i, n in enumerate(names)}
-    columns: dict[str, list] = {f.name: [] for f in KERNEL_METRICS_SCHEMA}
+    columns: dict[str, list] = {f.name: [] for f in arrow_schema("kernel_metrics")}
     for page in pages:
         count = len(page.metric)
         columns["kernel_index"] += page.kernel
@@ -135,11 +100,7 @@ def _canonical(trace_id: str, pages: list[NcuCsv]) -> CanonicalTrace:
     for col in ("timeline_trace_id", "timeline_name_id", "timeline_correlation",
                 "timeline_start_ns", "timeline_end_ns"):  # fmt: skip
         columns[col] = [None] * len(columns["trace_id"])
-    metrics = pa.Table.from_pydict(columns, schema=KERNEL_METRICS_SCHEMA)
-    empty = {
-        table: pa.schema([("trace_id", pa.string())] + cols).empty_table()
-        for table, cols in _EMPTY_SCHEMAS.items()
-    }
+    metrics = pa.Table.from_pydict(columns, schema=arrow_schema("kernel_metrics"))
     return CanonicalTrace(
         names=pa.table(
             {
@@ -151,7 +112,6 @@ def _canonical(trace_id: str, pages: list[NcuCsv]) -> CanonicalTrace:
         devices=devices_table(trace_id, _device_properties(pages, kernels)),
         kernel_metrics=metrics,
         event_count=len(kernels),
-        **empty,
     )
 
 

@@ -26,7 +26,8 @@ from typing import TypeVar
 import pyarrow as pa
 
 from stallscope.errors import InputError
-from stallscope.ingest import limits, nsys_parallel
+from stallscope.ingest import limits
+from stallscope.ingest.nsys import parallel as nsys_parallel
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 BATCH_ROWS = 65536
@@ -184,7 +185,7 @@ class NsysDb:
 
         With ``table`` (the table the query scans, as ``SELECT ... FROM table
         [WHERE ...]``), a big table is read by forked workers, one rowid range
-        each (``nsys_parallel``): the same rows in the same order.
+        each (``parallel``): the same rows in the same order.
         """
         self._plain = True
         try:
@@ -197,7 +198,7 @@ class NsysDb:
             return self._read(build(), schema, checked=True, table=table)
 
     def _read(self, sql: str, schema: pa.Schema, *, checked: bool, table: str | None) -> pa.Table:
-        """``fetch``, by several processes when ``table`` is big enough (``nsys_parallel``)."""
+        """``fetch``, by several processes when ``table`` is big enough (``parallel``)."""
         # the rowid span only where workers could run (the CLI on a big machine, or the setting)
         possible = (
             table is not None and nsys_parallel.read_workers(nsys_parallel.PARALLEL_MIN_ROWS) > 1

@@ -36,9 +36,10 @@ from typing import Any
 import pyarrow as pa
 
 from stallscope.errors import InputError
-from stallscope.ingest.canonical import MEMORY_SCHEMA, CanonicalTrace, _as_int, reference_schemas
-from stallscope.ingest.formats import ParseContext, ParsedTrace
+from stallscope.ingest.canonical import CanonicalTrace, _as_int
+from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace, rank_in_name
 from stallscope.ingest.reader import Source
+from stallscope.schema import arrow_schema
 
 PICKLE_HEAD = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 # action -> (allocated sign, reserved sign)
@@ -99,12 +100,7 @@ def parse_snapshot(source: Source, data: bytes, ctx: ParseContext) -> list[Parse
             "empty memory snapshot: no allocator events were recorded "
             "(call torch.cuda.memory._record_memory_history() before the code to profile)",
         )
-    empty = {name: schema.empty_table() for name, schema in reference_schemas().items()}
-    canonical = CanonicalTrace(
-        gpu=empty["gpu"], host=empty["host"], ranges=empty["ranges"],
-        collectives=empty["collectives"], names=empty["names"], threads=empty["threads"],
-        devices=empty["devices"], memory=table, event_count=table.num_rows,
-    )  # fmt: skip
+    canonical = CanonicalTrace(memory=table, event_count=table.num_rows)
     return [
         ParsedTrace(key="", canonical=canonical, source="memory-snapshot", source_version=None,
                     rank=0 if ctx.single else _no_rank(source.name), warnings=warnings)
@@ -112,14 +108,21 @@ def parse_snapshot(source: Source, data: bytes, ctx: ParseContext) -> list[Parse
 
 
 def _no_rank(name: str) -> int:
-    from stallscope.ingest.kineto import rank_info
-
-    return rank_info(name, {}, single=False)[0]
+    """The rank in the file name; a snapshot among other files without one is refused."""
+    rank = rank_in_name(name)
+    if rank is None:
+        raise InputError(
+            name,
+            "cannot tell this file's rank: a memory snapshot records none, and its file name"
+            " gives none"
+            f" ({SEPARATE_JOBS_HINT})",
+        )
+    return rank
 
 
 def snapshot_table(snapshot: dict[str, Any], trace_id: str) -> tuple[pa.Table, list[str]]:
     """The ``memory`` rows of a snapshot (see the module docstring), and warnings."""
-    columns: dict[str, list[Any]] = {name: [] for name in MEMORY_SCHEMA.names}
+    columns: dict[str, list[Any]] = {name: [] for name in arrow_schema("memory").names}
     warnings: list[str] = []
     segments = [s for s in snapshot.get("segments") or [] if isinstance(s, dict)]
     for device, entries in enumerate(snapshot["device_traces"]):
@@ -128,7 +131,7 @@ def snapshot_table(snapshot: dict[str, Any], trace_id: str) -> tuple[pa.Table, l
             continue
         mine = [s for s in segments if _as_int(s.get("device")) == device]
         _device_rows(columns, trace_id, device, entries, mine, warnings)
-    return pa.Table.from_pydict(columns, schema=MEMORY_SCHEMA), warnings
+    return pa.Table.from_pydict(columns, schema=arrow_schema("memory")), warnings
 
 
 def _device_rows(columns, trace_id, device, entries, segments, warnings) -> None:
@@ -174,7 +177,7 @@ def _row(columns, trace_id, device, ts_ns, action, nbytes, totals, addr, stack, 
         "tid": None, "external_id": None, "seq": seq, "source": "snapshot", "action": action,
         "stack": stack,
     }  # fmt: skip
-    for name in MEMORY_SCHEMA.names:
+    for name in arrow_schema("memory").names:
         columns[name].append(values[name])
 
 

@@ -1,0 +1,75 @@
+"""PyTorch profiler (Kineto) JSON traces: how they are recognised, and their registration.
+
+``parse.py`` reads one file (one rank): ``decode.py`` (with ``pieces.py`` for
+parallel decoding) turns the JSON into an Arrow table of raw events,
+``canonical.py`` turns those into the canonical tables in SQL, ``memory.py``
+reads the ``[memory]`` allocator events. Formats: docs/schema.md.
+"""
+
+from __future__ import annotations
+
+from stallscope.errors import InputError
+from stallscope.ingest.formats import Format, ParseContext, ParsedTrace, Payload
+from stallscope.ingest.reader import Source
+
+_WHITESPACE = (b" ", b"\t", b"\r", b"\n")
+_BOM = b"\xef\xbb\xbf"
+
+
+def looks_like_kineto(name: str, data: bytes) -> bool:
+    """A JSON object or array of objects: worth handing to the Kineto parser (which gives the
+    definitive answer). JSON that is known to be something else is refused here."""
+    body = data[len(_BOM) :] if data.startswith(_BOM) else data
+    text = body.lstrip(b" \t\r\n")[:4096]
+    if text[:1] == b"[":
+        return _array(name, text)
+    if text[:1] == b"{":
+        return _object(name, body.lstrip(b" \t\r\n"))
+    return False
+
+
+def _array(name: str, text: bytes) -> bool:
+    inner = text[1:].lstrip()
+    if inner[:1] == b"[":
+        raise InputError(name, "PyTorch memory-timeline export, not a trace")
+    if inner[:1] in (b"{", b"]"):
+        return True
+    if not inner:
+        return True  # a huge run of whitespace: let the parser decide
+    raise InputError(name, "JSON array of non-objects: not a Kineto trace")
+
+
+def _object(name: str, data: bytes) -> bool:
+    # The distinguishing keys sit near the top in every producer we know;
+    # a full parse later gives the definitive answer.
+    head = data[: 1 << 16]
+    if b'"traceEvents"' in head or b'"schemaVersion"' in head or b'"deviceProperties"' in head:
+        return True
+    if b'"nodes"' in head and (b'"schema"' in head or b'"pid"' in head):
+        raise InputError(
+            name,
+            "PyTorch Execution Trace (ET), not a Kineto trace: ingest the matching profiler trace",
+        )
+    if b'"rocprofiler-sdk-tool"' in head or b'"rocprofiler' in head:
+        raise InputError(
+            name, "rocprofv3 JSON, not a Kineto trace: use the PyTorch profiler's trace instead"
+        )
+    if b'"segments"' in head and b'"device_traces"' in head:
+        raise InputError(name, "PyTorch CUDA memory snapshot, not a profiler trace")
+    return True  # traceEvents may follow a large metadata block: let the parser decide
+
+
+def _parse(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
+    from stallscope.ingest.kineto.parse import parse_kineto
+
+    return parse_kineto(source, payload.take(), ctx)
+
+
+FORMAT = Format(
+    name="kineto",
+    title="PyTorch profiler (Kineto) JSON",
+    detect=looks_like_kineto,
+    parse=_parse,
+    provides=frozenset({"timeline", "memory"}),
+    extensions=("json",),
+)
