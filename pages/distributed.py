@@ -17,7 +17,7 @@ from stallscope.finding_groups import spread_text
 from stallscope.humanize import records_table
 from stallscope.pages.links import padded, timeline_link
 from stallscope.pages.state import current_overrides, get_store, report_for, selected_job
-from stallscope.pages.text import literal
+from stallscope.pages.text import finding_text, literal
 from stallscope.rank_charts import MAX_ROWS, rank_bins, wait_distribution_figure, wait_heatmap
 from stallscope.views import findings_of, grouped_findings
 
@@ -113,7 +113,7 @@ def _waiting_group(group: list[dict], job_id: str, trace_of: dict[int, str]) -> 
     """One box for the same waiting finding on many ranks: the worst rank's, the spread over
     the ranks, and a link to the straggler's own timeline at the worst wait."""
     f = group[0]
-    st.error(f"{literal(f['title'])} — {literal(f['detail'])}")
+    st.error(f"{finding_text(f['title'])} — {finding_text(f['detail'])}")
     if len(group) > 1:
         st.caption(literal(spread_text(group)))
     straggler = f["evidence"].get("straggler_rank")
@@ -185,7 +185,7 @@ def _rank_search(
     mine = [f for f in waiting if f["rank"] == rank]
     late = [f for f in waiting if f["evidence"].get("straggler_rank") == rank]
     for f in mine:
-        st.warning(f"{literal(f['title'])} — {literal(f['detail'])}")
+        st.warning(f"{finding_text(f['title'])} — {finding_text(f['detail'])}")
     if late and not mine:
         st.info(f"Rank {rank} is the rank {len(late)} other rank(s) waited for.")
     if not waits.empty:

@@ -19,7 +19,7 @@ from stallscope.inference_charts import (
 )
 from stallscope.job_settings import ITERATION_RANGE, check_iteration_range
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
-from stallscope.pages.text import literal
+from stallscope.pages.text import finding_text, literal
 from stallscope.views import findings_of
 
 
@@ -46,7 +46,7 @@ def render() -> None:
         return
     labels = {f"rank {f['rank']} · GPU {f['device']}": f for f in tables}
     chosen = labels[st.selectbox("GPU", list(labels))] if len(labels) > 1 else tables[0]
-    st.caption(literal(chosen["title"]) + " · " + literal(chosen["detail"]))
+    st.caption(finding_text(chosen["title"]) + " · " + finding_text(chosen["detail"]))
     frame = iteration_frame(chosen["evidence"]["iterations"])
     _headline(report, chosen, frame)
     st.plotly_chart(iteration_timeline(frame), width="stretch")
@@ -103,6 +103,8 @@ def _findings(found: list[dict]) -> None:
         st.success("No inference finding: nothing above the thresholds holds the decode loop back.")
     for f in found:
         saving = f" · saves ~{f['saving_ns'] / 1e6:.1f} ms if fixed" if f.get("saving_ns") else ""
-        with st.expander(f"{f['severity'].upper()} · {literal(f['title'])}{saving}", expanded=True):
-            st.markdown(literal(f["detail"]))
-            st.markdown(f"**Fix.** {literal(f['recommendation'])}")
+        with st.expander(
+            f"{f['severity'].upper()} · {finding_text(f['title'])}{saving}", expanded=True
+        ):
+            st.markdown(finding_text(f["detail"]))
+            st.markdown(f"**Fix.** {finding_text(f['recommendation'])}")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from stallscope.memory_charts import live_ops_frame, memory_figure, memory_frame
 from stallscope.pages.state import get_store, report_for, selected_job
-from stallscope.pages.text import literal
+from stallscope.pages.text import finding_text, literal
 from stallscope.views import findings_of
 
 CAPTURE_HINT = (
@@ -30,8 +30,8 @@ def render() -> None:
     for f in findings_of(report, "memory"):
         if f["severity"] != "info":
             st.warning(
-                f"{f['severity'].upper()} · {literal(f['title'])}\n\n"
-                f"{literal(f['detail'])}\n\n{literal(f['recommendation'])}"
+                f"{f['severity'].upper()} · {finding_text(f['title'])}\n\n"
+                f"{finding_text(f['detail'])}\n\n{finding_text(f['recommendation'])}"
             )
     con = get_store().connect(traces)
     try:
@@ -46,7 +46,7 @@ def render() -> None:
 def _device_section(frame, summary, *, several: bool) -> None:
     label = f"rank {summary['rank']} · " if several else ""
     st.subheader(label + literal(summary["title"]))
-    st.caption(literal(summary["detail"]))
+    st.caption(finding_text(summary["detail"]))
     st.plotly_chart(
         memory_figure(frame, summary["device"], summary),
         width="stretch",

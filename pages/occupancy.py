@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from stallscope.pages.state import report_for, selected_job
-from stallscope.pages.text import literal
+from stallscope.pages.text import finding_text
 from stallscope.views import findings_of
 
 COLUMNS = [
@@ -42,14 +42,14 @@ def render() -> None:
     for f in findings_of(report, "occupancy"):
         if f["severity"] != "info":
             st.warning(
-                f"{f['severity'].upper()} · {literal(f['title'])}\n\n{literal(f['recommendation'])}"
+                f"{f['severity'].upper()} · {finding_text(f['title'])}\n\n{finding_text(f['recommendation'])}"
             )
     tables = findings_of(report, "occupancy", key="table")
     if not tables:
         st.info("No kernels with a launch configuration in this job.")
         return
     for f in tables:
-        st.subheader(literal(f["title"]))
+        st.subheader(finding_text(f["title"]))
         frame = pd.DataFrame(f["evidence"].get("kernels", []))
         measured = _ncu_columns(frame)
         shown = [c for c in COLUMNS if c in frame.columns]

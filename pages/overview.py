@@ -15,7 +15,7 @@ from stallscope.finding_groups import spread_text
 from stallscope.humanize import evidence_tables
 from stallscope.pages.links import padded, timeline_link
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
-from stallscope.pages.text import literal
+from stallscope.pages.text import finding_text, literal
 from stallscope.views import grouped_findings
 
 BADGE = {
@@ -118,7 +118,7 @@ def _findings(report: dict, job_id: str) -> None:
         st.success("Nothing above info: no GPU time lost to the problems stallscope checks.")
     for group in groups:
         f = group[0]  # the worst of the group speaks for it
-        label = f"{BADGE[f['severity']]} {literal(f['title'])} · {f['impact_ns'] / 1e6:.1f} ms · {_where(f)}"
+        label = f"{BADGE[f['severity']]} {finding_text(f['title'])} · {f['impact_ns'] / 1e6:.1f} ms · {_where(f)}"
         if f.get("saving_ns"):
             label += f" · saves ~{f['saving_ns'] / 1e6:.1f} ms if fixed"
         if len(group) > 1:
@@ -126,8 +126,8 @@ def _findings(report: dict, job_id: str) -> None:
         with st.expander(label, expanded=group is (real[0] if real else None)):
             if len(group) > 1:
                 st.caption(literal(spread_text(group)) + " Shown below: the worst.")
-            st.markdown(literal(f["detail"]))
-            st.markdown(f"**Fix.** {literal(f['recommendation'])}")
+            st.markdown(finding_text(f["detail"]))
+            st.markdown(f"**Fix.** {finding_text(f['recommendation'])}")
             if f["windows"]:
                 start, end = padded(f["windows"][0])
                 query = {"job": job_id, "trace": f["trace"], "window": f"{start}-{end}"}

@@ -9,7 +9,10 @@ Two ways, one function each:
 * :func:`literal` -- prose: the text in the page's font, every Markdown-special
   character escaped (titles, names, notes inside a sentence);
 * :func:`code_span` -- a message shown verbatim in monospace (SQL errors echo the
-  query, so they keep its exact characters, backticks included).
+  query, so they keep its exact characters, backticks included);
+* :func:`finding_text` -- a finding's title, detail or fix: the analyzers quote
+  names from the trace in backticks (`` `aten::item` ``); those show as code,
+  the rest as :func:`literal` prose.
 """
 
 from __future__ import annotations
@@ -41,3 +44,20 @@ def code_span(text: object) -> str:
     line = " ".join(str(text).split("\n"))
     fence = "`" * (max((len(run) for run in re.findall("`+", line)), default=0) + 1)
     return f"{fence} {line} {fence}"
+
+
+_QUOTED = re.compile(r"`([^`\n]+)`")
+
+
+def finding_text(text: object) -> str:
+    """An analyzer's sentence for Markdown: its backtick-quoted names as code spans
+    (:func:`code_span`), everything between them as :func:`literal` prose. Safe for any
+    name a trace holds: each piece is either escaped or a code span (never parsed)."""
+    line = str(text).replace("\n", " ")
+    out, pos = [], 0
+    for quoted in _QUOTED.finditer(line):
+        out.append(literal(line[pos : quoted.start()]))
+        out.append(code_span(quoted.group(1)))
+        pos = quoted.end()
+    out.append(literal(line[pos:]))
+    return "".join(out)

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from stallscope.ingest import ingest_paths
-from stallscope.pages.text import code_span, literal
+from stallscope.pages.text import code_span, finding_text, literal
 from stallscope.render import render_markdown
 from stallscope.report import build_report
 from tests.kineto_builder import KinetoTrace
@@ -16,6 +16,13 @@ from tests.test_pages import fresh_caches, page  # noqa: F401 (fixture)
 HOSTILE = "<img src=x onerror=alert(1)>![p](http://127.0.0.1:9/p.png)[link](http://127.0.0.1:9/)"
 # HOSTILE's image, link or tag where Markdown would act on it (not backslash-escaped).
 ACTIVE = re.compile(r"(?<!\\)!(?<!\\)\[p|(?<!\\)\[link|(?<!\\)<img")
+# A code span as pages.text.code_span writes it (its content is never parsed).
+CODE_SPAN = re.compile(r"(`+) .*? \1(?!`)")
+
+
+def active(text: str) -> re.Match | None:
+    """HOSTILE's image, link or tag where Markdown would act on it: outside code spans."""
+    return ACTIVE.search(CODE_SPAN.sub("", text))
 
 
 def hostile_trace() -> KinetoTrace:
@@ -62,7 +69,7 @@ def test_pages_show_hostile_names_literally(hostile_store, name):
     shown += [h.value for h in at.subheader]
     assert shown
     for text in shown:
-        assert not ACTIVE.search(str(text)), text
+        assert not active(str(text)), text
 
 
 def test_timeline_names_the_selected_hostile_kernel_literally(hostile_store):
@@ -98,3 +105,13 @@ def test_the_sql_page_has_no_escaper_of_its_own():
 
     assert sql_page.code_span is code_span
     assert not hasattr(sql_page, "literal")
+
+
+def test_finding_text_shows_quoted_names_as_code_and_escapes_the_rest():
+    text = finding_text(f"host in `{HOSTILE}` (31 ms), then {HOSTILE}; fix `a_b`")
+    assert not active(text)
+    spans = [m.group(0) for m in CODE_SPAN.finditer(text)]
+    assert spans == [code_span(HOSTILE), code_span("a_b")]  # the quoted names, verbatim
+    assert literal(HOSTILE) in text  # the unquoted one, escaped
+    assert finding_text("no quotes_here") == literal("no quotes_here")
+    assert finding_text("a lone ` backtick") == literal("a lone ` backtick")
