@@ -119,6 +119,8 @@ def job_report_part(
         raise unreadable_job(store, refs, exc) from None
     finally:
         job.close()
+    if refs and not store.has_job(refs[0].job_id):  # removed while read: its views were empty
+        raise NotFoundError(f"job {refs[0].job_id} was removed while it was being read")
     return Report(
         schema=REPORT_SCHEMA,
         traces=[trace_entry(r) for r in job.traces],
