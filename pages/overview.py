@@ -14,6 +14,7 @@ from stallscope.compare_inference import inference_summary
 from stallscope.humanize import evidence_tables
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import literal
+from stallscope.report_store import step_time_ms
 from stallscope.views import grouped_findings
 
 BADGE = {
@@ -184,21 +185,8 @@ def _evidence(evidence: dict) -> None:
 
 
 def _step_times(report: dict) -> tuple[float, float, float] | None:
-    """(median ms, p90 ms, max/median) of the worst rank's steps, from the report's metrics."""
-    by_trace: dict[str, dict[str, float]] = {}
-    for m in report["metrics"]:
-        if m["device"] is None and m["name"].startswith("step_time") and m["value"] is not None:
-            by_trace.setdefault(m["trace"], {})[m["name"]] = m["value"]
-    rows = [r for r in by_trace.values() if "step_time_ms_median" in r]
-    if not rows:
-        return None
-    worst = max(rows, key=lambda r: r["step_time_ms_median"])
-    median = worst["step_time_ms_median"]
-    return (
-        median,
-        worst.get("step_time_ms_p90", median),
-        worst.get("step_time_max_over_median", 1.0),
-    )
+    """(median ms, p90 ms, max/median) of the worst rank's steps (the Library shows the same)."""
+    return step_time_ms(report)
 
 
 def _where(f: dict) -> str:

@@ -130,14 +130,24 @@ def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Except
     return StoreFileCorrupt(f"job {job_id}: its stored files cannot be read ({first})")
 
 
+def stored_job_part(
+    store: Store, refs: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
+) -> dict[str, Any]:
+    """A job's report entries like :func:`job_report_part`, read from its stored report when one
+    matches (code, settings, traces), else computed and stored (``stallscope.report_store``)."""
+    from stallscope import report_store
+
+    return report_store.ensure(store, refs, overrides)[0]
+
+
 def _part_in_worker(
-    store_root: str, job_id: str, trace_ids: list[str], overrides
+    store_root: str, job_id: str, trace_ids: list[str], overrides, reuse: bool = False
 ) -> dict[str, list[dict[str, Any]]]:
     """``job_report_part`` in a worker process (arguments are picklable names, not refs)."""
     store = Store(store_root)
     wanted = set(trace_ids)
     refs = [r for r in store.traces(job_id) if r.trace_id in wanted]
-    return job_report_part(store, refs, overrides)
+    return (stored_job_part if reuse else job_report_part)(store, refs, overrides)
 
 
 @contextmanager
@@ -164,13 +174,17 @@ def build_report(
     workers: int = 1,
     executor: Executor | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    reuse: bool = False,
 ) -> dict[str, Any]:
     """Report over several jobs (each a list of its traces).
 
     With several jobs and ``executor`` (a process pool) or ``workers > 1``,
     jobs are analyzed in parallel processes; the report is the same as a
-    sequential run's.
+    sequential run's. With ``reuse``, a whole job's stored report is read
+    when it matches, and a job analyzed here has its report stored
+    (:func:`stored_job_part`); the report is the same either way.
     """
+    part_of = stored_job_part if reuse else job_report_part
     report: dict[str, Any] = {"schema": REPORT_SCHEMA, "traces": [], "metrics": [], "findings": []}
     jobs = [refs for refs in jobs if refs]
     parts: list[dict[str, list[dict[str, Any]]]] = []
@@ -189,6 +203,7 @@ def build_report(
                     refs[0].job_id,
                     [r.trace_id for r in refs],
                     overrides,
+                    reuse,
                 ): index
                 for index, refs in enumerate(jobs)
             }
@@ -200,7 +215,7 @@ def build_report(
             parts = [by_index[i] for i in range(len(jobs))]
     else:
         for done, refs in enumerate(jobs, start=1):
-            parts.append(job_report_part(store, refs, overrides))
+            parts.append(part_of(store, refs, overrides))
             if progress:
                 progress("analyzed", done, len(jobs))
     for part in parts:

@@ -44,6 +44,13 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
     )
     p.add_argument("--each", action="store_true", help="treat every file argument as its own job")
     p.add_argument(
+        "--recompute",
+        action="store_true",
+        help="analyze again, neither reading nor writing stored reports (by default a whole job's "
+        "report stored for these thresholds and this version is reused, and one computed here "
+        "is stored)",
+    )
+    p.add_argument(
         "--jobs",
         "-j",
         type=int,
@@ -165,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = resolve_targets(store, targets, args.each, pool, progress)
         report = build_report(
             store, jobs, threshold_overrides(args), executor=pool if len(jobs) > 1 else None,
-            progress=progress,
+            progress=progress, reuse=not args.recompute,
         )  # fmt: skip
     finally:
         progress.done()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 from stallscope.cli import EXIT_OK, add_store_option, open_store, print_json
 
@@ -58,6 +60,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="memory (address space) the ingest may use, in MiB; past it the input is refused "
         "(exit 3) (default: $STALLSCOPE_INGEST_MAX_MEMORY_MB, else 75%% of the RAM, at least 2048)",
     )
+    p.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="do not analyze the jobs after ingesting them (by default each job's report with the "
+        "default thresholds is computed and stored beside it, for the dashboard and 'analyze')",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     # For the dashboard, which runs ingests as child processes (stallscope.ingest_child).
     p.add_argument("--progress-jsonl", action="store_true", help=argparse.SUPPRESS)
@@ -79,12 +87,50 @@ def run(args: argparse.Namespace) -> int:
 
         raise UsageError("--timeout and --max-memory-mb must be positive")
     store = open_store(args)
-    return run_limited(
-        lambda: run_handler(_ingest, args),
-        timeout_s=timeout,
-        memory_mb=memory,
-        cleanup=store.clean_stale,
-    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="stallscope-ingest-") as scratch:
+        args.job_ids_file = os.path.join(scratch, "job_ids.json")  # the worker names its jobs here
+        code = run_limited(
+            lambda: run_handler(_ingest, args),
+            timeout_s=timeout,
+            memory_mb=memory,
+            cleanup=store.clean_stale,
+        )
+        if code != EXIT_OK or args.no_analyze:
+            return code
+        try:
+            with open(args.job_ids_file, encoding="utf-8") as fh:
+                job_ids = json.load(fh)
+        except (OSError, ValueError):
+            return code
+    return run_handler(lambda a: _analyze(a, store, job_ids), args)
+
+
+def _analyze(args: argparse.Namespace, store, job_ids: list[str]) -> int:
+    """Store each ingested job's report (default thresholds) beside it: the dashboard and
+    ``analyze`` read it instead of analyzing again. A job that cannot be analyzed stays stored
+    (a warning says why); the exit code is the ingest's."""
+    import sys
+
+    from stallscope.progress import Progress
+    from stallscope.report_store import store_default_reports
+
+    progress = Progress(jsonl=True) if args.progress_jsonl else Progress(enabled=None)
+    try:
+        outcomes = store_default_reports(store, job_ids, progress)
+    finally:
+        progress.done()
+    for job_id, how in outcomes:
+        if how.startswith("failed"):
+            print(
+                f"stallscope: warning: job {job_id} is stored but its report is not ({how[8:]}); "
+                "it is analyzed when first opened",
+                file=sys.stderr,
+            )
+        elif not args.json:
+            print(f"report of job {job_id}: {how}")
+    return EXIT_OK
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -110,6 +156,10 @@ def _ingest(args: argparse.Namespace) -> int:
         )
     finally:
         progress.done()
+    job_ids_file = getattr(args, "job_ids_file", None)
+    if job_ids_file:
+        with open(job_ids_file, "w", encoding="utf-8") as fh:
+            json.dump([r.job_id for r in results], fh)
     if args.json:
         print_json([r.__dict__ for r in results])
         return EXIT_OK
