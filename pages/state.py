@@ -15,7 +15,6 @@ from typing import Any
 import streamlit as st
 
 from stallscope.errors import NotFoundError, StallscopeError
-from stallscope.pages.text import literal
 from stallscope.store import Store, TraceRef
 
 
@@ -238,7 +237,7 @@ def report_for(
         ):
             return _built_report(job_id, key, _freeze(overrides or {}), root)
     except StallscopeError as exc:
-        st.error(literal(f"Could not analyze job {job_id}: {exc}"))
+        st.error(f"Could not analyze job {job_id}: {exc}")
         st.stop()
         raise  # (st.stop raises; this keeps the type checker sure nothing is returned)
 
