@@ -114,11 +114,38 @@ def _failure(code: int, stderr: str) -> str:
     return last
 
 
+def analyze_missing_in_background(store_root: str) -> None:
+    """Start a detached child that stores the default report of every job that has none (``serve``
+    after preloading the samples: the Library fills in while the dashboard starts). It is not
+    this process's child (a shell in between exits at once), so nothing waits for it."""
+    argv = [sys.executable, "-m", "stallscope.report_child", "--store", store_root, "--all-missing"]
+    subprocess.run(
+        ["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *argv],
+        check=False,
+        start_new_session=True,
+    )
+
+
+def _all_missing(store_root: str) -> int:
+    from stallscope.cli import EXIT_OK
+    from stallscope.report_store import store_default_reports
+    from stallscope.store import Store
+
+    store = Store(store_root)
+    store_default_reports(store, [j["job_id"] for j in reversed(store.jobs())])
+    return EXIT_OK
+
+
 def _run(args: argparse.Namespace) -> int:
     from stallscope.cli import EXIT_OK, print_json
     from stallscope.errors import UsageError
     from stallscope.report_store import ensure, report_key
     from stallscope.store import Store
+
+    if args.all_missing:
+        return _all_missing(args.store)
+    if not args.job:
+        raise UsageError("--job or --all-missing is required")
 
     try:
         overrides = json.loads(args.overrides)
@@ -143,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="stallscope.report_child")
     parser.add_argument("--store", required=True)
-    parser.add_argument("--job", required=True)
+    parser.add_argument("--job")
+    parser.add_argument("--all-missing", action="store_true")
     parser.add_argument("--overrides", default="{}")
     return run_handler(_run, parser.parse_args(argv))
 

@@ -56,6 +56,9 @@ def test_cli_ingest_stores_the_default_report(cli):
     assert stored_keys(store, job["job_id"]) == [key]
     stored = report_store.load(store, job["job_id"], key)
     assert stored == build_report(store, [store.traces(job["job_id"])])
+    summary = report_store.summarize(stored)
+    listing = cli("ls").stdout  # ls shows the stored report's worst severity and step time
+    assert f"{summary['worst_severity']} ({summary['worst_count']})  0.0 " in listing
     again = cli("ingest", str(trace))  # a re-upload: the report is already there
     assert again.returncode == 0 and "report of job" in again.stdout and "stored" in again.stdout
     skipped = cli("ingest", "--no-analyze", "--each", str(trace), str(trace))
@@ -345,3 +348,18 @@ def test_overview_agrees_with_the_library_on_a_sample(store):
     ]
     assert summary["step_ms_median"] == pytest.approx(max(medians))
     assert summary["worst_severity"] == report["findings"][0]["severity"]
+
+
+def test_serve_analyzes_the_preloaded_jobs_in_the_background(store, job):
+    """The samples' reports are made by a detached process: serve does not wait for it."""
+    import time
+
+    from stallscope.report_child import analyze_missing_in_background
+
+    ids = [r.trace_id for r in store.traces(job)]
+    start = time.monotonic()
+    analyze_missing_in_background(str(store.root))
+    assert time.monotonic() - start < 5
+    while report_store.default_summary(store, job, ids) is None and time.monotonic() - start < 180:
+        time.sleep(0.5)
+    assert report_store.default_summary(store, job, ids) is not None

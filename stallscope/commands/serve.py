@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="start the dashboard (Streamlit) on the store",
         description=(
             "Start the web dashboard on the store. On an empty store the sample traces are ingested first "
-            "(unless --no-samples). With $STALLSCOPE_TOKEN set, every page and upload needs the team "
+            "(unless --no-samples), and analyzed by a background process while the dashboard starts. With $STALLSCOPE_TOKEN set, every page and upload needs the team "
             "token, entered once per browser (a 7-day session cookie); uploads have per-user quotas "
             "(docs/security.md)."
         ),
@@ -99,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
         loaded = preload_samples(store)
         if loaded:
             print(f"loaded {loaded} sample job(s) into {store.root}")
+            from stallscope.report_child import analyze_missing_in_background
+
+            analyze_missing_in_background(str(store.root))  # their reports, stored as they come
     import stallscope.pages
 
     # an st.App: Streamlit serves it behind the access gate (token, session cookie, quotas)
