@@ -182,7 +182,9 @@ def _job_list() -> None:
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="overview"),
             "step ms": st.column_config.NumberColumn(
-                "step ms", format="%.1f", help="Median step time of the slowest rank (Overview)"
+                "step ms",
+                format="%.1f",
+                help="Median step time of the slowest rank (as on its Overview)",
             ),
             "GPU busy %": st.column_config.NumberColumn(
                 "GPU busy %", format="%.0f", help="Over every rank and GPU, span-weighted"
