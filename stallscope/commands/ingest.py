@@ -116,7 +116,10 @@ def _analyze(args: argparse.Namespace, store, job_ids: list[str]) -> int:
     from stallscope.progress import Progress
     from stallscope.report_store import store_default_reports
 
-    progress = Progress(jsonl=True) if args.progress_jsonl else Progress(enabled=None)
+    if args.progress_jsonl:
+        progress = Progress(jsonl=True)
+    else:
+        progress = Progress(enabled=None if not args.json else False)
     try:
         outcomes = store_default_reports(store, job_ids, progress)
     finally:
