@@ -286,6 +286,7 @@ def ensure(
 
     ``recompute`` analyzes even when a valid stored report exists (and stores the new one).
     """
+    from stallscope.errors import EnvironmentProblem
     from stallscope.report import build_report
 
     whole = is_whole_job(store, refs)
@@ -303,7 +304,7 @@ def ensure(
             store, refs[0].job_id, key, report,
             overrides=overrides, elapsed_s=round(time.perf_counter() - start, 3),
         )  # fmt: skip
-    except OSError:
+    except (OSError, EnvironmentProblem):  # a read-only or full store: the report still stands
         saved = False
     return report, "computed" if saved else "computed, not stored"
 

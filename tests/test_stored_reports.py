@@ -363,3 +363,18 @@ def test_serve_analyzes_the_preloaded_jobs_in_the_background(store, job):
     while report_store.default_summary(store, job, ids) is None and time.monotonic() - start < 180:
         time.sleep(0.5)
     assert report_store.default_summary(store, job, ids) is not None
+
+
+def test_a_read_only_store_still_gives_the_report(store, job, monkeypatch):
+    """Saving fails (read-only, full): the report computed is returned all the same."""
+    import errno
+
+    from stallscope.store import Lease
+
+    def read_only(folder):
+        raise OSError(errno.EROFS, "Read-only file system", str(folder))
+
+    monkeypatch.setattr(Lease, "write", staticmethod(read_only))  # new_staging's first write
+    report, how = report_store.ensure(store, store.traces(job))
+    assert how == "computed, not stored" and report["findings"]
+    assert stored_keys(store, job) == []
