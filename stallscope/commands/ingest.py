@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 
 from stallscope.cli import EXIT_OK, add_store_option, open_store, print_json
 
@@ -87,24 +88,37 @@ def run(args: argparse.Namespace) -> int:
 
         raise UsageError("--timeout and --max-memory-mb must be positive")
     store = open_store(args)
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="stallscope-ingest-") as scratch:
-        args.job_ids_file = os.path.join(scratch, "job_ids.json")  # the worker names its jobs here
+    # The worker names the jobs it ingested on a pipe (never a temporary file: a killed
+    # ingest leaves nothing behind); a thread drains it while the worker runs.
+    read_fd, args.job_ids_fd = os.pipe()
+    named: list[bytes] = []
+    drain = threading.Thread(target=lambda: named.append(_read_all(read_fd)), daemon=True)
+    drain.start()
+    try:
         code = run_limited(
             lambda: run_handler(_ingest, args),
             timeout_s=timeout,
             memory_mb=memory,
             cleanup=store.clean_stale,
         )
-        if code != EXIT_OK or args.no_analyze:
-            return code
-        try:
-            with open(args.job_ids_file, encoding="utf-8") as fh:
-                job_ids = json.load(fh)
-        except (OSError, ValueError):
-            return code
+    finally:
+        os.close(args.job_ids_fd)
+        drain.join()
+        os.close(read_fd)
+    if code != EXIT_OK or args.no_analyze:
+        return code
+    try:
+        job_ids = json.loads(b"".join(named) or b"[]")
+    except ValueError:
+        return code
     return run_handler(lambda a: _analyze(a, store, job_ids), args)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _analyze(args: argparse.Namespace, store, job_ids: list[str]) -> int:
@@ -159,9 +173,9 @@ def _ingest(args: argparse.Namespace) -> int:
         )
     finally:
         progress.done()
-    job_ids_file = getattr(args, "job_ids_file", None)
-    if job_ids_file:
-        with open(job_ids_file, "w", encoding="utf-8") as fh:
+    job_ids_fd = getattr(args, "job_ids_fd", None)
+    if job_ids_fd is not None:
+        with os.fdopen(job_ids_fd, "w", encoding="utf-8", closefd=False) as fh:
             json.dump([r.job_id for r in results], fh)
     if args.json:
         print_json([r.__dict__ for r in results])
