@@ -14,9 +14,10 @@ canonical JSON of: this stored format (:data:`STORED_FORMAT`), the report
 schema, the stallscope version, :func:`code_fingerprint` (a hash of every
 ``.py`` file of the packages ``stallscope``, ``stallscope.analyzers`` and
 ``stallscope.ingest``: any code change gives new keys), the DuckDB version,
-the job's trace ids, and the *effective* thresholds of every analyzer
-(defaults merged with overrides: an override equal to the default is the
-default's key). A different setting or code is a different key; the old
+the job's trace ids, the *effective* thresholds of every analyzer (defaults
+merged with overrides: an override equal to the default is the default's
+key), the other settings carried in the overrides (a regex: as given), and
+the values of the environment variables of :data:`ANALYSIS_ENV`. A different setting or code is a different key; the old
 report stays unread until pruned (at most :data:`KEEP_PER_JOB` per job, the
 oldest go first).
 
@@ -49,8 +50,11 @@ STORED_FORMAT = "stallscope-stored-report/1"
 REPORTS = "reports"
 KEEP_PER_JOB = 16  # reports kept per job (settings explored in the dashboard); the oldest go
 CODE_PACKAGES = ("stallscope", "stallscope.analyzers", "stallscope.ingest")
+# Environment variables that change what the analyzers find (a fallback for a setting): each is
+# part of the key. A new one must be added here.
+ANALYSIS_ENV = ("STALLSCOPE_ITERATION_RANGE",)
 
-Overrides = dict[str, dict[str, float]]
+Overrides = dict[str, dict[str, Any]]
 
 
 # -- the key -------------------------------------------------------------------------
@@ -90,6 +94,7 @@ def key_parts(trace_ids: Iterable[str], overrides: Overrides | None = None) -> d
     from stallscope import __version__
     from stallscope.report import REPORT_SCHEMA
 
+    settings = effective_settings(overrides)
     return {
         "format": STORED_FORMAT,
         "schema": REPORT_SCHEMA,
@@ -97,8 +102,22 @@ def key_parts(trace_ids: Iterable[str], overrides: Overrides | None = None) -> d
         "code": code_fingerprint(),
         "duckdb": duckdb.__version__,
         "traces": sorted(trace_ids),
-        "settings": effective_settings(overrides),
+        "settings": settings,
+        "other_settings": other_settings(overrides, settings),
+        "environment": {name: os.environ.get(name, "").strip() for name in ANALYSIS_ENV},
     }
+
+
+def other_settings(overrides: Overrides | None, settings: dict[str, dict[str, float]]) -> dict:
+    """The overrides that are not declared thresholds (job settings carried in the same dict,
+    such as the inference analyzer's ``iteration_range`` regex), as given; empty ones dropped."""
+    out: dict[str, dict[str, Any]] = {}
+    for analyzer, values in (overrides or {}).items():
+        for name, value in (values or {}).items():
+            if name in settings.get(analyzer, {}) or value is None or str(value).strip() == "":
+                continue
+            out.setdefault(analyzer, {})[name] = value.strip() if isinstance(value, str) else value
+    return out
 
 
 def report_key(trace_ids: Iterable[str], overrides: Overrides | None = None) -> str:

@@ -115,6 +115,18 @@ def test_a_settings_change_is_another_report(store, job):
     assert report_store.report_key(ids, same) == report_store.report_key(ids)
 
 
+def test_settings_beyond_thresholds_are_in_the_key(store, job, monkeypatch):
+    """A setting carried in the overrides that is no declared threshold (a regex), and an
+    environment variable that sets one, each make another key."""
+    ids = [r.trace_id for r in store.traces(job)]
+    plain = report_store.report_key(ids)
+    regex = {"inference": {"iteration_range": "decode_step"}}
+    assert report_store.report_key(ids, regex) != plain
+    assert report_store.report_key(ids, {"inference": {"iteration_range": " "}}) == plain
+    monkeypatch.setenv(report_store.ANALYSIS_ENV[0], "decode_step")
+    assert report_store.report_key(ids) not in (plain, report_store.report_key(ids, regex))
+
+
 def test_a_version_or_code_change_is_another_report(store, job, monkeypatch, tmp_path):
     refs = store.traces(job)
     ids = [r.trace_id for r in refs]
