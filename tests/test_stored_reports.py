@@ -390,3 +390,13 @@ def test_a_read_only_store_still_gives_the_report(store, job, monkeypatch):
     report, how = report_store.ensure(store, store.traces(job))
     assert how == "computed, not stored" and report["findings"]
     assert stored_keys(store, job) == []
+
+
+def test_overview_draws_a_findings_evidence_on_demand(app_store, job):
+    """Evidence tables are drawn when a finding's toggle is switched on, not up front."""
+    report_store.ensure(app_store, app_store.traces(job))
+    at = _page("overview", job=job)
+    assert not at.exception and at.toggle
+    before = len(at.dataframe)
+    at.toggle[0].set_value(True).run()
+    assert not at.exception and len(at.dataframe) > before
