@@ -10,17 +10,18 @@ import pandas as pd
 import streamlit as st
 
 from stallscope.compare import compare_tables, headline, new_only_text, step_delta_text
-from stallscope.pages.state import get_store, jobs
+from stallscope.pages.state import get_store, jobs, report_for
 
 ROW_PX = 35  # st.dataframe's row height
 
 
 @st.cache_data(max_entries=64, show_spinner="Comparing…")
-def _compare(base: str, new: str, store_path: str) -> dict[str, Any]:
+def _compare(base: str, new: str, store_path: str, _reports: tuple) -> dict[str, Any]:
+    """The comparison; ``_reports`` (not hashed: the jobs' stored reports, immutable per job)."""
     from stallscope.compare import compare_jobs
 
     store = get_store()
-    return compare_jobs(store, store.traces(base), store.traces(new), top=25)
+    return compare_jobs(store, store.traces(base), store.traces(new), top=25, reports=_reports)
 
 
 def render() -> None:
@@ -39,7 +40,9 @@ def render() -> None:
         "New", ids, index=_index(ids, st.query_params.get("new"), 0), format_func=names.get
     )
     st.query_params.update({"base": base, "new": new})
-    result = _compare(base, new, str(get_store().root))
+    store = get_store()
+    reports = tuple(report_for(job_id, store.traces(job_id)) for job_id in (base, new))
+    result = _compare(base, new, str(store.root), reports)
     _verdict(result)
     for i, (title, header, rows) in enumerate(compare_tables(result, width=120)):
         st.subheader(title)

@@ -1,4 +1,8 @@
-"""Library page: upload a job's traces, browse, search, tag and delete jobs."""
+"""Library page: upload a job's traces, browse, search, tag and delete jobs.
+
+Each job's worst finding, step time, GPU busy and time per token come from its stored report
+(``stallscope.report_store``): a job without one says "not analyzed yet" and is analyzed
+when it is first opened (never by this page)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from stallscope.errors import StallscopeError
-from stallscope.pages.state import get_store, jobs, max_upload_mb
+from stallscope.pages.state import get_store, jobs, max_upload_mb, stored_summaries
 from stallscope.pages.text import literal
 from stallscope.targets import upload_extensions
 
@@ -146,12 +150,14 @@ def _job_list() -> None:
     every_tag = sorted({t for j in all_jobs for t in j.get("tags", [])})
     wanted_tags = cols[1].multiselect("Tags", every_tag)
     shown = [j for j in all_jobs if _matches(j, query, wanted_tags)]
+    summaries = stored_summaries(shown)  # stored reports only: never an analysis here
     table = pd.DataFrame(
         [
             {
                 "open": f"overview?job={j['job_id']}",
                 "name": j.get("name"),
                 "job": j["job_id"],
+                **_report_columns(summaries.get(j["job_id"])),
                 "ranks": len(j.get("trace_ids", [])),
                 "source": ", ".join(j.get("sources", [])),
                 "uploaded by": ", ".join(j.get("uploaders") or [j.get("uploaded_by") or ""]),
@@ -166,11 +172,40 @@ def _job_list() -> None:
         table,
         hide_index=True,
         width="stretch",
-        column_config={"open": st.column_config.LinkColumn("open", display_text="overview")},
+        column_config={
+            "open": st.column_config.LinkColumn("open", display_text="overview"),
+            "step ms": st.column_config.NumberColumn(
+                "step ms",
+                format="%.1f",
+                help="Median step time of the slowest rank (as on its Overview)",
+            ),
+            "GPU busy %": st.column_config.NumberColumn(
+                "GPU busy %", format="%.0f", help="Over every rank and GPU, span-weighted"
+            ),
+            "ms/token": st.column_config.NumberColumn(
+                "ms/token", format="%.2f", help="Inference jobs: median time per output token"
+            ),
+        },
     )
     if message := st.session_state.pop("deleted", None):
         st.success(message)
     _manage(shown)
+
+
+NOT_ANALYZED = "not analyzed yet"
+
+
+def _report_columns(summary: dict | None) -> dict:
+    """The Library's report columns from a stored report's summary (None: not analyzed yet)."""
+    if summary is None:
+        return {"worst": NOT_ANALYZED, "step ms": None, "GPU busy %": None, "ms/token": None}
+    worst = summary.get("worst_severity")
+    return {
+        "worst": f"{worst} ({summary.get('worst_count', 0)})" if worst else "no findings",
+        "step ms": summary.get("step_ms_median"),
+        "GPU busy %": summary.get("gpu_busy_pct"),
+        "ms/token": summary.get("tpot_ms"),
+    }
 
 
 def _matches(job: dict, query: str, tags: list[str]) -> bool:

@@ -16,6 +16,7 @@ from stallscope.humanize import evidence_tables
 from stallscope.pages.links import padded, timeline_link
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import finding_text, literal
+from stallscope.report_store import step_time_ms
 from stallscope.views import grouped_findings
 
 BADGE = {
@@ -132,7 +133,9 @@ def _findings(report: dict, job_id: str) -> None:
                 start, end = padded(f["windows"][0])
                 query = {"job": job_id, "trace": f["trace"], "window": f"{start}-{end}"}
                 timeline_link(query | {"finding": f["id"]}, "Show the worst window on the timeline")
-            with st.popover("Evidence"):
+            # drawn on demand: a 32-rank job has ~200 findings, and their evidence tables
+            # drawn up front took ~90% of the page's time
+            if st.toggle("Evidence", key=f"evidence_{f['id']}"):
                 _evidence(f["evidence"])
 
 
@@ -162,26 +165,13 @@ def _evidence(evidence: dict) -> None:
     for title, table in tables:
         st.caption(literal(title))
         st.dataframe(table, hide_index=True, width="stretch")
-    with st.expander("As stored (exact units: ns, bytes)"):
-        st.json(evidence, expanded=1)
+    st.caption("As stored (exact units: ns, bytes)")
+    st.json(evidence, expanded=False)
 
 
 def _step_times(report: dict) -> tuple[float, float, float] | None:
-    """(median ms, p90 ms, max/median) of the worst rank's steps, from the report's metrics."""
-    by_trace: dict[str, dict[str, float]] = {}
-    for m in report["metrics"]:
-        if m["device"] is None and m["name"].startswith("step_time") and m["value"] is not None:
-            by_trace.setdefault(m["trace"], {})[m["name"]] = m["value"]
-    rows = [r for r in by_trace.values() if "step_time_ms_median" in r]
-    if not rows:
-        return None
-    worst = max(rows, key=lambda r: r["step_time_ms_median"])
-    median = worst["step_time_ms_median"]
-    return (
-        median,
-        worst.get("step_time_ms_p90", median),
-        worst.get("step_time_max_over_median", 1.0),
-    )
+    """(median ms, p90 ms, max/median) of the worst rank's steps (the Library shows the same)."""
+    return step_time_ms(report)
 
 
 def _where(f: dict) -> str:

@@ -1,5 +1,6 @@
 """Shared page state: the store, the selected job/trace (synced with the URL),
-threshold overrides, and cached reports. No analysis happens here.
+threshold overrides, and the jobs' reports: stored ones, read (``stallscope.report_store``),
+or built by a child process (``stallscope.report_child``). No analysis happens here.
 
 Deep links: ``?job=ID`` or ``?trace=ID`` (a trace id selects its job and that
 rank); pages add their own parameters (``window``, ``finding``...).
@@ -8,6 +9,7 @@ rank); pages add their own parameters (``window``, ``finding``...).
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import streamlit as st
@@ -176,33 +178,77 @@ def _freeze(overrides: dict[str, dict[str, float]]) -> tuple:
     return tuple(sorted((a, tuple(sorted(v.items()))) for a, v in overrides.items()))
 
 
-@st.cache_data(show_spinner="Analyzing…", max_entries=128)
-def _cached_report(
-    job_id: str, trace_ids: tuple[str, ...], frozen: tuple, store_path: str
-) -> dict[str, Any]:
-    from stallscope.report import build_report
+class _NotStored(Exception):
+    """No valid stored report (raised, not returned: st.cache_data caches return values only)."""
 
-    store = get_store()
-    refs = [r for r in store.traces(job_id) if r.trace_id in trace_ids]
-    overrides = {a: dict(v) for a, v in frozen}
-    return build_report(store, [refs], overrides)
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def _stored_report(job_id: str, key: str, store_path: str) -> dict[str, Any]:
+    """The job's stored report of ``key`` (``stallscope.report_store``); raises _NotStored."""
+    from stallscope.report_store import load
+
+    report = load(Store(store_path), job_id, key)
+    if report is None:
+        raise _NotStored(key)
+    return report
+
+
+_BUILDING: dict[str, threading.Lock] = {}
+_BUILDING_LOCK = threading.Lock()
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _built_report(job_id: str, key: str, frozen: tuple, store_path: str) -> dict[str, Any]:
+    """The report of ``key``, built by a child process (``stallscope.report_child``), which stores
+    it; sessions asking for the same report at once wait for one child."""
+    from stallscope.report_child import report_in_child
+    from stallscope.report_store import load
+
+    with _BUILDING_LOCK:
+        lock = _BUILDING.setdefault(key, threading.Lock())
+    with lock:
+        report = load(Store(store_path), job_id, key)  # another session's child made it meanwhile
+        if report is not None:
+            return report
+        return report_in_child(store_path, job_id, {a: dict(v) for a, v in frozen})
 
 
 def report_for(
     job_id: str, traces: list[TraceRef], overrides: dict[str, dict[str, float]] | None = None
 ) -> dict[str, Any]:
-    """Report of some traces of a job, cached per (trace ids, thresholds): traces are immutable.
+    """The whole job's report with these thresholds: the one stored beside the job, else built
+    (and stored) by a child process. The analyzers never run in this (the server's) process.
 
-    A job whose stored files cannot be read (damaged, or removed meanwhile)
+    A job that cannot be analyzed (damaged, removed meanwhile, past the analysis time limit)
     shows its one-line error and stops the page: other jobs are unaffected.
     """
-    key = tuple(sorted(r.trace_id for r in traces))
+    from stallscope.report_store import report_key
+
+    root = str(get_store().root)
+    key = report_key([r.trace_id for r in traces], overrides)
     try:
-        return _cached_report(job_id, key, _freeze(overrides or {}), str(get_store().root))
+        return _stored_report(job_id, key, root)
+    except _NotStored:
+        pass
+    try:
+        with st.spinner(
+            "Analyzing this job (once: its report is then stored beside it, for everyone)…",
+            show_time=True,
+        ):
+            return _built_report(job_id, key, _freeze(overrides or {}), root)
     except StallscopeError as exc:
-        st.error(str(exc))
+        st.error(f"Could not analyze job {job_id}: {exc}")
         st.stop()
         raise  # (st.stop raises; this keeps the type checker sure nothing is returned)
+
+
+def stored_summaries(jobs_: list[dict[str, Any]]) -> dict[str, dict[str, Any] | None]:
+    """job id -> the summary of its stored default-thresholds report (None: not analyzed yet).
+    Reads only each report's small ``meta.json``; never analyzes."""
+    from stallscope.report_store import default_summary
+
+    store = get_store()
+    return {j["job_id"]: default_summary(store, j["job_id"], j.get("trace_ids", [])) for j in jobs_}
 
 
 def max_upload_mb() -> int:

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from stallscope import report_store
 from stallscope.analyzers.base import SEVERITY_RANK
 from stallscope.compare_inference import inference_deltas, inference_summary, inference_table
 from stallscope.host_ops import LAUNCH_CTE
 from stallscope.jobdata import JobData
-from stallscope.report import build_report
 from stallscope.store import Store, TraceRef
 
 COMPARE_SCHEMA = "stallscope.compare/1"
@@ -197,7 +197,9 @@ def comm_totals(report: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-def _side(store: Store, refs: list[TraceRef], overrides) -> dict[str, Any]:
+def _side(
+    store: Store, refs: list[TraceRef], overrides, report: dict[str, Any] | None = None
+) -> dict[str, Any]:
     job = JobData(store, refs)
     try:
         steps, source = step_samples(job)
@@ -205,9 +207,17 @@ def _side(store: Store, refs: list[TraceRef], overrides) -> dict[str, Any]:
         ranks = rank_step_means(job)
     finally:
         job.close()
-    # every rank: the sides' causes and step parts are sums over all GPUs (triage would
-    # leave each side's out-of-line ranks only, not comparable)
-    report = build_report(store, [refs], overrides, all_ranks=True)
+    if report is None:
+        # every rank: the sides' causes and step parts are sums over all GPUs (triage would
+        # leave each side's out-of-line ranks only, not comparable); the job's stored report
+        # when it has every rank (jobs up to the triage threshold), else analyzed here
+        from stallscope.rank_triage import DETAIL_ALL_UP_TO
+        from stallscope.report import build_report
+
+        if len(refs) <= DETAIL_ALL_UP_TO:
+            report = report_store.ensure(store, refs, overrides)[0]
+        else:
+            report = build_report(store, [refs], overrides, all_ranks=True)
     parts, gpus = step_parts(report)
     worlds = [w for r in refs if isinstance(w := r.meta.get("world_size"), int)]
     return {
@@ -238,9 +248,13 @@ def compare_jobs(
     noise_k: float = DEFAULT_NOISE_K,
     top: int = 10,
     overrides: dict[str, dict[str, float]] | None = None,
+    reports: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The comparison dict; ``max_regression`` is a fraction (0.05 = 5 %)."""
-    a, b = _side(store, base, overrides), _side(store, new, overrides)
+    """The comparison dict; ``max_regression`` is a fraction (0.05 = 5 %). ``reports``: the two
+    jobs' reports when the caller has them (the dashboard reads them from the store)."""
+    base_report, new_report = reports or (None, None)
+    a = _side(store, base, overrides, base_report)
+    b = _side(store, new, overrides, new_report)
     step = step_statistics(a["steps"], b["steps"], noise_k)
     verdict, reason = decide(step, max_regression)
     per_a, per_b = len(a["steps"]), len(b["steps"])

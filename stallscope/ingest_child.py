@@ -16,7 +16,10 @@ here kills a child still running 30 s past the timeout.
 The child is ``python -m stallscope.cli ingest --json --progress-jsonl``.
 Its stderr carries one JSON object per progress update
 (``{"progress": [label, done, total]}``) and, on failure, the CLI's one-line
-error; its stdout carries the results as JSON.
+error; its stdout carries the results as JSON. After publishing, the child
+analyzes each job and stores its report (``stallscope.report_store``), so the
+dashboard opens it without analyzing; a job it could not analyze is stored
+all the same, with a warning (it is analyzed when first opened).
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ from stallscope.ingest import IngestResult
 ProgressFn = Callable[[str, int, int], None]
 PROGRESS_KEY = "progress"
 WATCHDOG_GRACE_S = 30.0
+WARNING = "stallscope: warning: "
+ANALYSIS_STOPPED = (
+    "its analysis was stopped at the time limit: the dashboard analyzes it when it is first opened"
+)
 
 
 def ingest_command(
@@ -113,7 +120,12 @@ def ingest_in_child(
     finally:
         watchdog.cancel()
     reader.join()
+    results = _results("".join(out))
     if expired.is_set():
+        if results is not None:  # published, then stopped while analyzing the job
+            for r in results:
+                r.warnings.append(ANALYSIS_STOPPED)
+            return results
         from stallscope.store import Store
 
         Store(store_root).clean_stale()  # the killed worker's staging folder (dead pid, this host)
@@ -124,10 +136,20 @@ def ingest_in_child(
         )
     if code != 0:  # the CLI's exit code says which error class (3 input, 4 environment, ...)
         raise error_for_exit(code, _failure(code, messages))
+    if results is None:
+        raise StallscopeError("ingest process gave an unreadable result")
+    for r in results:  # the report phase's warnings (the job is stored either way)
+        r.warnings += [
+            m[len(WARNING) :] for m in messages if m.startswith(f"{WARNING}job {r.job_id} ")
+        ]
+    return results
+
+
+def _results(text: str) -> list[IngestResult] | None:
     try:
-        return [IngestResult(**item) for item in json.loads("".join(out))]
-    except (ValueError, TypeError) as exc:
-        raise StallscopeError(f"ingest process gave an unreadable result ({exc})") from None
+        return [IngestResult(**item) for item in json.loads(text)]
+    except (ValueError, TypeError):
+        return None
 
 
 def _read_stderr(stream, progress: ProgressFn | None) -> list[str]:

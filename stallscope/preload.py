@@ -3,8 +3,9 @@
 Ingesting the samples takes tens of seconds on a small machine; the dashboard should answer
 at once. ``start_in_background`` runs the preload in a detached process (double fork, so the
 server never has to reap it) that writes ``preloading.json`` in the store root while it runs;
-jobs appear in the Library one by one (each is published atomically by the store), and the
-dashboard shows the progress read from that file (``status``).
+jobs appear in the Library one by one (each is published atomically by the store, then its
+report is computed and stored beside it, as ``stallscope ingest`` does), and the dashboard
+shows the progress read from that file (``status``).
 
 Run directly: ``python -m stallscope.preload STORE [SERVER_PID]`` (what the detached process
 executes; it stops between jobs once the server has exited).
@@ -58,7 +59,8 @@ def sample_jobs(root: Path) -> list[tuple[list[str], list[str]]]:
 
 
 def preload_samples(store, on_progress=None, keep_going=lambda: True) -> int:
-    """Ingest every sample job into ``store`` if it holds no trace yet; the number ingested.
+    """Ingest every sample job into ``store`` if it holds no trace yet, each with its stored
+    default report; the number ingested.
 
     ``on_progress(done, total)`` is called before the first job and after each one; the
     preload stops before a job when ``keep_going()`` is false (the server is gone).
@@ -66,6 +68,7 @@ def preload_samples(store, on_progress=None, keep_going=lambda: True) -> int:
     """
     from stallscope.errors import StallscopeError
     from stallscope.ingest import ingest_paths
+    from stallscope.report_store import store_default_reports
 
     root = sample_traces_dir()
     if root is None or store.traces():
@@ -78,8 +81,10 @@ def preload_samples(store, on_progress=None, keep_going=lambda: True) -> int:
         if on_progress:
             on_progress(index, len(jobs))
         try:
-            ingest_paths(store, paths, uploaded_by="samples", tags=tags)
+            results = ingest_paths(store, paths, uploaded_by="samples", tags=tags)
             count += 1
+            # its report too, as `stallscope ingest` does (never raises for a job that fails)
+            store_default_reports(store, [r.job_id for r in results])
         except StallscopeError as exc:
             print(f"stallscope: sample {Path(paths[0]).name} skipped: {exc}", file=sys.stderr)
     if on_progress:

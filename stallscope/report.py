@@ -160,14 +160,36 @@ def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Except
     return StoreFileCorrupt(f"job {job_id}: its stored files cannot be read ({first})")
 
 
+def stored_job_part(
+    store: Store,
+    refs: list[TraceRef],
+    overrides: dict[str, dict[str, float]] | None = None,
+    all_ranks: bool = False,
+) -> Report:
+    """A job's report like :func:`job_report_part`, read from its stored report when one
+    matches (code, settings, traces), else computed and stored (``stallscope.report_store``).
+    Stored reports are of the default rank selection: ``all_ranks`` is not served from them."""
+    from stallscope import report_store
+
+    if all_ranks:
+        return job_report_part(store, refs, overrides, all_ranks)
+    return msgspec.convert(report_store.ensure(store, refs, overrides)[0], Report)
+
+
 def _part_in_worker(
-    store_root: str, job_id: str, trace_ids: list[str], overrides, all_ranks: bool = False
+    store_root: str,
+    job_id: str,
+    trace_ids: list[str],
+    overrides,
+    all_ranks: bool = False,
+    reuse: bool = False,
 ) -> Report:
     """``job_report_part`` in a worker process (arguments are picklable names, not refs)."""
     store = Store(store_root)
     wanted = set(trace_ids)
     refs = [r for r in store.traces(job_id) if r.trace_id in wanted]
-    return job_report_part(store, refs, overrides, all_ranks)
+    part_of = stored_job_part if reuse and not all_ranks else job_report_part
+    return part_of(store, refs, overrides, all_ranks)
 
 
 @contextmanager
@@ -195,6 +217,7 @@ def build_report(
     executor: Executor | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     all_ranks: bool = False,
+    reuse: bool = False,
 ) -> dict[str, Any]:
     """Report over several jobs (each a list of its traces).
 
@@ -204,8 +227,11 @@ def build_report(
 
     With several jobs and ``executor`` (a process pool) or ``workers > 1``,
     jobs are analyzed in parallel processes; the report is the same as a
-    sequential run's.
+    sequential run's. With ``reuse`` (and not ``all_ranks``), a whole job's
+    stored report is read when it matches, and a job analyzed here has its
+    report stored (:func:`stored_job_part`); the report is the same either way.
     """
+    part_of = stored_job_part if reuse and not all_ranks else job_report_part
     jobs = [refs for refs in jobs if refs]
     parts: list[Report] = []
     if workers > 1 and len(jobs) > 1:
@@ -224,6 +250,7 @@ def build_report(
                     [r.trace_id for r in refs],
                     overrides,
                     all_ranks,
+                    reuse,
                 ): index
                 for index, refs in enumerate(jobs)
             }
@@ -235,7 +262,7 @@ def build_report(
             parts = [by_index[i] for i in range(len(jobs))]
     else:
         for done, refs in enumerate(jobs, start=1):
-            parts.append(job_report_part(store, refs, overrides, all_ranks))
+            parts.append(part_of(store, refs, overrides, all_ranks))
             if progress:
                 progress("analyzed", done, len(jobs))
     report = Report(schema=REPORT_SCHEMA, traces=[], metrics=[], findings=[])

@@ -8,6 +8,7 @@ Layout under the store root (see docs/store.md)::
     jobs/<job_id>/uploads/<upload_id>.json one per upload of these files (who, when, name, tags, notes)
     jobs/<job_id>/<trace_id>/meta.json     trace catalog row (immutable)
     jobs/<job_id>/<trace_id>/<table>.parquet
+    jobs/<job_id>/reports/<key>/           the job's stored reports (stallscope.report_store)
     staging/<pid>-<hostkey>-<random>/      ingests in progress (never read)
     staging/<pid>-<hostkey>-<random>/.lease         owner: host id, pid, heartbeat (see Lease)
     trash/                                 deletions in progress (never read)

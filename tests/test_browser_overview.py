@@ -80,15 +80,16 @@ def test_overview_headline_step_bars_copies_and_evidence(server):
         summaries = page.locator("[data-testid='stExpander'] summary").all_inner_texts()
         assert any("saves ~" in s and "ms if fixed" in s for s in summaries), summaries
         assert page.get_by_text("Fix.", exact=False).count() >= 1
-        page.get_by_role("button", name="Evidence").first.click()
-        popover = page.locator("[data-testid='stPopoverBody']")
-        popover.wait_for()
-        cells = popover.locator("[data-testid^='glide-cell']")
+        # the evidence, drawn when its toggle is switched on (in the open finding)
+        opened = page.locator("[data-testid='stExpander']").filter(has_text="Fix.").first
+        opened.get_by_text("Evidence", exact=True).click()
+        wait_idle(page)
+        cells = opened.locator("[data-testid^='glide-cell']")
         cells.first.wait_for(state="attached")
         texts = [t.strip() for t in cells.all_text_contents()]
         assert "dataloader" in texts, texts  # the cause, as a table row
         assert not [t for t in texts if re.fullmatch(r"\d{7,}", t)], texts  # no raw ns/bytes
-        assert popover.get_by_text("As stored (exact units: ns, bytes)").count() == 1
+        assert opened.get_by_text("As stored (exact units: ns, bytes)").count() == 1
         # no Deploy button or developer menu on a served dashboard
         assert page.get_by_role("button", name="Deploy").count() == 0
 

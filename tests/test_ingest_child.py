@@ -9,6 +9,7 @@ import pytest
 
 from stallscope import ingest_child
 from stallscope.errors import StallscopeError
+from stallscope.report_store import default_summary
 from stallscope.store import Store
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_traces" / "kineto" / "healthy"
@@ -30,9 +31,12 @@ def test_results_and_progress_come_back(tmp_path):
         "parsing",
         "writing",
         "publishing",
+        "analyzing",  # the job's report, stored beside it (stallscope.report_store)
+        "analyzed",
     ]
     (job,) = Store(root).jobs()
     assert job["uploaded_by"] == "ana" and job["tags"] == ["nightly"]
+    assert default_summary(Store(root), first.job_id, first.trace_ids) is not None
     (again,) = ingest_child.ingest_in_child(root, [str(SAMPLE)])
     assert again.existed and again.job_id == first.job_id
 
@@ -104,3 +108,25 @@ def test_the_watchdog_kills_a_child_that_overruns(tmp_path, monkeypatch):
     )
     with pytest.raises(StallscopeError, match="took longer than 0.2 s and was stopped"):
         ingest_child.ingest_in_child(str(tmp_path / "store"), ["x.json"])
+
+
+def test_a_job_that_cannot_be_analyzed_is_stored_with_a_warning(tmp_path, monkeypatch):
+    """The report phase fails (here: the analyzers are broken in the child): the job is stored
+    all the same, and the upload's result says why it has no report yet."""
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    (boot / "sitecustomize.py").write_text(
+        "import stallscope.report as r\n"
+        "def broken(*a, **k):\n"
+        "    from stallscope.errors import StallscopeError\n"
+        "    raise StallscopeError('analyzers broken for this test')\n"
+        "r.analyze_job = broken\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{boot}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    root = str(tmp_path / "store")
+    (result,) = ingest_child.ingest_in_child(root, [str(SAMPLE)])
+    assert Store(root).has_job(result.job_id)
+    assert default_summary(Store(root), result.job_id, result.trace_ids) is None
+    assert any(
+        "analyzers broken for this test" in w and "first opened" in w for w in result.warnings
+    )

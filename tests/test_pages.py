@@ -6,6 +6,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from stallscope.ingest import ingest_paths
+from stallscope.report_store import store_default_reports
 from tests.test_gpu_idle import hand_trace as idle_trace
 from tests.test_utilization import hand_trace
 
@@ -33,6 +34,8 @@ def app_store(store, tmp_path, monkeypatch):
         tags=["other"],
         uploaded_by="bo",
     )
+    # as `stallscope ingest` does: each job's report stored beside it (the pages read it)
+    store_default_reports(store, [j["job_id"] for j in store.jobs()])
     monkeypatch.setenv("STALLSCOPE_STORE", str(store.root))
     return store
 
@@ -91,6 +94,11 @@ def test_overview_of_a_job_with_a_damaged_file_says_so_in_one_line(app_store):
     broken = job_id(app_store, "hand.pt.trace.json")
     path = app_store.traces(broken)[0].table_path("gpu")
     path.write_bytes(path.read_bytes()[:100])
+    import shutil
+
+    from stallscope.report_store import reports_dir
+
+    shutil.rmtree(reports_dir(app_store, broken))  # no stored report: it is analyzed (in a child)
     at = page("overview", job=broken)
     assert not at.exception
     assert any(f"job {broken}: stored file {path} is unreadable" in e.value for e in at.error)

@@ -39,7 +39,10 @@ def test_progress_on_a_terminal(tmp_path):
     out = run_on_terminal([sys.executable, "-m", "stallscope.cli", "ingest", str(trace)], env)
     assert "[--------------------] 0/1 parsing" in out
     assert "writing" in out and "s)" in out
-    assert out.rstrip().splitlines()[-1].startswith("ingested: job ")
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert any(line.startswith("ingested: job ") for line in lines)
+    assert "analyzing" in out  # then the job is analyzed and its report stored (report_store)
+    assert lines[-1].startswith("report of job ")
 
 
 @pytest.mark.parametrize("command", ["analyze", "ingest"])

@@ -63,6 +63,13 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
         "says which and why)",
     )
     p.add_argument(
+        "--recompute",
+        action="store_true",
+        help="analyze again, neither reading nor writing stored reports (by default a whole job's "
+        "report stored for these thresholds and this version is reused, and one computed here "
+        "is stored)",
+    )
+    p.add_argument(
         "--jobs",
         "-j",
         type=int,
@@ -131,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
         if args.jobs > 1 and len(jobs) > 1:  # a pool only when there are jobs to share out
             pool = process_pool(min(args.jobs, len(jobs)))
         report = build_report(
-            store, jobs, overrides, executor=pool, progress=progress, all_ranks=args.all_ranks
-        )
+            store, jobs, overrides, executor=pool, progress=progress, all_ranks=args.all_ranks,
+            reuse=not args.recompute,
+        )  # fmt: skip
     finally:
         progress.done()
         if pool is not None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import threading
 
 from stallscope.cli import EXIT_OK, add_store_option, open_store, print_json
 
@@ -43,6 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="uploader name (default: $STALLSCOPE_USER, else the login name)",
     )
     add_limit_options(p)
+    p.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="do not analyze the jobs after ingesting them (by default each job's report with the "
+        "default thresholds is computed and stored beside it, for the dashboard and 'analyze')",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     # For the dashboard, which runs ingests as child processes (stallscope.ingest_child).
     p.add_argument("--progress-jsonl", action="store_true", help=argparse.SUPPRESS)
@@ -91,12 +100,66 @@ def run(args: argparse.Namespace) -> int:
 
     timeout, memory = ingest_limits(args)
     store = open_store(args)
-    return run_limited(
-        lambda: run_handler(_ingest, args),
-        timeout_s=timeout,
-        memory_mb=memory,
-        cleanup=store.clean_stale,
-    )
+    # The worker names the jobs it ingested on a pipe (never a temporary file: a killed
+    # ingest leaves nothing behind); a thread drains it while the worker runs.
+    read_fd, args.job_ids_fd = os.pipe()
+    named: list[bytes] = []
+    drain = threading.Thread(target=lambda: named.append(_read_all(read_fd)), daemon=True)
+    drain.start()
+    try:
+        code = run_limited(
+            lambda: run_handler(_ingest, args),
+            timeout_s=timeout,
+            memory_mb=memory,
+            cleanup=store.clean_stale,
+        )
+    finally:
+        os.close(args.job_ids_fd)
+        drain.join()
+        os.close(read_fd)
+    if code != EXIT_OK or args.no_analyze:
+        return code
+    try:
+        job_ids = json.loads(b"".join(named) or b"[]")
+    except ValueError:
+        return code
+    return run_handler(lambda a: _analyze(a, store, job_ids), args)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _analyze(args: argparse.Namespace, store, job_ids: list[str]) -> int:
+    """Store each ingested job's report (default thresholds) beside it: the dashboard and
+    ``analyze`` read it instead of analyzing again. A job that cannot be analyzed stays stored
+    (a warning says why); the exit code is the ingest's."""
+    import sys
+
+    from stallscope.progress import Progress
+    from stallscope.report_store import store_default_reports
+
+    if args.progress_jsonl:
+        progress = Progress(jsonl=True)
+    else:
+        progress = Progress(enabled=None if not args.json else False)
+    try:
+        outcomes = store_default_reports(store, job_ids, progress)
+    finally:
+        progress.done()
+    for job_id, how in outcomes:
+        if how.startswith("failed"):
+            print(
+                f"stallscope: warning: job {job_id} is stored but its report is not ({how[8:]}); "
+                "it is analyzed when first opened",
+                file=sys.stderr,
+            )
+        elif not args.json:
+            print(f"report of job {job_id}: {how}")
+    return EXIT_OK
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -122,6 +185,10 @@ def _ingest(args: argparse.Namespace) -> int:
         )
     finally:
         progress.done()
+    job_ids_fd = getattr(args, "job_ids_fd", None)
+    if job_ids_fd is not None:
+        with os.fdopen(job_ids_fd, "w", encoding="utf-8", closefd=False) as fh:
+            json.dump([r.job_id for r in results], fh)
     if args.json:
         print_json([r.__dict__ for r in results])
         return EXIT_OK

@@ -12,7 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "ls",
         help="list stored traces",
         description=(
-            "List the traces in the store, one line per trace. Span and kernel counts are the whole "
+            "List the traces in the store, one line per trace. 'worst' (the job's worst finding "
+            "severity and how many have it) and 'step ms' (median step time of its slowest rank) "
+            "come from the job's stored report ('-': not analyzed yet). Span and kernel counts are the whole "
             "capture's, as ingested; 'analyze' measures only the steps when a trace has step markers, "
             "so its figures can be smaller. --json also shows each trace's ingest warnings."
         ),
@@ -35,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         "trace",
         "job",
         "job name",
+        "worst",
+        "step ms",
         "rank",
         "source",
         "kernels",
@@ -42,12 +46,15 @@ def run(args: argparse.Namespace) -> int:
         "uploaded",
         "file",
     )
-    job_names = {j["job_id"]: j.get("name") or "" for j in store.jobs()}
+    jobs = store.jobs()
+    job_names = {j["job_id"]: j.get("name") or "" for j in jobs}
+    figures = {j["job_id"]: _report_figures(store, j) for j in jobs}
     rows = [
         (
             r.trace_id,
             r.job_id,
             job_names.get(r.job_id, ""),
+            *figures.get(r.job_id, ("-", "-")),
             f"{r.meta.get('rank')}/{r.meta.get('world_size')}",
             r.meta.get("source", ""),
             str(r.meta.get("kernel_count", "")),
@@ -62,3 +69,18 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return EXIT_OK
+
+
+def _report_figures(store, job: dict) -> tuple[str, str]:
+    """(worst severity (count), median step ms) of a job's stored default report, else '-'."""
+    from stallscope.report_store import default_summary
+
+    summary = default_summary(store, job["job_id"], job.get("trace_ids", []))
+    if summary is None:
+        return "-", "-"
+    worst = summary.get("worst_severity")
+    step = summary.get("step_ms_median")
+    return (
+        f"{worst} ({summary.get('worst_count', 0)})" if worst else "none",
+        "-" if step is None else f"{step:.1f}",
+    )
