@@ -6,9 +6,8 @@ in the ``stallscope.report/1`` contract; renderers live in ``render``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import duckdb
@@ -87,19 +86,31 @@ def job_report_part(
     try:
         result = analyze_job(job, overrides)
     except duckdb.Error as exc:
-        job_id = refs[0].job_id if refs else ""
-        if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
-            raise NotFoundError(f"job {job_id} was removed while it was being read") from None
-        if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
-            raise  # a bug, not the store
-        raise unreadable_job(store, refs, exc) from None
+        raise reading_error(store, refs, exc) from None
     finally:
         job.close()
+    return part_of(job.traces, result)
+
+
+def part_of(refs: list[TraceRef], result: AnalyzerResult) -> dict[str, list[dict[str, Any]]]:
+    """A job's report entries: its traces (by rank), then the analyzers' metrics and findings."""
+    traces = sorted(refs, key=lambda r: r.meta.get("rank", 0))
     return {
-        "traces": [trace_entry(r) for r in job.traces],
+        "traces": [trace_entry(r) for r in traces],
         "metrics": [m.to_dict() for m in result.metrics],
         "findings": [f.to_dict() for f in result.findings],
     }
+
+
+def reading_error(store: Store, refs: list[TraceRef], exc: duckdb.Error) -> Exception:
+    """What a DuckDB error while analyzing a job is to the user: the job removed meanwhile
+    (NotFoundError), a stored file unreadable (StoreFileCorrupt), else the error itself (a bug)."""
+    job_id = refs[0].job_id if refs else ""
+    if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
+        return NotFoundError(f"job {job_id} was removed while it was being read")
+    if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
+        return exc  # a bug, not the store
+    return unreadable_job(store, refs, exc)
 
 
 def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Exception:
@@ -130,30 +141,21 @@ def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Except
     return StoreFileCorrupt(f"job {job_id}: its stored files cannot be read ({first})")
 
 
-def _part_in_worker(
-    store_root: str, job_id: str, trace_ids: list[str], overrides
-) -> dict[str, list[dict[str, Any]]]:
-    """``job_report_part`` in a worker process (arguments are picklable names, not refs)."""
-    store = Store(store_root)
-    wanted = set(trace_ids)
-    refs = [r for r in store.traces(job_id) if r.trace_id in wanted]
-    return job_report_part(store, refs, overrides)
-
-
-@contextmanager
-def _pool(executor: Executor | None, workers: int) -> Iterator[Executor]:
-    if executor is not None:
-        yield executor
-        return
-    with process_pool(workers) as pool:
-        yield pool
-
-
 def process_pool(workers: int) -> ProcessPoolExecutor:
     """Worker processes started fresh (spawn): never fork a process holding DuckDB threads."""
     import multiprocessing
 
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+RANKS_WORTH_A_POOL = 8  # a lone job of fewer ranks is analyzed here: starting workers costs more
+
+
+def worth_a_pool(jobs: list[list[TraceRef]]) -> bool:
+    """Whether worker processes pay for these jobs: several jobs, or one of many ranks."""
+    jobs = [refs for refs in jobs if refs]
+    ranks = max((len({r.meta.get("rank", 0) for r in refs}) for refs in jobs), default=0)
+    return len(jobs) > 1 or ranks >= RANKS_WORTH_A_POOL
 
 
 def build_report(
@@ -162,43 +164,31 @@ def build_report(
     overrides: dict[str, dict[str, float]] | None = None,
     *,
     workers: int = 1,
-    executor: Executor | None = None,
+    executor: Any = None,
     progress: Callable[[str, int, int], None] | None = None,
+    timings: list | None = None,
 ) -> dict[str, Any]:
     """Report over several jobs (each a list of its traces).
 
-    With several jobs and ``executor`` (a process pool) or ``workers > 1``,
-    jobs are analyzed in parallel processes; the report is the same as a
-    sequential run's.
+    With ``executor`` (a process pool, or :class:`stallscope.cluster.DaskExecutor`),
+    or ``workers > 1`` (a pool of that many processes, started here when
+    :func:`worth_a_pool`), the jobs, and the ranks of each job, are analyzed
+    in parallel tasks (:mod:`stallscope.fanout`, which appends each task's
+    :class:`~stallscope.fanout.TaskTiming` to ``timings``); the report is the
+    same as a sequential run's.
     """
     report: dict[str, Any] = {"schema": REPORT_SCHEMA, "traces": [], "metrics": [], "findings": []}
     jobs = [refs for refs in jobs if refs]
-    parts: list[dict[str, list[dict[str, Any]]]] = []
-    if workers > 1 and len(jobs) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    if executor is None and workers > 1 and worth_a_pool(jobs):
+        with process_pool(workers) as pool:
+            return build_report(store, jobs, overrides, executor=pool, progress=progress,
+                                timings=timings)  # fmt: skip
+    if executor is not None:
+        from stallscope.fanout import analyze_jobs
 
-        context = multiprocessing.get_context(
-            "spawn"
-        )  # never fork a process holding DuckDB threads
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-            futures = {
-                pool.submit(
-                    _part_in_worker,
-                    str(store.root),
-                    refs[0].job_id,
-                    [r.trace_id for r in refs],
-                    overrides,
-                ): index
-                for index, refs in enumerate(jobs)
-            }
-            by_index: dict[int, dict] = {}
-            for done, future in enumerate(as_completed(futures), start=1):
-                by_index[futures[future]] = future.result()
-                if progress:
-                    progress("analyzed", done, len(jobs))
-            parts = [by_index[i] for i in range(len(jobs))]
+        parts = analyze_jobs(store, jobs, overrides, executor, progress=progress, timings=timings)
     else:
+        parts = []
         for done, refs in enumerate(jobs, start=1):
             parts.append(job_report_part(store, refs, overrides))
             if progress:

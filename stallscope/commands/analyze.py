@@ -7,7 +7,13 @@ import os
 import sys
 
 from stallscope.analyzers.base import SEVERITIES
-from stallscope.cli import EXIT_FINDINGS, EXIT_OK, add_store_option, open_store
+from stallscope.cli import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    add_scheduler_option,
+    add_store_option,
+    open_store,
+)
 from stallscope.errors import InputError
 from stallscope.render import FORMATS
 
@@ -22,8 +28,10 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
             "Analyze trace files, directories, zips or stored trace/job ids. Files are ingested into the "
             "store first (grouped into jobs as by 'stallscope ingest'). A trace id analyzes that trace; "
             "a job id analyzes all its ranks. Quoted glob patterns ('runs/**/*.json.gz') are expanded "
-            "here too. Jobs are ingested and analyzed in parallel (--jobs); progress is shown on "
-            "stderr when it is a terminal."
+            "here too. Jobs, and the ranks of a job of many ranks, are ingested and analyzed in "
+            "parallel processes (--jobs), or on a Dask cluster (--scheduler: every rank's file and "
+            "per-rank analysis on its workers, see docs/dask.md); progress is shown on stderr when "
+            "it is a terminal."
         ),
     )
     p.add_argument(
@@ -49,8 +57,10 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
         type=int,
         default=os.cpu_count() or 1,
         metavar="N",
-        help="processes that ingest and analyze jobs in parallel (default: the number of CPUs)",
+        help="processes that ingest and analyze jobs (and the ranks of a job of 8 or more ranks) "
+        "in parallel (default: the number of CPUs; ignored with --scheduler)",
     )
+    add_scheduler_option(p)
     add_store_option(p)
     p.set_defaults(handler=run)
     if thresholds:
@@ -118,8 +128,9 @@ def _ingest_in_worker(store_root: str, paths: list[str], each: bool) -> list[str
     return [r.job_id for r in ingest_paths(Store(store_root), paths, each=each)]
 
 
-def resolve_targets(store, targets: list[str], each: bool, pool=None, progress=None):
-    """Targets -> list of jobs, each a list of TraceRefs (ingesting files first)."""
+def resolve_targets(store, targets: list[str], each: bool, pool=None, progress=None, ranks=None):
+    """Targets -> list of jobs, each a list of TraceRefs (ingesting files first: by ``pool``'s
+    processes, one job each, or here with each job's files parsed by ``ranks``)."""
     targets = expand_globs(targets)
     paths = [t for t in targets if os.path.exists(t)]
     jobs = []
@@ -136,9 +147,8 @@ def resolve_targets(store, targets: list[str], each: bool, pool=None, progress=N
             from stallscope.ingest import ingest_paths
 
             for unit in units:
-                job_ids.append(
-                    [r.job_id for r in ingest_paths(store, unit, each=each, progress=progress)]
-                )
+                results = ingest_paths(store, unit, each=each, progress=progress, ranks=ranks)
+                job_ids.append([r.job_id for r in results])
         jobs += [store.traces(job_id) for ids in job_ids for job_id in ids]
     for ref in (t for t in targets if not os.path.exists(t)):
         if _looks_like_path(ref):
@@ -149,28 +159,44 @@ def resolve_targets(store, targets: list[str], each: bool, pool=None, progress=N
 
 def run(args: argparse.Namespace) -> int:
     from stallscope.analyzers.base import severity_at_least
+    from stallscope.cluster import (
+        DaskExecutor,
+        DaskRanks,
+        close_quietly,
+        connect,
+        scheduler_address,
+    )
     from stallscope.progress import Progress
     from stallscope.render import render
-    from stallscope.report import build_report, process_pool, worst_severity
+    from stallscope.report import build_report, process_pool, worst_severity, worth_a_pool
 
     if args.jobs < 1:
         raise InputError("--jobs", "must be at least 1")
     store = open_store(args)
     progress = Progress()
     targets = expand_globs(args.targets)
-    # one pool for ingest and analysis, only when there is more than one job to share out
-    parallel = args.jobs > 1 and len(targets) > 1
+    address = scheduler_address(args.scheduler)
+    client = connect(address) if address else None
+    # a local pool for ingest, only when there is more than one job to share out
+    parallel = client is None and args.jobs > 1 and len(targets) > 1
     pool = process_pool(min(args.jobs, len(targets))) if parallel else None
     try:
-        jobs = resolve_targets(store, targets, args.each, pool, progress)
+        ranks = DaskRanks(client, store) if client is not None else None
+        jobs = resolve_targets(store, targets, args.each, pool, progress, ranks)
+        if client is not None:
+            executor = DaskExecutor(client)
+        else:
+            executor = pool if pool is not None and worth_a_pool(jobs) else None
         report = build_report(
-            store, jobs, threshold_overrides(args), executor=pool if len(jobs) > 1 else None,
+            store, jobs, threshold_overrides(args), workers=args.jobs, executor=executor,
             progress=progress,
         )  # fmt: skip
     finally:
         progress.done()
         if pool is not None:
             pool.shutdown()
+        if client is not None:
+            close_quietly(client)
     text = render(report, args.format)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:

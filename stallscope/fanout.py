@@ -1,0 +1,186 @@
+"""Analysis spread over worker processes or a Dask cluster (``analyze --jobs N``, ``--scheduler``).
+
+:func:`analyze_jobs` gives the same report parts as ``report.job_report_part``
+run on each job in turn, with the work cut into tasks submitted to an
+executor (``submit(fn, *args)`` returning a future with ``result()``: a
+``ProcessPoolExecutor`` or :class:`stallscope.cluster.DaskExecutor`):
+
+* a job of one rank is one task (every analyzer, as ``job_report_part``);
+* a job of several ranks is one task per rank (the analyzers of
+  ``analyzers.PER_RANK``, over that rank's traces alone, as
+  ``report.analyze_job`` runs them on ``JobData.rank_parts``) and one task for
+  the cross-rank analyzers over the whole job (on the client instead when the
+  executor says ``cross_here``: a Dask cluster's workers then run only
+  per-rank work). The ranks' results are joined in rank order with
+  ``SPEC.combine_ranks``, then every analyzer's result is put in report order.
+
+Tasks take picklable arguments only (trace refs with absolute paths, the
+threshold overrides) and read the store's Parquet files themselves: the
+store must be at the same path wherever they run. Each task also returns a
+:class:`TaskTiming` (process, wall-clock window), which ``build_report``
+hands to its ``timings`` list: what ran where, and when.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from stallscope import job_settings
+from stallscope.analyzers import PER_RANK, all_specs
+from stallscope.analyzers.base import AnalyzerResult, concatenate
+from stallscope.jobdata import JobData
+from stallscope.store import Store, TraceRef
+
+Part = dict[str, list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class TaskTiming:
+    """Where and when one analysis task ran: ``kind`` is ``job``, ``rank`` or ``cross``;
+    ``started``/``ended`` are Unix seconds (``time.time()``, comparable across processes)."""
+
+    job_id: str
+    kind: str
+    rank: int | None
+    host: str
+    pid: int
+    started: float
+    ended: float
+
+
+def _timed(
+    job_id: str, kind: str, rank: int | None, work: Callable[[], Any]
+) -> tuple[Any, TaskTiming]:
+    started = time.time()
+    value = work()
+    timing = TaskTiming(job_id, kind, rank, socket.gethostname(), os.getpid(), started, time.time())
+    return value, timing
+
+
+def whole_job_task(
+    root: str, refs: list[TraceRef], overrides: dict | None
+) -> tuple[Part, TaskTiming]:
+    """A task: every analyzer over one job (``report.job_report_part``)."""
+    from stallscope.report import job_report_part
+
+    job_id = refs[0].job_id
+    return _timed(job_id, "job", None, lambda: job_report_part(Store(root), refs, overrides))
+
+
+def rank_task(
+    root: str, refs: list[TraceRef], overrides: dict | None
+) -> tuple[dict[str, AnalyzerResult], TaskTiming]:
+    """A task: the per-rank analyzers over one rank's traces (a one-rank job: its own part)."""
+    store = Store(root)
+
+    def work() -> dict[str, AnalyzerResult]:
+        return _run_specs(store, refs, overrides, lambda spec_id: spec_id in PER_RANK)
+
+    return _timed(refs[0].job_id, "rank", refs[0].meta.get("rank"), work)
+
+
+def cross_task(
+    root: str, refs: list[TraceRef], overrides: dict | None
+) -> tuple[dict[str, AnalyzerResult], TaskTiming]:
+    """A task: the analyzers that are not per-rank, over the whole job."""
+    store = Store(root)
+
+    def work() -> dict[str, AnalyzerResult]:
+        return _run_specs(store, refs, overrides, lambda spec_id: spec_id not in PER_RANK)
+
+    return _timed(refs[0].job_id, "cross", None, work)
+
+
+def _run_specs(
+    store: Store, refs: list[TraceRef], overrides: dict | None, wanted: Callable[[str], bool]
+) -> dict[str, AnalyzerResult]:
+    """The chosen analyzers' results over ``refs``, by analyzer id (unreadable files: one line)."""
+    import duckdb
+
+    from stallscope.report import reading_error
+
+    job = JobData(store, refs)
+    try:
+        job_settings.apply(job, overrides)
+        return {
+            spec.id: spec.run(job, spec.params((overrides or {}).get(spec.id)))
+            for spec in all_specs()
+            if wanted(spec.id)
+        }
+    except duckdb.Error as exc:
+        raise reading_error(store, refs, exc) from None
+    finally:
+        job.close()
+
+
+def analyze_jobs(
+    store: Store,
+    jobs: list[list[TraceRef]],
+    overrides: dict | None,
+    executor: Any,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+    timings: list[TaskTiming] | None = None,
+) -> list[Part]:
+    """Each job's report part (see the module docstring), in the order of ``jobs``."""
+    root = str(store.root.absolute())
+    cross_here = getattr(executor, "cross_here", False)
+    submitted = []
+    for refs in jobs:
+        refs = [replace(r, path=r.path.absolute()) for r in refs]
+        groups = JobData(store, refs).rank_groups()  # (reads nothing: no connection is opened)
+        if len(groups) <= 1:
+            submitted.append((refs, executor.submit(whole_job_task, root, refs, overrides), None))
+            continue
+        ranks = [executor.submit(rank_task, root, group, overrides) for group in groups]
+        cross = None if cross_here else executor.submit(cross_task, root, refs, overrides)
+        submitted.append((refs, ranks, cross))
+    parts = []
+    for done, (refs, ranks, cross) in enumerate(submitted, start=1):
+        parts.append(_gather_job(store, root, refs, ranks, cross, overrides, executor, timings))
+        if progress:
+            progress("analyzed", done, len(jobs))
+    return parts
+
+
+def _gather_job(store, root, refs, ranks, cross, overrides, executor, timings) -> Part:
+    """One job's part from its tasks' results (the cross-rank analyzers run here when
+    ``cross`` is None)."""
+    from stallscope.report import part_of
+
+    what = f"analysis of job {refs[0].job_id}"
+    result = getattr(executor, "result", None) or (lambda future, _what: future.result())
+    if not isinstance(ranks, list):  # a one-rank job: one task
+        part, timing = result(ranks, what)
+        _note(timings, timing)
+        return part
+    if cross is None:
+        whole, timing = cross_task(root, refs, overrides)
+    else:
+        whole, timing = result(cross, what)
+    _note(timings, timing)
+    by_rank: dict[str, list[AnalyzerResult]] = {}
+    for future in ranks:
+        results, timing = result(future, what)
+        _note(timings, timing)
+        for spec_id, value in results.items():
+            by_rank.setdefault(spec_id, []).append(value)
+    combined = AnalyzerResult()
+    for spec in all_specs():
+        if spec.id in by_rank:
+            value = (spec.combine_ranks or concatenate)(by_rank[spec.id])
+        else:
+            value = whole[spec.id]
+        combined.findings.extend(value.findings)
+        combined.metrics.extend(value.metrics)
+    return part_of(refs, combined)
+
+
+def _note(timings: list[TaskTiming] | None, timing: TaskTiming) -> None:
+    if timings is not None:
+        timings.append(timing)
