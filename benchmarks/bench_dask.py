@@ -60,7 +60,7 @@ def measure(cmd: list[str], job: Path, world: int, workers: int, work: Path) -> 
         from distributed import Client, LocalCluster
 
         cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
             memory_limit=0,
         )  # fmt: skip
         client = Client(cluster)

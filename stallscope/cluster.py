@@ -256,6 +256,8 @@ def ingest_rank(store_root: str, staging: str, job_id: str, digest: str, item: R
         source = item.source()
     except NotShared as exc:
         return Failed("environment", str(exc))
+    except InputError as exc:
+        return Failed("input", str(exc))
     store = Store(store_root)
     own = store.new_staging()
     try:
@@ -274,7 +276,7 @@ def _move_in(folder: Path, target: Path) -> None:
     try:
         os.rename(folder, target)
     except OSError:
-        if not (target / "gpu.parquet").exists():
+        if not target.is_dir():  # (only ever renamed in whole)
             raise
         shutil.rmtree(folder, ignore_errors=True)
 

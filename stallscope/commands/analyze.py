@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     client = connect(address) if address else None
     # a local pool for ingest, only when there is more than one job to share out
     parallel = client is None and args.jobs > 1 and len(targets) > 1
-    pool = process_pool(min(args.jobs, len(targets))) if parallel else None
+    pool = process_pool(args.jobs) if parallel else None  # (processes start as tasks come)
     try:
         ranks = DaskRanks(client, store) if client is not None else None
         jobs = resolve_targets(store, targets, args.each, pool, progress, ranks)
