@@ -7,8 +7,8 @@ analyzed as a user runs it (``stallscope analyze IDS... --format json --jobs N``
 a whole process: wall seconds, CPU seconds of it and its worker processes,
 ``os.wait4``), alternating N ``--repeat`` times:
 
-* ``samples``: every Kineto sample job (``sample_traces/kineto/*``, 23 jobs of 1
-  or 2 ranks): a pool over jobs;
+* ``samples``: the Kineto sample jobs (``sample_traces/kineto/*``, the 20 of the
+  23 folders that are one job each, of 1 or 2 ranks): a pool over jobs;
 * ``ranks``: one job of ``--ranks`` ranks built from the real ``ddp_straggler``
   sample as ``bench_ranks.py`` builds it: a pool over its ranks.
 
@@ -18,6 +18,7 @@ Every N's report must equal N = 1's (exit 1 otherwise).
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -32,14 +33,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def ingest(cmd: list[str], store: Path, folders: list[Path]) -> list[str]:
-    """Ingest each folder as one job; the job ids, in order."""
+    """Ingest each folder as one job; the job ids, in order (a folder that is not one job,
+    e.g. a trace beside its memory snapshot, is left out)."""
     ids = []
     for folder in folders:
         out = subprocess.run(
             [*cmd, "ingest", "--store", str(store), "--json", str(folder)],
-            capture_output=True, text=True, check=True,
+            capture_output=True, text=True,
         )  # fmt: skip
-        ids.append(__import__("json").loads(out.stdout)[0]["job_id"])
+        if out.returncode == 0:
+            ids.append(json.loads(out.stdout)[0]["job_id"])
     return ids
 
 
@@ -59,8 +62,9 @@ def main() -> int:
         big = work / f"job{args.ranks}"
         bench_ranks.build_job(bench_ranks.load_sample(), args.ranks, big)
         samples = sorted(p for p in (REPO / "sample_traces" / "kineto").iterdir() if p.is_dir())
+        sample_ids = ingest(cmd, work / "s1", samples)
         workloads = {
-            f"samples ({len(samples)} jobs)": ingest(cmd, work / "s1", samples),
+            f"samples ({len(sample_ids)} jobs)": sample_ids,
             f"ranks (1 job of {args.ranks})": ingest(cmd, work / "s2", [big]),
         }
         stores = dict(zip(workloads, (work / "s1", work / "s2"), strict=True))
@@ -73,8 +77,19 @@ def main() -> int:
                 for n in counts:
                     out = work / f"r{n}.json"
                     wall, cpu, _, _ = benchlib.run_child(
-                        [*cmd, "analyze", "--store", str(stores[name]), *ids, "--format", "json",
-                         "--jobs", str(n), "-o", str(out)]  # fmt: skip
+                        [
+                            *cmd,
+                            "analyze",
+                            "--store",
+                            str(stores[name]),
+                            *ids,
+                            "--format",
+                            "json",
+                            "--jobs",
+                            str(n),
+                            "-o",
+                            str(out),
+                        ]  # fmt: skip
                     )
                     times[n].append((wall, cpu))
                     reports[n] = out.read_text()

@@ -6,6 +6,7 @@ in the ``stallscope.report/1`` contract; renderers live in ``render``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -146,6 +147,15 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     import multiprocessing
 
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+POOL_MIN_CPUS = 4  # measured (docs/benchmarks.md): on 2 CPUs a pool was slower than one process
+
+
+def default_jobs() -> int:
+    """Analysis processes by default: one per CPU with at least POOL_MIN_CPUS CPUs, else 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cpus if (cpus or 1) >= POOL_MIN_CPUS else 1
 
 
 RANKS_WORTH_A_POOL = 8  # a lone job of fewer ranks is analyzed here: starting workers costs more

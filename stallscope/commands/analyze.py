@@ -55,10 +55,11 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
         "--jobs",
         "-j",
         type=int,
-        default=os.cpu_count() or 1,
+        default=None,
         metavar="N",
         help="processes that ingest and analyze jobs (and the ranks of a job of 8 or more ranks) "
-        "in parallel (default: the number of CPUs; ignored with --scheduler)",
+        "in parallel (default: the number of CPUs when there are 4 or more, else 1: on 2 CPUs "
+        "the processes cost more than they save; ignored with --scheduler)",
     )
     add_scheduler_option(p)
     add_store_option(p)
@@ -168,8 +169,16 @@ def run(args: argparse.Namespace) -> int:
     )
     from stallscope.progress import Progress
     from stallscope.render import render
-    from stallscope.report import build_report, process_pool, worst_severity, worth_a_pool
+    from stallscope.report import (
+        build_report,
+        default_jobs,
+        process_pool,
+        worst_severity,
+        worth_a_pool,
+    )
 
+    if args.jobs is None:
+        args.jobs = default_jobs()
     if args.jobs < 1:
         raise InputError("--jobs", "must be at least 1")
     store = open_store(args)
