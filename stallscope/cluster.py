@@ -40,13 +40,14 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallscope.errors import EnvironmentProblem, InputError, StallscopeError
-from stallscope.ingest.job import Progress, ingest_source
-from stallscope.ingest.limits import check_deadline
-from stallscope.ingest.reader import Source, _file_source
 from stallscope.store import Store
+
+if TYPE_CHECKING:  # the ingest modules are imported by the tasks that use them
+    from stallscope.ingest.job import Progress
+    from stallscope.ingest.reader import Source
 
 ENV = "STALLSCOPE_SCHEDULER"
 CONNECT_TIMEOUT_S = 10.0
@@ -186,6 +187,8 @@ class RankFile:
 
     def source(self) -> Source:
         """The file as a :class:`Source` on this worker (InputError when it cannot be read)."""
+        from stallscope.ingest.reader import Source, _file_source
+
         if self.path is None:
             data = self.data or b""
             return Source(self.name, lambda: data, self.file_bytes, member=self.member, _raw=data)
@@ -258,6 +261,8 @@ def ingest_rank(store_root: str, staging: str, job_id: str, digest: str, item: R
         return Failed("environment", str(exc))
     except InputError as exc:
         return Failed("input", str(exc))
+    from stallscope.ingest.job import ingest_source
+
     store = Store(store_root)
     own = store.new_staging()
     try:
@@ -291,6 +296,8 @@ class DaskRanks:
 
     def hashes(self, sources: list[Source]) -> list[str]:
         """Files on the shared filesystem are hashed by workers; zip members here (streamed)."""
+        from stallscope.ingest.limits import check_deadline
+
         on_disk = [i for i, s in enumerate(sources) if s.path is not None]
         futures = [
             self.client.submit(
@@ -346,6 +353,8 @@ class DaskRanks:
         label: str = "",
     ) -> list[Any]:
         """Every task's result, in order; the first failure cancels the rest and raises."""
+        from stallscope.ingest.limits import check_deadline
+
         index = {f.key: i for i, f in enumerate(futures)}
         results: list[Any] = [None] * len(futures)
         pending = set(futures)
