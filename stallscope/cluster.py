@@ -139,6 +139,12 @@ class DaskExecutor:
         self.client = client
         self.retries = retries
 
+    @property
+    def slots(self) -> int:
+        """Tasks the cluster runs at once: its workers' threads."""
+        workers = self.client.scheduler_info().get("workers", {})
+        return max(1, sum(w.get("nthreads", 1) for w in workers.values()))
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         return self.client.submit(fn, *args, pure=False, retries=self.retries)
 

@@ -6,8 +6,8 @@ executor (``submit(fn, *args)`` returning a future with ``result()``: a
 ``ProcessPoolExecutor`` or :class:`stallscope.cluster.DaskExecutor`):
 
 * a job of one rank is one task (every analyzer, as ``job_report_part``);
-* a job of several ranks is one task per rank (the analyzers of
-  ``analyzers.PER_RANK``, over that rank's traces alone, as
+* a job of several ranks is a few tasks of consecutive ranks (the analyzers
+  of ``analyzers.PER_RANK``, over each rank's traces alone, as
   ``report.analyze_job`` runs them on ``JobData.rank_parts``) and one task for
   the cross-rank analyzers over the whole job (on the client instead when the
   executor says ``cross_here``: a Dask cluster's workers then run only
@@ -41,8 +41,9 @@ Part = dict[str, list[dict[str, Any]]]
 
 @dataclass(frozen=True)
 class TaskTiming:
-    """Where and when one analysis task ran: ``kind`` is ``job``, ``rank`` or ``cross``;
-    ``started``/``ended`` are Unix seconds (``time.time()``, comparable across processes)."""
+    """Where and when one analysis task ran: ``kind`` is ``job``, ``ranks`` (``rank``: the
+    first of its run of ranks) or ``cross``; ``started``/``ended`` are Unix seconds
+    (``time.time()``, comparable across processes)."""
 
     job_id: str
     kind: str
@@ -73,15 +74,53 @@ def whole_job_task(
 
 
 def rank_task(
-    root: str, refs: list[TraceRef], overrides: dict | None
-) -> tuple[dict[str, AnalyzerResult], TaskTiming]:
-    """A task: the per-rank analyzers over one rank's traces (a one-rank job: its own part)."""
+    root: str, groups: list[list[TraceRef]], overrides: dict | None
+) -> tuple[list[dict[str, AnalyzerResult]], TaskTiming]:
+    """A task: the per-rank analyzers over a run of ranks, each rank's traces alone.
+
+    As ``report.analyze_job`` runs them: each rank is a part of one database
+    (``JobData(parent=..., load=True)``: its rows read once, then queried in
+    memory), closed before the next. One result dict per rank, in order.
+    """
+    import duckdb
+
+    from stallscope.report import reading_error
+
     store = Store(root)
+    refs = [ref for group in groups for ref in group]
+    specs = [spec for spec in all_specs() if spec.id in PER_RANK]
 
-    def work() -> dict[str, AnalyzerResult]:
-        return _run_specs(store, refs, overrides, lambda spec_id: spec_id in PER_RANK)
+    def work() -> list[dict[str, AnalyzerResult]]:
+        whole = JobData(store, refs)
+        out = []
+        try:
+            job_settings.apply(whole, overrides)
+            for group in groups:
+                part = JobData(store, group, parent=whole, load=True)
+                try:
+                    out.append({s.id: s.run(part, s.params((overrides or {}).get(s.id)))
+                                for s in specs})  # fmt: skip
+                finally:
+                    part.close()
+        except duckdb.Error as exc:
+            raise reading_error(store, refs, exc) from None
+        finally:
+            whole.close()
+        return out
 
-    return _timed(refs[0].job_id, "rank", refs[0].meta.get("rank"), work)
+    return _timed(refs[0].job_id, "ranks", groups[0][0].meta.get("rank"), work)
+
+
+def runs_of(groups: list[list[TraceRef]], tasks: int) -> list[list[list[TraceRef]]]:
+    """``groups`` cut into at most ``tasks`` runs of consecutive ranks, of near-equal length."""
+    tasks = max(1, min(tasks, len(groups)))
+    size, extra = divmod(len(groups), tasks)
+    runs, at = [], 0
+    for index in range(tasks):
+        length = size + (index < extra)
+        runs.append(groups[at : at + length])
+        at += length
+    return runs
 
 
 def cross_task(
@@ -124,10 +163,16 @@ def analyze_jobs(
     overrides: dict | None,
     executor: Any,
     *,
+    slots: int,
     progress: Callable[[str, int, int], None] | None = None,
     timings: list[TaskTiming] | None = None,
 ) -> list[Part]:
-    """Each job's report part (see the module docstring), in the order of ``jobs``."""
+    """Each job's report part (see the module docstring), in the order of ``jobs``.
+
+    A job's ranks are cut into at most ``2 * slots`` tasks (``slots``: how many
+    tasks the executor runs at once): a task per rank would open a database
+    per rank, which costs more than the analysis of a small rank.
+    """
     root = str(store.root.absolute())
     cross_here = getattr(executor, "cross_here", False)
     submitted = []
@@ -137,7 +182,9 @@ def analyze_jobs(
         if len(groups) <= 1:
             submitted.append((refs, executor.submit(whole_job_task, root, refs, overrides), None))
             continue
-        ranks = [executor.submit(rank_task, root, group, overrides) for group in groups]
+        ranks = [
+            executor.submit(rank_task, root, run, overrides) for run in runs_of(groups, 2 * slots)
+        ]
         cross = None if cross_here else executor.submit(cross_task, root, refs, overrides)
         submitted.append((refs, ranks, cross))
     parts = []
@@ -168,8 +215,9 @@ def _gather_job(store, root, refs, ranks, cross, overrides, executor, timings) -
     for future in ranks:
         results, timing = result(future, what)
         _note(timings, timing)
-        for spec_id, value in results.items():
-            by_rank.setdefault(spec_id, []).append(value)
+        for rank_results in results:
+            for spec_id, value in rank_results.items():
+                by_rank.setdefault(spec_id, []).append(value)
     combined = AnalyzerResult()
     for spec in all_specs():
         if spec.id in by_rank:

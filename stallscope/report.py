@@ -191,12 +191,14 @@ def build_report(
     jobs = [refs for refs in jobs if refs]
     if executor is None and workers > 1 and worth_a_pool(jobs):
         with process_pool(workers) as pool:
-            return build_report(store, jobs, overrides, executor=pool, progress=progress,
-                                timings=timings)  # fmt: skip
+            return build_report(store, jobs, overrides, workers=workers, executor=pool,
+                                progress=progress, timings=timings)  # fmt: skip
     if executor is not None:
         from stallscope.fanout import analyze_jobs
 
-        parts = analyze_jobs(store, jobs, overrides, executor, progress=progress, timings=timings)
+        slots = getattr(executor, "slots", None) or getattr(executor, "_max_workers", workers)
+        parts = analyze_jobs(store, jobs, overrides, executor, slots=slots, progress=progress,
+                             timings=timings)  # fmt: skip
     else:
         parts = []
         for done, refs in enumerate(jobs, start=1):

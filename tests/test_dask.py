@@ -168,12 +168,13 @@ def test_ingest_and_analyze_on_a_cluster_are_those_of_one_machine(
     assert leftovers(remote) == []
     (job,) = Store(remote).jobs()
     here = render(build_report(Store(plain), [Store(plain).traces(job["job_id"])]), "json")
-    there = cli(
-        "analyze", job["job_id"], "--format", "json", store=remote,
+    there = cli(  # the folder again: hashed on the workers, found stored, then analyzed there
+        "analyze", str(four_ranks), "--format", "json", store=remote,
         env={"STALLSCOPE_SCHEDULER": cluster.address},
     )  # fmt: skip
     assert there.returncode == 0, there.stderr
     assert there.stdout == here
+    assert len(Store(remote).uploads(job["job_id"])) == 2  # this upload recorded, nothing re-parsed
     report = json.loads(there.stdout)
     assert len(report["traces"]) == 4
     assert bench_ranks.straggler_named(report) == (3, True)  # ranks 0, 2, 3 wait for rank 1
