@@ -25,8 +25,9 @@ other tasks cancelled and the store unchanged. A file whose workers keep dying
 ends it with exit 4.
 
 Analysis (:class:`DaskExecutor`): :mod:`stallscope.fanout` submits the
-per-rank analyzers of each rank as one task; the cross-rank analyzers run in
-this process meanwhile.
+per-rank analyzers of each run of consecutive ranks as one task (at most two
+tasks per worker thread and job); the cross-rank analyzers run in this
+process meanwhile.
 """
 
 from __future__ import annotations
