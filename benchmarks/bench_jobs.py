@@ -7,7 +7,7 @@ analyzed as a user runs it (``stallscope analyze IDS... --format json --jobs N``
 a whole process: wall seconds, CPU seconds of it and its worker processes,
 ``os.wait4``), alternating N ``--repeat`` times:
 
-* ``samples``: the Kineto sample jobs (``sample_traces/kineto/*``, the 20 of the
+* ``samples``: the Kineto sample jobs (``sample_traces/kineto/*``, the 21 of the
   23 folders that are one job each, of 1 or 2 ranks): a pool over jobs;
 * ``ranks``: one job of ``--ranks`` ranks built from the real ``ddp_straggler``
   sample as ``bench_ranks.py`` builds it: a pool over its ranks.
