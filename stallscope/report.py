@@ -7,9 +7,9 @@ in the ``stallscope.report/1`` contract, built from its types
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import contextmanager
+import os
+from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import duckdb
@@ -111,23 +111,37 @@ def job_report_part(
         selection = select_ranks(job, all_ranks=all_ranks)
         result = analyze_job(job, overrides, None if selection is None else selection.analyzed)
     except duckdb.Error as exc:
-        job_id = refs[0].job_id if refs else ""
-        if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
-            raise NotFoundError(f"job {job_id} was removed while it was being read") from None
-        if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
-            raise  # a bug, not the store
-        raise unreadable_job(store, refs, exc) from None
+        raise reading_error(store, refs, exc) from None
     finally:
         job.close()
+    return part_of(job.traces, result, selection)
+
+
+def part_of(refs: list[TraceRef], result: AnalyzerResult, selection: Any = None) -> Report:
+    """A job's report: its traces (by rank), the analyzers' metrics and findings, and its
+    rank selection (``rank_triage.RankSelection`` or None)."""
+    traces = sorted(refs, key=lambda r: r.meta.get("rank", 0))
+    job_id = traces[0].job_id if traces else ""
     return Report(
         schema=REPORT_SCHEMA,
-        traces=[trace_entry(r) for r in job.traces],
+        traces=[trace_entry(r) for r in traces],
         metrics=result.metrics,
         findings=[f.to_entry() for f in result.findings],
         rank_selection=[]
         if selection is None
-        else [msgspec.convert(selection.to_dict(job.job_id), RankSelection)],
+        else [msgspec.convert(selection.to_dict(job_id), RankSelection)],
     )
+
+
+def reading_error(store: Store, refs: list[TraceRef], exc: duckdb.Error) -> Exception:
+    """What a DuckDB error while analyzing a job is to the user: the job removed meanwhile
+    (NotFoundError), a stored file unreadable (StoreFileCorrupt), else the error itself (a bug)."""
+    job_id = refs[0].job_id if refs else ""
+    if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
+        return NotFoundError(f"job {job_id} was removed while it was being read")
+    if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
+        return exc  # a bug, not the store
+    return unreadable_job(store, refs, exc)
 
 
 def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Exception:
@@ -158,30 +172,30 @@ def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Except
     return StoreFileCorrupt(f"job {job_id}: its stored files cannot be read ({first})")
 
 
-def _part_in_worker(
-    store_root: str, job_id: str, trace_ids: list[str], overrides, all_ranks: bool = False
-) -> Report:
-    """``job_report_part`` in a worker process (arguments are picklable names, not refs)."""
-    store = Store(store_root)
-    wanted = set(trace_ids)
-    refs = [r for r in store.traces(job_id) if r.trace_id in wanted]
-    return job_report_part(store, refs, overrides, all_ranks)
-
-
-@contextmanager
-def _pool(executor: Executor | None, workers: int) -> Iterator[Executor]:
-    if executor is not None:
-        yield executor
-        return
-    with process_pool(workers) as pool:
-        yield pool
-
-
 def process_pool(workers: int) -> ProcessPoolExecutor:
     """Worker processes started fresh (spawn): never fork a process holding DuckDB threads."""
     import multiprocessing
 
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+POOL_MIN_CPUS = 4  # measured (docs/benchmarks.md): on 2 CPUs a pool was slower than one process
+
+
+def default_jobs() -> int:
+    """Analysis processes by default: one per CPU with at least POOL_MIN_CPUS CPUs, else 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cpus if (cpus or 1) >= POOL_MIN_CPUS else 1
+
+
+RANKS_WORTH_A_POOL = 8  # a lone job of fewer ranks is analyzed here: starting workers costs more
+
+
+def worth_a_pool(jobs: list[list[TraceRef]]) -> bool:
+    """Whether worker processes pay for these jobs: several jobs, or one of many ranks."""
+    jobs = [refs for refs in jobs if refs]
+    ranks = max((len({r.meta.get("rank", 0) for r in refs}) for refs in jobs), default=0)
+    return len(jobs) > 1 or ranks >= RANKS_WORTH_A_POOL
 
 
 def build_report(
@@ -190,9 +204,10 @@ def build_report(
     overrides: dict[str, dict[str, float]] | None = None,
     *,
     workers: int = 1,
-    executor: Executor | None = None,
+    executor: Any = None,
     progress: Callable[[str, int, int], None] | None = None,
     all_ranks: bool = False,
+    timings: list | None = None,
 ) -> dict[str, Any]:
     """Report over several jobs (each a list of its traces).
 
@@ -200,37 +215,26 @@ def build_report(
     job above ``rank_triage.DETAIL_ALL_UP_TO`` ranks gets two-tier triage and
     the report a ``rank_selection`` entry).
 
-    With several jobs and ``executor`` (a process pool) or ``workers > 1``,
-    jobs are analyzed in parallel processes; the report is the same as a
-    sequential run's.
+    With ``executor`` (a process pool, or :class:`stallscope.cluster.DaskExecutor`),
+    or ``workers > 1`` (a pool of that many processes, started here when
+    :func:`worth_a_pool`), the jobs, and the ranks of each job, are analyzed
+    in parallel tasks (:mod:`stallscope.fanout`, which appends each task's
+    :class:`~stallscope.fanout.TaskTiming` to ``timings``); the report is the
+    same as a sequential run's.
     """
     jobs = [refs for refs in jobs if refs]
+    if executor is None and workers > 1 and worth_a_pool(jobs):
+        with process_pool(workers) as pool:
+            return build_report(store, jobs, overrides, workers=workers, executor=pool,
+                                progress=progress, all_ranks=all_ranks,
+                                timings=timings)  # fmt: skip
     parts: list[Report] = []
-    if workers > 1 and len(jobs) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    if executor is not None:
+        from stallscope.fanout import analyze_jobs
 
-        context = multiprocessing.get_context(
-            "spawn"
-        )  # never fork a process holding DuckDB threads
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-            futures = {
-                pool.submit(
-                    _part_in_worker,
-                    str(store.root),
-                    refs[0].job_id,
-                    [r.trace_id for r in refs],
-                    overrides,
-                    all_ranks,
-                ): index
-                for index, refs in enumerate(jobs)
-            }
-            by_index: dict[int, Report] = {}
-            for done, future in enumerate(as_completed(futures), start=1):
-                by_index[futures[future]] = future.result()
-                if progress:
-                    progress("analyzed", done, len(jobs))
-            parts = [by_index[i] for i in range(len(jobs))]
+        slots = getattr(executor, "slots", None) or getattr(executor, "_max_workers", workers)
+        parts = analyze_jobs(store, jobs, overrides, executor, slots=slots, all_ranks=all_ranks,
+                             progress=progress, timings=timings)  # fmt: skip
     else:
         for done, refs in enumerate(jobs, start=1):
             parts.append(job_report_part(store, refs, overrides, all_ranks))

@@ -28,7 +28,8 @@ name), `STALLSCOPE_MAX_TRACE_BYTES` (largest decompressed trace, default
 100x its size plus this, default 32), `STALLSCOPE_INGEST_TIMEOUT` and
 `STALLSCOPE_INGEST_MAX_MEMORY_MB` (defaults of `ingest --timeout` and
 `--max-memory-mb`), `STALLSCOPE_MAX_RANKS` (ranks one job may hold, default
-1024), `STALLSCOPE_STAGING_STALE_S` (see docs/store.md), `STALLSCOPE_SAMPLES` (sample traces folder for `serve`),
+1024), `STALLSCOPE_SCHEDULER` (the Dask scheduler of `ingest`/`analyze --scheduler`, see
+docs/dask.md), `STALLSCOPE_STAGING_STALE_S` (see docs/store.md), `STALLSCOPE_SAMPLES` (sample traces folder for `serve`),
 `STALLSCOPE_MAX_UPLOAD_MB` and `STALLSCOPE_TOKEN` (dashboard upload limit and
 shared access token, see docs/dashboard.md), `STALLSCOPE_UPLOAD_QUOTA_MB`,
 `STALLSCOPE_UPLOAD_QUOTA_MINUTES`, `STALLSCOPE_UPLOAD_MAX_FILES`,

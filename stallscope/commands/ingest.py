@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from stallscope.cli import EXIT_OK, add_store_option, open_store, print_json
+from stallscope.cli import EXIT_OK, add_scheduler_option, add_store_option, open_store, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="uploader name (default: $STALLSCOPE_USER, else the login name)",
     )
     add_limit_options(p)
+    add_scheduler_option(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     # For the dashboard, which runs ingests as child processes (stallscope.ingest_child).
     p.add_argument("--progress-jsonl", action="store_true", help=argparse.SUPPRESS)
@@ -100,10 +101,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    from stallscope.cluster import DaskRanks, close_quietly, connect, scheduler_address
     from stallscope.ingest import ingest_paths
     from stallscope.progress import Progress
 
     store = open_store(args)
+    address = scheduler_address(args.scheduler)
+    client = connect(address) if address else None
     if args.progress_jsonl:
         progress = Progress(jsonl=True)
     else:
@@ -119,9 +123,12 @@ def _ingest(args: argparse.Namespace) -> int:
             progress=progress,
             name=args.name,
             upload_root=args.upload_root,
+            ranks=DaskRanks(client, store) if client is not None else None,
         )
     finally:
         progress.done()
+        if client is not None:
+            close_quietly(client)
     if args.json:
         print_json([r.__dict__ for r in results])
         return EXIT_OK
