@@ -66,3 +66,26 @@ def test_ranks_are_cut_into_runs_of_consecutive_ranks():
     assert [g for run in runs for g in run] == groups  # all of them, in rank order
     assert runs_of(groups, 50) == [[g] for g in groups]
     assert runs_of(groups, 0) == [groups]
+
+
+@pytest.mark.slow
+def test_a_triaged_job_gets_rank_tasks_for_its_picked_ranks_only(store, tmp_path):
+    import sys
+
+    from stallscope.rank_triage import DETAIL_ALL_UP_TO
+
+    sys.path.insert(0, str(SAMPLES.parents[1] / "benchmarks"))
+    import bench_ranks  # the real 2-rank sample grown to N ranks, rank 1 the straggler
+
+    sys.path.pop(0)
+    world = DETAIL_ALL_UP_TO + 2
+    bench_ranks.build_job(bench_ranks.load_sample(), world, tmp_path / "job")
+    (result,) = ingest_paths(store, [str(tmp_path / "job")])
+    jobs = [store.traces(result.job_id)]
+    timings: list = []
+    parallel = build_report(store, jobs, workers=2, timings=timings)
+    assert parallel == build_report(store, jobs)
+    (selection,) = parallel["rank_selection"]
+    picked = sorted(entry["rank"] for entry in selection["analyzed"])
+    assert 1 in picked and len(picked) < world
+    assert sorted(t.rank for t in timings if t.kind == "ranks") == picked  # one task each (4 slots)
