@@ -16,6 +16,7 @@ from stallscope.ingest.job import (
     IngestResult,
     PreparedJob,
     Progress,
+    RankIngest,
     discard_job,
     ingest_job,
     prepare_job,
@@ -136,6 +137,7 @@ def ingest_paths(
     progress: Progress | None = None,
     name: str | None = None,
     upload_root: str | None = None,
+    ranks: RankIngest | None = None,
 ) -> list[IngestResult]:
     """Ingest files, directories and zips; see :func:`plan_jobs` for grouping.
 
@@ -143,7 +145,8 @@ def ingest_paths(
     :class:`UsageError` otherwise); without it the job is named by
     :func:`plan_jobs`. All or nothing: every job is parsed first, and only
     when all of them parse are they published; one bad input leaves the
-    store as it was.
+    store as it was. ``ranks`` parses each job's files (default: here, one after the
+    other; :class:`stallscope.cluster.DaskRanks`: on a Dask cluster's workers).
     """
     planned = plan_jobs(paths, each=each, upload_root=upload_root)
     if name is not None and name.strip():
@@ -162,6 +165,7 @@ def ingest_paths(
                 "tags": tags,
                 "notes": notes,
                 "progress": progress,
+                "ranks": ranks,
             }
             job = prepare_job(store, job_name, sources, **options)
             job.result.warnings[:0] = skipped_warnings(skipped)

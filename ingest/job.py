@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
@@ -117,13 +117,18 @@ def prepare_job(
     tags: list[str] | None = None,
     notes: str = "",
     progress: Progress | None = None,
+    ranks: RankIngest | None = None,
 ) -> PreparedJob:
     """Parse every source of one job into a staging folder; nothing is visible yet.
 
     A job already stored is not parsed again: publishing records this upload
     (``uploaded_by``, job name, ``tags``, ``notes``) beside the earlier ones.
+    ``ranks`` hashes and parses the files (default :data:`HERE`: one after the
+    other in this process; :mod:`stallscope.cluster` spreads them over a Dask
+    cluster).
     """
-    options = {"uploaded_by": uploaded_by, "tags": tags, "notes": notes, "progress": progress}
+    options = {"uploaded_by": uploaded_by, "tags": tags, "notes": notes, "progress": progress,
+               "ranks": ranks}  # fmt: skip
     now = datetime.now(UTC).isoformat(timespec="microseconds")
     upload = new_upload(uploaded_by or current_user(), job_name, tags, notes, now)
 
@@ -145,14 +150,11 @@ def _prepare(
     tags: list[str] | None,
     notes: str,
     progress: Progress | None,
+    ranks: RankIngest | None = None,
     force: bool = False,
 ) -> PreparedJob:
-    if len(sources) == 1:
-        sources[0].load_hashed()  # read and hashed in one pass, then parsed from the same bytes
-    hashes = []
-    for source in sources:  # (zip members: streamed, one at a time, none kept)
-        hashes.append(source.file_hash)
-        check_deadline(source.name)
+    ranks = ranks or HERE
+    hashes = ranks.hashes(sources)
     _reject_duplicate_files(sources, hashes)
     job_id = short_hash(*sorted(hashes))
     if not force and store.has_job(job_id):
@@ -166,17 +168,9 @@ def _prepare(
         return PreparedJob(result, None, upload)
     staging = store.new_staging()
     try:
-        metas = []
         # Companion results (Nsight Compute) describe a timeline's kernels: not ranks of their own.
         single = sum(not companion_file(s) for s in sources) <= 1
-        for index, (source, digest) in enumerate(zip(sources, hashes, strict=True)):
-
-            def stage(label: str, index: int = index, source: Source = source) -> None:
-                if progress:
-                    progress(f"{label} {source.name}", index, len(sources))
-
-            metas += _ingest_source(source, job_id, digest, staging, single=single, stage=stage)
-            source.release()
+        metas = ranks.ingest(sources, hashes, job_id, staging, single=single, progress=progress)
         _finish_formats(metas, staging)
         _check_ranks(metas)
         now = datetime.fromisoformat(upload["uploaded_at"]).isoformat(timespec="seconds")
@@ -216,6 +210,66 @@ def _finish_formats(metas: list[dict[str, Any]], staging: Path) -> None:
     for fmt in FORMATS:
         if fmt.finish is not None and fmt.source in sources:
             fmt.finish(metas, staging)
+
+
+class RankIngest(Protocol):
+    """How a job's files are hashed and parsed into its staging folder (one trace folder per
+    rank); :data:`HERE` does it in this process, :mod:`stallscope.cluster` on a Dask cluster."""
+
+    def hashes(self, sources: list[Source]) -> list[str]:
+        """Each source's SHA-256 (``Source.file_hash``), in order."""
+        ...
+
+    def ingest(
+        self,
+        sources: list[Source],
+        hashes: list[str],
+        job_id: str,
+        staging: Path,
+        *,
+        single: bool,
+        progress: Progress | None,
+    ) -> list[dict[str, Any]]:
+        """Write every source's traces into ``staging/<trace_id>/``; their catalog rows
+        (:func:`_trace_meta`), in source order. Raises on the first source that fails."""
+        ...
+
+
+class RanksHere:
+    """Hash and parse a job's files one after the other, in this process."""
+
+    def hashes(self, sources: list[Source]) -> list[str]:
+        if len(sources) == 1:
+            sources[0].load_hashed()  # read and hashed in one pass, then parsed from the same bytes
+        hashes = []
+        for source in sources:  # (zip members: streamed, one at a time, none kept)
+            hashes.append(source.file_hash)
+            check_deadline(source.name)
+        return hashes
+
+    def ingest(
+        self,
+        sources: list[Source],
+        hashes: list[str],
+        job_id: str,
+        staging: Path,
+        *,
+        single: bool,
+        progress: Progress | None,
+    ) -> list[dict[str, Any]]:
+        metas = []
+        for index, (source, digest) in enumerate(zip(sources, hashes, strict=True)):
+
+            def stage(label: str, index: int = index, source: Source = source) -> None:
+                if progress:
+                    progress(f"{label} {source.name}", index, len(sources))
+
+            metas += _ingest_source(source, job_id, digest, staging, single=single, stage=stage)
+            source.release()
+        return metas
+
+
+HERE = RanksHere()
 
 
 def _reject_duplicate_files(sources: list[Source], hashes: list[str]) -> None:
@@ -419,4 +473,9 @@ def _active_devices(canonical) -> list[dict[str, Any]]:
     ]
 
 
-__all__ = ["IngestResult", "PreparedJob", "discard_job", "ingest_job", "prepare_job", "publish_job"]
+ingest_source = _ingest_source  # one file's traces into a folder (a cluster worker's part)
+
+__all__ = [
+    "HERE", "IngestResult", "PreparedJob", "RankIngest", "discard_job", "ingest_job", "ingest_source",
+    "prepare_job", "publish_job",
+]  # fmt: skip

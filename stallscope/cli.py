@@ -129,6 +129,17 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_scheduler_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        default=None,
+        help="run on the Dask cluster of this scheduler (tcp://HOST:PORT; default: "
+        "$STALLSCOPE_SCHEDULER, else this machine); the store and the files must be on a "
+        "filesystem its workers share (pip install 'stallscope[dask]'; see docs/dask.md)",
+    )
+
+
 def open_store(args: argparse.Namespace):
     from stallscope.store import Store
 

@@ -7,9 +7,9 @@ in the ``stallscope.report/1`` contract, built from its types
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
-from contextlib import contextmanager
+import os
+from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import duckdb
@@ -111,25 +111,39 @@ def job_report_part(
         selection = select_ranks(job, all_ranks=all_ranks)
         result = analyze_job(job, overrides, None if selection is None else selection.analyzed)
     except duckdb.Error as exc:
-        job_id = refs[0].job_id if refs else ""
-        if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
-            raise NotFoundError(f"job {job_id} was removed while it was being read") from None
-        if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
-            raise  # a bug, not the store
-        raise unreadable_job(store, refs, exc) from None
+        raise reading_error(store, refs, exc) from None
     finally:
         job.close()
     if refs and not store.has_job(refs[0].job_id):  # removed while read: its views were empty
         raise NotFoundError(f"job {refs[0].job_id} was removed while it was being read")
+    return part_of(job.traces, result, selection)
+
+
+def part_of(refs: list[TraceRef], result: AnalyzerResult, selection: Any = None) -> Report:
+    """A job's report: its traces (by rank), the analyzers' metrics and findings, and its
+    rank selection (``rank_triage.RankSelection`` or None)."""
+    traces = sorted(refs, key=lambda r: r.meta.get("rank", 0))
+    job_id = traces[0].job_id if traces else ""
     return Report(
         schema=REPORT_SCHEMA,
-        traces=[trace_entry(r) for r in job.traces],
+        traces=[trace_entry(r) for r in traces],
         metrics=result.metrics,
         findings=[f.to_entry() for f in result.findings],
         rank_selection=[]
         if selection is None
-        else [msgspec.convert(selection.to_dict(job.job_id), RankSelection)],
+        else [msgspec.convert(selection.to_dict(job_id), RankSelection)],
     )
+
+
+def reading_error(store: Store, refs: list[TraceRef], exc: duckdb.Error) -> Exception:
+    """What a DuckDB error while analyzing a job is to the user: the job removed meanwhile
+    (NotFoundError), a stored file unreadable (StoreFileCorrupt), else the error itself (a bug)."""
+    job_id = refs[0].job_id if refs else ""
+    if refs and not store.has_job(job_id):  # removed meanwhile: whatever DuckDB said
+        return NotFoundError(f"job {job_id} was removed while it was being read")
+    if not isinstance(exc, (duckdb.IOException, duckdb.InvalidInputException)):
+        return exc  # a bug, not the store
+    return unreadable_job(store, refs, exc)
 
 
 def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Exception:
@@ -160,45 +174,46 @@ def unreadable_job(store: Store, refs: list[TraceRef], exc: Exception) -> Except
     return StoreFileCorrupt(f"job {job_id}: its stored files cannot be read ({first})")
 
 
-def stored_job_part(
-    store: Store,
-    refs: list[TraceRef],
-    overrides: dict[str, dict[str, float]] | None = None,
-    all_ranks: bool = False,
-) -> Report:
-    """A job's report like :func:`job_report_part`, read from its stored report when one
-    matches (code, settings, traces), else computed and stored (``stallscope.report_store``).
-    Stored reports are of the default rank selection: ``all_ranks`` is not served from them."""
+def stored_parts(
+    store: Store, jobs: list[list[TraceRef]], overrides: dict[str, dict[str, float]] | None
+) -> dict[int, Report]:
+    """The stored reports (``stallscope.report_store``) of the whole jobs among ``jobs`` that
+    have one matching ``overrides`` and this code, by index in ``jobs``."""
     from stallscope import report_store
 
-    if all_ranks:
-        return job_report_part(store, refs, overrides, all_ranks)
-    return msgspec.convert(report_store.ensure(store, refs, overrides)[0], Report)
+    found: dict[int, Report] = {}
+    for index, refs in enumerate(jobs):
+        if report_store.is_whole_job(store, refs):
+            key = report_store.report_key([r.trace_id for r in refs], overrides)
+            report = report_store.load(store, refs[0].job_id, key)
+            if report is not None:
+                found[index] = msgspec.convert(report, Report)
+    return found
 
 
-def _part_in_worker(
-    store_root: str,
-    job_id: str,
-    trace_ids: list[str],
-    overrides,
-    all_ranks: bool = False,
-    reuse: bool = False,
-) -> Report:
-    """``job_report_part`` in a worker process (arguments are picklable names, not refs)."""
-    store = Store(store_root)
-    wanted = set(trace_ids)
-    refs = [r for r in store.traces(job_id) if r.trace_id in wanted]
-    part_of = stored_job_part if reuse and not all_ranks else job_report_part
-    return part_of(store, refs, overrides, all_ranks)
+def save_parts(
+    store: Store,
+    jobs: list[list[TraceRef]],
+    parts: list[Report],
+    overrides: dict[str, dict[str, float]] | None,
+) -> None:
+    """Store each whole job's freshly computed report; a read-only or full store keeps none
+    (the report still stands)."""
+    from stallscope import report_store
+    from stallscope.errors import EnvironmentProblem
 
-
-@contextmanager
-def _pool(executor: Executor | None, workers: int) -> Iterator[Executor]:
-    if executor is not None:
-        yield executor
-        return
-    with process_pool(workers) as pool:
-        yield pool
+    for refs, part in zip(jobs, parts, strict=True):
+        if not report_store.is_whole_job(store, refs):
+            continue
+        key = report_store.report_key([r.trace_id for r in refs], overrides)
+        report = part.to_dict()
+        report["findings"].sort(
+            key=lambda f: (-SEVERITY_RANK[f["severity"]], -f["impact_ns"], f["id"])
+        )
+        try:
+            report_store.save(store, refs[0].job_id, key, report, overrides=overrides)
+        except (OSError, EnvironmentProblem):
+            return
 
 
 def process_pool(workers: int) -> ProcessPoolExecutor:
@@ -208,16 +223,36 @@ def process_pool(workers: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
 
 
+POOL_MIN_CPUS = 4  # measured (docs/benchmarks.md): on 2 CPUs a pool was slower than one process
+
+
+def default_jobs() -> int:
+    """Analysis processes by default: one per CPU with at least POOL_MIN_CPUS CPUs, else 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cpus if (cpus or 1) >= POOL_MIN_CPUS else 1
+
+
+RANKS_WORTH_A_POOL = 8  # a lone job of fewer ranks is analyzed here: starting workers costs more
+
+
+def worth_a_pool(jobs: list[list[TraceRef]]) -> bool:
+    """Whether worker processes pay for these jobs: several jobs, or one of many ranks."""
+    jobs = [refs for refs in jobs if refs]
+    ranks = max((len({r.meta.get("rank", 0) for r in refs}) for refs in jobs), default=0)
+    return len(jobs) > 1 or ranks >= RANKS_WORTH_A_POOL
+
+
 def build_report(
     store: Store,
     jobs: Iterable[list[TraceRef]],
     overrides: dict[str, dict[str, float]] | None = None,
     *,
     workers: int = 1,
-    executor: Executor | None = None,
+    executor: Any = None,
     progress: Callable[[str, int, int], None] | None = None,
     all_ranks: bool = False,
     reuse: bool = False,
+    timings: list | None = None,
 ) -> dict[str, Any]:
     """Report over several jobs (each a list of its traces).
 
@@ -225,46 +260,41 @@ def build_report(
     job above ``rank_triage.DETAIL_ALL_UP_TO`` ranks gets two-tier triage and
     the report a ``rank_selection`` entry).
 
-    With several jobs and ``executor`` (a process pool) or ``workers > 1``,
-    jobs are analyzed in parallel processes; the report is the same as a
-    sequential run's. With ``reuse`` (and not ``all_ranks``), a whole job's
-    stored report is read when it matches, and a job analyzed here has its
-    report stored (:func:`stored_job_part`); the report is the same either way.
+    With ``executor`` (a process pool, or :class:`stallscope.cluster.DaskExecutor`),
+    or ``workers > 1`` (a pool of that many processes, started here when
+    :func:`worth_a_pool`), the jobs, and the ranks of each job, are analyzed
+    in parallel tasks (:mod:`stallscope.fanout`, which appends each task's
+    :class:`~stallscope.fanout.TaskTiming` to ``timings``); the report is the
+    same as a sequential run's.
+    With ``reuse`` (and not ``all_ranks``), a whole job's stored report is read
+    when it matches, and a job analyzed here has its report stored
+    (``stallscope.report_store``); the report is the same either way.
     """
-    part_of = stored_job_part if reuse and not all_ranks else job_report_part
     jobs = [refs for refs in jobs if refs]
-    parts: list[Report] = []
-    if workers > 1 and len(jobs) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    reusing = reuse and not all_ranks
+    stored = stored_parts(store, jobs, overrides) if reusing else {}
+    todo = [refs for index, refs in enumerate(jobs) if index not in stored]
+    if executor is None and workers > 1 and worth_a_pool(todo):
+        with process_pool(workers) as pool:
+            return build_report(store, jobs, overrides, workers=workers, executor=pool,
+                                progress=progress, all_ranks=all_ranks, reuse=reuse,
+                                timings=timings)  # fmt: skip
+    computed: list[Report] = []
+    if executor is not None and todo:
+        from stallscope.fanout import analyze_jobs
 
-        context = multiprocessing.get_context(
-            "spawn"
-        )  # never fork a process holding DuckDB threads
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-            futures = {
-                pool.submit(
-                    _part_in_worker,
-                    str(store.root),
-                    refs[0].job_id,
-                    [r.trace_id for r in refs],
-                    overrides,
-                    all_ranks,
-                    reuse,
-                ): index
-                for index, refs in enumerate(jobs)
-            }
-            by_index: dict[int, Report] = {}
-            for done, future in enumerate(as_completed(futures), start=1):
-                by_index[futures[future]] = future.result()
-                if progress:
-                    progress("analyzed", done, len(jobs))
-            parts = [by_index[i] for i in range(len(jobs))]
+        slots = getattr(executor, "slots", None) or getattr(executor, "_max_workers", workers)
+        computed = analyze_jobs(store, todo, overrides, executor, slots=slots,
+                                all_ranks=all_ranks, progress=progress, timings=timings)  # fmt: skip
     else:
-        for done, refs in enumerate(jobs, start=1):
-            parts.append(part_of(store, refs, overrides, all_ranks))
+        for done, refs in enumerate(todo, start=1):
+            computed.append(job_report_part(store, refs, overrides, all_ranks))
             if progress:
-                progress("analyzed", done, len(jobs))
+                progress("analyzed", done, len(todo))
+    if reusing:
+        save_parts(store, todo, computed, overrides)
+    fresh = iter(computed)
+    parts = [stored[i] if i in stored else next(fresh) for i in range(len(jobs))]
     report = Report(schema=REPORT_SCHEMA, traces=[], metrics=[], findings=[])
     for part in parts:
         report.traces.extend(part.traces)

@@ -58,6 +58,7 @@ def resolve_targets(
     workers: int = 1,
     progress=None,
     limits: tuple[float | None, int | None] = (None, None),
+    scheduler: str | None = None,
 ) -> list[list[TraceRef]]:
     """Targets -> jobs, each a list of TraceRefs: files ingested first, then ids looked up.
 
@@ -65,7 +66,9 @@ def resolve_targets(
     ``limits`` (timeout s, memory MiB: :func:`stallscope.supervise.call_limited`);
     several units in parallel when ``workers > 1``. A missing target that looks like
     a path (it holds ``/`` or ``.``) is an InputError; anything else missing is taken
-    as an id (NotFoundError when the store has none).
+    as an id (NotFoundError when the store has none). With ``scheduler`` (a Dask
+    scheduler's address), each job's files are parsed on its workers
+    (:class:`stallscope.cluster.DaskRanks`, connected in the forked worker).
     """
     from stallscope.supervise import call_limited
 
@@ -77,7 +80,7 @@ def resolve_targets(
         timeout_s, memory_mb = limits
         try:
             job_ids = call_limited(
-                lambda: _ingest_units(store, units, each, workers, progress),
+                lambda: _ingest_units(store, units, each, workers, progress, scheduler),
                 timeout_s=timeout_s,
                 memory_mb=memory_mb,
                 cleanup=store.clean_stale,
@@ -94,14 +97,33 @@ def resolve_targets(
     return jobs
 
 
-def _ingest_units(store, units: list[list[str]], each: bool, workers: int, progress):
-    """Job ids of each unit, ingested one after another or in a pool of ``workers``
-    (in the worker process: its progress line is cleared when it ends)."""
+def _ingest_units(store, units: list[list[str]], each: bool, workers: int, progress,
+                  scheduler: str | None = None):  # fmt: skip
+    """Job ids of each unit, ingested one after another or in a pool of ``workers``, or
+    with their files parsed on a Dask cluster (in the worker process: its progress line is
+    cleared when it ends)."""
     try:
+        if scheduler:
+            return _ingest_on_cluster(store, units, each, scheduler, progress)
         return _ingest_each(store, units, each, workers, progress)
     finally:
         if progress is not None:
             progress.done()
+
+
+def _ingest_on_cluster(store, units: list[list[str]], each: bool, scheduler: str, progress):
+    from stallscope.cluster import DaskRanks, close_quietly, connect
+    from stallscope.ingest import ingest_paths
+
+    client = connect(scheduler)
+    try:
+        ranks = DaskRanks(client, store)
+        return [
+            [r.job_id for r in ingest_paths(store, unit, each=each, progress=progress, ranks=ranks)]
+            for unit in units
+        ]
+    finally:
+        close_quietly(client)
 
 
 def _ingest_each(store, units: list[list[str]], each: bool, workers: int, progress):

@@ -28,7 +28,8 @@ name), `STALLSCOPE_MAX_TRACE_BYTES` (largest decompressed trace, default
 100x its size plus this, default 32), `STALLSCOPE_INGEST_TIMEOUT` and
 `STALLSCOPE_INGEST_MAX_MEMORY_MB` (defaults of `ingest --timeout` and
 `--max-memory-mb`), `STALLSCOPE_MAX_RANKS` (ranks one job may hold, default
-1024), `STALLSCOPE_STAGING_STALE_S` (see docs/store.md), `STALLSCOPE_ANALYZE_TIMEOUT` (the
+1024), `STALLSCOPE_SCHEDULER` (the Dask scheduler of `ingest`/`analyze --scheduler`, see
+docs/dask.md), `STALLSCOPE_STAGING_STALE_S` (see docs/store.md), `STALLSCOPE_ANALYZE_TIMEOUT` (the
 dashboard's limit on building a report that is not stored, default 600 s; see
 docs/store.md#stored-reports), `STALLSCOPE_SAMPLES` (sample traces folder for `serve`),
 `STALLSCOPE_MAX_UPLOAD_MB` and `STALLSCOPE_TOKEN` (dashboard upload limit and

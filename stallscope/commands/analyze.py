@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
 from stallscope.analyzers.base import SEVERITIES
-from stallscope.cli import EXIT_FINDINGS, EXIT_OK, add_store_option, open_store
+from stallscope.cli import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    add_scheduler_option,
+    add_store_option,
+    open_store,
+)
 from stallscope.commands.ingest import add_limit_options, ingest_limits
 from stallscope.errors import InputError
 from stallscope.render import FORMATS
@@ -24,8 +29,10 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
             "Analyze trace files, directories, zips or stored trace/job ids. Files are ingested into the "
             "store first (grouped into jobs as by 'stallscope ingest'). A trace id analyzes that trace; "
             "a job id analyzes all its ranks. Quoted glob patterns ('runs/**/*.json.gz') are expanded "
-            "here too. Jobs are ingested and analyzed in parallel (--jobs); progress is shown on "
-            "stderr when it is a terminal. Files are ingested as by 'stallscope ingest', in a worker "
+            "here too. Jobs, and the ranks of a job of many ranks, are ingested and analyzed in "
+            "parallel processes (--jobs), or on a Dask cluster (--scheduler: every rank's file and "
+            "per-rank analysis on its workers, see docs/dask.md); progress is shown on stderr when "
+            "it is a terminal. Files are ingested as by 'stallscope ingest', in a worker "
             "process under its time and memory limits."
         ),
     )
@@ -73,11 +80,14 @@ def register(sub: argparse._SubParsersAction, thresholds: bool = True) -> None:
         "--jobs",
         "-j",
         type=int,
-        default=os.cpu_count() or 1,
+        default=None,
         metavar="N",
-        help="processes that ingest and analyze jobs in parallel (default: the number of CPUs)",
+        help="processes that ingest and analyze jobs (and the ranks of a job of 8 or more ranks) "
+        "in parallel (default: the number of CPUs when there are 4 or more, else 1: on 2 CPUs "
+        "the processes cost more than they save; ignored with --scheduler)",
     )
     add_limit_options(p, "ingesting the files")
+    add_scheduler_option(p)
     add_store_option(p)
     p.set_defaults(handler=run)
     if thresholds:
@@ -118,11 +128,20 @@ def threshold_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     from stallscope.analyzers.base import severity_at_least
+    from stallscope.cluster import DaskExecutor, close_quietly, connect, scheduler_address
     from stallscope.progress import Progress
     from stallscope.render import render
-    from stallscope.report import build_report, process_pool, worst_severity
+    from stallscope.report import (
+        build_report,
+        default_jobs,
+        process_pool,
+        worst_severity,
+        worth_a_pool,
+    )
     from stallscope.targets import expand_globs, resolve_targets
 
+    if args.jobs is None:
+        args.jobs = default_jobs()
     if args.jobs < 1:
         raise InputError("--jobs", "must be at least 1")
     overrides = threshold_overrides(args)  # a bad --iteration-range fails before any ingest
@@ -130,21 +149,30 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args)
     progress = Progress()
     targets = expand_globs(args.targets)
-    pool = None
+    address = scheduler_address(args.scheduler)
+    pool = client = None
     try:
         jobs = resolve_targets(
-            store, targets, args.each, workers=args.jobs, progress=progress, limits=limits
-        )
-        if args.jobs > 1 and len(jobs) > 1:  # a pool only when there are jobs to share out
-            pool = process_pool(min(args.jobs, len(jobs)))
+            store, targets, args.each, workers=args.jobs, progress=progress, limits=limits,
+            scheduler=address,
+        )  # fmt: skip
+        if address:  # (connected after the ingest: it runs in a forked worker, with its own)
+            client = connect(address)
+            executor = DaskExecutor(client)
+        elif args.jobs > 1 and worth_a_pool(jobs):
+            executor = pool = process_pool(args.jobs)  # (processes start as tasks come)
+        else:
+            executor = None
         report = build_report(
-            store, jobs, overrides, executor=pool, progress=progress, all_ranks=args.all_ranks,
-            reuse=not args.recompute,
+            store, jobs, overrides, workers=args.jobs, executor=executor, progress=progress,
+            all_ranks=args.all_ranks, reuse=not args.recompute,
         )  # fmt: skip
     finally:
         progress.done()
         if pool is not None:
             pool.shutdown()
+        if client is not None:
+            close_quietly(client)
     text = render(report, args.format)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:

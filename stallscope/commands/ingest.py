@@ -7,7 +7,7 @@ import json
 import os
 import threading
 
-from stallscope.cli import EXIT_OK, add_store_option, open_store, print_json
+from stallscope.cli import EXIT_OK, add_scheduler_option, add_store_option, open_store, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="do not analyze the jobs after ingesting them (by default each job's report with the "
         "default thresholds is computed and stored beside it, for the dashboard and 'analyze')",
     )
+    add_scheduler_option(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     # For the dashboard, which runs ingests as child processes (stallscope.ingest_child).
     p.add_argument("--progress-jsonl", action="store_true", help=argparse.SUPPRESS)
@@ -163,10 +164,13 @@ def _analyze(args: argparse.Namespace, store, job_ids: list[str]) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    from stallscope.cluster import DaskRanks, close_quietly, connect, scheduler_address
     from stallscope.ingest import ingest_paths
     from stallscope.progress import Progress
 
     store = open_store(args)
+    address = scheduler_address(args.scheduler)
+    client = connect(address) if address else None
     if args.progress_jsonl:
         progress = Progress(jsonl=True)
     else:
@@ -182,9 +186,12 @@ def _ingest(args: argparse.Namespace) -> int:
             progress=progress,
             name=args.name,
             upload_root=args.upload_root,
+            ranks=DaskRanks(client, store) if client is not None else None,
         )
     finally:
         progress.done()
+        if client is not None:
+            close_quietly(client)
     job_ids_fd = getattr(args, "job_ids_fd", None)
     if job_ids_fd is not None:
         with os.fdopen(job_ids_fd, "w", encoding="utf-8", closefd=False) as fh:
