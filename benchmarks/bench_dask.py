@@ -67,13 +67,14 @@ def measure(cmd: list[str], job: Path, world: int, workers: int, work: Path) -> 
         extra = ["--scheduler", cluster.scheduler_address]
     try:
         ingest_s, _, ingest_mb, _ = benchlib.run_child(
-            [*cmd, "ingest", "--store", str(store), *extra, str(job)]
+            [*cmd, "ingest", "--no-analyze", "--store", str(store), *extra, str(job)]
         )
         (job_id,) = [p.name for p in (store / "jobs").iterdir() if p.is_dir()]
         analyze_s, _, analyze_mb, _ = benchlib.run_child(
             [
                 *cmd,
                 "analyze",
+                "--recompute",
                 "--store",
                 str(store),
                 *extra,

@@ -38,7 +38,7 @@ def ingest(cmd: list[str], store: Path, folders: list[Path]) -> list[str]:
     ids = []
     for folder in folders:
         out = subprocess.run(
-            [*cmd, "ingest", "--store", str(store), "--json", str(folder)],
+            [*cmd, "ingest", "--no-analyze", "--store", str(store), "--json", str(folder)],
             capture_output=True, text=True,
         )  # fmt: skip
         if out.returncode == 0:
@@ -80,6 +80,7 @@ def main() -> int:
                         [
                             *cmd,
                             "analyze",
+                            "--recompute",
                             "--store",
                             str(stores[name]),
                             *ids,

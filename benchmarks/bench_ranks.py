@@ -124,14 +124,25 @@ def measure(
         shutil.rmtree(store, ignore_errors=True)
         build_job(sample, world, folder)
         ingest_wall, ingest_cpu, _, _ = benchlib.run_child(
-            [*cmd, "ingest", "--store", str(store), str(folder)]
+            [*cmd, "ingest", "--no-analyze", "--store", str(store), str(folder)]
         )
     else:
         ingest_wall = ingest_cpu = float("nan")
     (job_id,) = [p.name for p in (store / "jobs").iterdir() if p.is_dir()]
     out = work / f"report{world}.json"
     wall, cpu, rss, _ = benchlib.run_child(
-        [*cmd, "analyze", "--store", str(store), job_id, "--format", "json", "-o", str(out)]
+        [
+            *cmd,
+            "analyze",
+            "--recompute",
+            "--store",
+            str(store),
+            job_id,
+            "--format",
+            "json",
+            "-o",
+            str(out),
+        ]
         + (["--all-ranks"] if all_ranks else [])
     )
     report = json.loads(out.read_text())

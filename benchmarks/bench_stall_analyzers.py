@@ -104,7 +104,7 @@ def main() -> None:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
             subprocess.run(
-                [str(STALLSCOPE), "analyze", res.job_id, "--format", "json", "--store", str(store.root)],
+                [str(STALLSCOPE), "analyze", "--recompute", res.job_id, "--format", "json", "--store", str(store.root)],
                 check=False, stdout=subprocess.DEVNULL,
             )  # fmt: skip
             walls.append(time.perf_counter() - t)
