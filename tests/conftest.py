@@ -61,6 +61,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_MAIN = sys.modules.get("__main__")
+
+
+@pytest.fixture(autouse=True)
+def _keep_main_module():
+    """Restore ``sys.modules["__main__"]`` after each test: Streamlit's AppTest runs a page
+    as ``__main__`` from a temporary file and leaves it there, and a spawned process pool
+    (stallscope.report.process_pool) re-runs ``__main__``'s file in every child, which then
+    fails (``NameError: __args``) and breaks the pool of a later test."""
+    yield
+    if _MAIN is not None and sys.modules.get("__main__") is not _MAIN:
+        sys.modules["__main__"] = _MAIN
+
+
 @pytest.fixture
 def store(tmp_path):
     from stallscope.store import Store

@@ -76,7 +76,8 @@ def test_both_ranks_search_and_same_tab_finding_link(ddp):
         page.wait_for_function("() => location.search.includes('event=')", timeout=60_000)
         wait_idle(page)
         assert "|gpu|" in _param(page, "event")
-        assert page.get_by_text("Selected: ").count() == 1  # the details panel
+        page.get_by_text("Selected: ").first.wait_for(timeout=60_000)  # the details panel
+        assert page.get_by_text("Selected: ").count() == 1
 
         page.get_by_label("Search slices by name").fill("ncclDevKernel")
         page.get_by_label("Search slices by name").press("Enter")
