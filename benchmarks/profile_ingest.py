@@ -92,6 +92,13 @@ def main(path: str) -> None:
             source.file_hash  # noqa: B018
         data = source.read()
         source.release()
+    with Stage("memory"):
+        try:
+            from stallscope.ingest.kineto_memory import memory_table
+        except ImportError:  # an older checkout
+            memory_table = None
+        if memory_table is not None:
+            memory_table(data, "t")
     with Stage("decode"):
         decoded = decode_kineto(source.name, data)
     del data

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import gc
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import msgspec
+from msgspec.structs import astuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -358,67 +360,105 @@ def _describe_json_error(exc: msgspec.DecodeError, data: bytes) -> str:
     return f"invalid JSON ({reason})"
 
 
+_COMMON_ARGS = attrgetter("device", "stream", "correlation", "external_id", "external_id_old")
+_NO_ARGS = Args()
+
+
 def _to_batch(events: list[Event]) -> pa.RecordBatch:
     """One Arrow batch; ``args`` read only by GPU activities are built for those rows alone.
 
     Column by column over a few hundred thousand structs is the cost here, so
-    the launch, copy and collective args (null on every other row) are read
-    from the GPU-category rows only, and ``meta_name`` from metadata rows.
+    the structs are turned into columns by ``astuple`` and ``zip`` (C loops,
+    no Python code per value), the launch, copy and collective args (null on
+    every other row) are read from the GPU-category rows only, and
+    ``meta_name`` from metadata rows.
     """
     n = len(events)
-    no_args = Args()
-    args = [e.args or no_args for e in events]
-    ph = _str_col([e.ph for e in events])
-    cat = _str_col([e.cat for e in events])
+    if n == 0:
+        ph = cat = name = pid = tid = ts = dur = args = ()
+    else:
+        ph, cat, name, pid, tid, ts, dur, args = zip(*map(astuple, events))
+    filled = [a or _NO_ARGS for a in args]
+    device, stream, correlation, external_id, external_id_old = (
+        zip(*map(_COMMON_ARGS, filled)) if n else ((),) * 5
+    )
+    ph = _str_col(ph)
+    cat = _str_col(cat)
     gpu_rows = _Rows(_gpu_mask(cat), n)
     meta_rows = _Rows(pc.equal(ph, "M"), n)
-    gpu_args = gpu_rows.pick(args)
-    grid = [_triple(a.grid) for a in gpu_args]
-    block = [_triple(a.block) for a in gpu_args]
+    gpu = _gpu_columns(gpu_rows.pick(filled))
     g = gpu_rows.spread
     cols: dict[str, pa.Array] = {
         "ph": ph,
         "cat": cat,
-        "name": _str_col([e.name for e in events]),
-        "pid": _str_col([e.pid for e in events]),
-        "tid": _str_col([e.tid for e in events]),
-        **_times("ts", [e.ts for e in events]),
-        **_times("dur", [e.dur for e in events]),
-        "device": _int_col([a.device for a in args]),
-        "stream": _str_col([a.stream for a in args]),
-        "correlation": _int_col([a.correlation for a in args]),
-        "external_id": _int_col(
-            _either([a.external_id for a in args], lambda: [a.external_id_old for a in args])
-        ),
-        "grid_x": g(_int_col([t[0] for t in grid])),
-        "grid_y": g(_int_col([t[1] for t in grid])),
-        "grid_z": g(_int_col([t[2] for t in grid])),
-        "block_x": g(_int_col([t[0] for t in block])),
-        "block_y": g(_int_col([t[1] for t in block])),
-        "block_z": g(_int_col([t[2] for t in block])),
-        "registers": g(_int_col([a.registers for a in gpu_args])),
-        "shared_memory": g(_int_col([a.shared_memory for a in gpu_args])),
-        "blocks_per_sm": g(_float_col([a.blocks_per_sm for a in gpu_args])),
-        "warps_per_sm": g(_float_col([a.warps_per_sm for a in gpu_args])),
-        "est_occupancy": g(_float_col([a.est_occupancy for a in gpu_args])),
-        "bytes": g(_int_col([a.bytes for a in gpu_args])),
-        "kind": g(_str_col([a.kind for a in gpu_args])),
-        "sync_kind": g(_str_col([a.sync_kind for a in gpu_args])),
-        "wait_on_stream": g(_int_col([a.wait_on_stream for a in gpu_args])),
-        "collective": g(_str_col([a.collective for a in gpu_args])),
-        "in_nelems": g(_int_col([a.in_nelems for a in gpu_args])),
-        "out_nelems": g(_int_col([a.out_nelems for a in gpu_args])),
-        "group_size": g(_int_col([a.group_size for a in gpu_args])),
-        "dtype": g(_str_col([a.dtype for a in gpu_args])),
-        "pg_name": g(_str_col([a.pg_name for a in gpu_args])),
-        "pg_desc": g(_str_col([a.pg_desc for a in gpu_args])),
-        "pg_ranks": g(_str_col([a.pg_ranks for a in gpu_args])),
-        "seq": g(
-            _int_col(_either([a.seq for a in gpu_args], lambda: [a.seq_alt for a in gpu_args]))
-        ),
-        "meta_name": meta_rows.spread(_str_col([a.meta_name for a in meta_rows.pick(args)])),
+        "name": _str_col(name),
+        "pid": _str_col(pid),
+        "tid": _str_col(tid),
+        **_times("ts", ts),
+        **_times("dur", dur),
+        "device": _int_col(device),
+        "stream": _str_col(stream),
+        "correlation": _int_col(correlation),
+        "external_id": _int_col(_either(external_id, lambda: external_id_old)),
+        **{key: g(value) for key, value in gpu.items()},
+        "meta_name": meta_rows.spread(_str_col([a.meta_name for a in meta_rows.pick(filled)])),
     }
     return pa.RecordBatch.from_pydict(cols)
+
+
+_ARG_FIELDS = Args.__struct_fields__
+
+
+def _gpu_columns(gpu_args: list[Args]) -> dict[str, pa.Array]:
+    """The launch, copy and collective args of GPU-activity rows, as Arrow columns."""
+    if gpu_args:
+        fields = dict(zip(_ARG_FIELDS, zip(*map(astuple, gpu_args)), strict=True))
+    else:
+        fields = {key: () for key in _ARG_FIELDS}
+    grid = _triples(fields["grid"])
+    block = _triples(fields["block"])
+    return {
+        "grid_x": grid[0],
+        "grid_y": grid[1],
+        "grid_z": grid[2],
+        "block_x": block[0],
+        "block_y": block[1],
+        "block_z": block[2],
+        "registers": _int_col(fields["registers"]),
+        "shared_memory": _int_col(fields["shared_memory"]),
+        "blocks_per_sm": _float_col(fields["blocks_per_sm"]),
+        "warps_per_sm": _float_col(fields["warps_per_sm"]),
+        "est_occupancy": _float_col(fields["est_occupancy"]),
+        "bytes": _int_col(fields["bytes"]),
+        "kind": _str_col(fields["kind"]),
+        "sync_kind": _str_col(fields["sync_kind"]),
+        "wait_on_stream": _int_col(fields["wait_on_stream"]),
+        "collective": _str_col(fields["collective"]),
+        "in_nelems": _int_col(fields["in_nelems"]),
+        "out_nelems": _int_col(fields["out_nelems"]),
+        "group_size": _int_col(fields["group_size"]),
+        "dtype": _str_col(fields["dtype"]),
+        "pg_name": _str_col(fields["pg_name"]),
+        "pg_desc": _str_col(fields["pg_desc"]),
+        "pg_ranks": _str_col(fields["pg_ranks"]),
+        "seq": _int_col(_either(fields["seq"], lambda: fields["seq_alt"])),
+    }
+
+
+def _triples(values: Sequence[Any]) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """``[x, y, z]`` lists -> three int64 columns (``_int_col`` of each element); else nulls.
+
+    Lists of integers (what PyTorch writes) are taken apart by Arrow; any
+    other value makes every row go through :func:`_triple` as before.
+    """
+    try:
+        lists = pa.array(values, type=pa.list_(pa.int64()))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        split = [_triple(v) for v in values]
+        return tuple(_int_col([t[k] for t in split]) for k in range(3))  # type: ignore[return-value]
+    three = pc.equal(pc.list_value_length(lists), 3)
+    lists = pc.if_else(three, lists, pa.scalar(None, lists.type))
+    return tuple(pc.list_element(lists, k) for k in range(3))  # type: ignore[return-value]
 
 
 # Lower-cased categories whose rows read the GPU-only args (kineto_canonical.GPU_KINDS).
@@ -509,7 +549,7 @@ def _to_text(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
-def _raw_col(values: list[msgspec.Raw]) -> pa.Array:
+def raw_text(values: list[msgspec.Raw]) -> pa.Array:
     """Exact JSON text of each number (empty string when absent)."""
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
@@ -523,8 +563,8 @@ def _raw_col(values: list[msgspec.Raw]) -> pa.Array:
 
 def _times(prefix: str, values: list[msgspec.Raw]) -> dict[str, pa.Array]:
     """``<prefix>_fast_ns`` where the text is a plain number, else ``<prefix>_txt``."""
-    text = _raw_col(values)
-    fast = _plain_ns(text)
+    text = raw_text(values)
+    fast = plain_ns(text)
     if fast.null_count == 0:
         text = pa.nulls(len(text), pa.string())
     elif fast.null_count < len(fast):
@@ -536,7 +576,7 @@ _POW10 = 10 ** np.arange(4, dtype=np.uint64)
 _INT64_LIMIT = np.uint64(_INT64_MAX)
 
 
-def _plain_ns(text: pa.Array) -> pa.Array:
+def plain_ns(text: pa.Array) -> pa.Array:
     """µs text -> int64 ns for plain numbers (``123``, ``123.4``, ``123.456``), else null.
 
     Exact integer arithmetic, vectorised across strings one character position
