@@ -73,12 +73,16 @@ def snap(out: Path, files: list[str], pythonpath: Path | None) -> None:
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     check = "import stallscope, sys; print(stallscope.__file__, file=sys.stderr)"
-    subprocess.run([sys.executable, "-c", check], env=env, check=True)
+    # Run from the output's folder: ``python -c`` puts the current folder first on
+    # sys.path, and this checkout's own stallscope/ must not shadow the base's.
+    cwd = out.parent
+    subprocess.run([sys.executable, "-c", check], env=env, check=True, cwd=cwd)
     subprocess.run(
         [sys.executable, str(SNAPSHOT), "snap", str(out), *files],
         env=env,
         check=True,
         stdout=subprocess.DEVNULL,
+        cwd=cwd,
     )
 
 
