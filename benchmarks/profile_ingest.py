@@ -102,11 +102,17 @@ def main(path: str) -> None:
     with Stage("decode"):
         decoded = decode_kineto(source.name, data)
     del data
+    arrow_bytes = decoded.events.nbytes
+    if hasattr(decoded, "gpu_args"):  # GPU args in a table of their own
+        arrow_bytes += decoded.gpu_args.nbytes
     print(
-        f"{'':<12} {decoded.events.num_rows:,} events, {decoded.events.nbytes / 1e6:.1f} MB Arrow"
+        f"{'':<12} {decoded.events.num_rows:,} events, {arrow_bytes / 1e6:.1f} MB Arrow"
     )
     with Stage("canonical"):
-        canonical = to_canonical(decoded.events, decoded.header, "t", 0)
+        if hasattr(decoded, "gpu_args"):
+            canonical = to_canonical(decoded.events, decoded.gpu_args, decoded.header, "t", 0)
+        else:  # an older checkout
+            canonical = to_canonical(decoded.events, decoded.header, "t", 0)
     del decoded
     with Stage("write"), tempfile.TemporaryDirectory() as tmp:
         try:

@@ -31,7 +31,7 @@ def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedT
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
     negative = _negative_durations(decoded.events)
-    canonical = to_canonical(decoded.events, header, ctx.trace_id(""), rank)
+    canonical = to_canonical(decoded.events, decoded.gpu_args, header, ctx.trace_id(""), rank)
     canonical.memory = memory
     if not (canonical.gpu.num_rows or canonical.host.num_rows or canonical.ranges.num_rows):
         raise InputError(

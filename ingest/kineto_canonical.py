@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from stallscope.ingest.canonical import CanonicalTrace, devices_table
 from stallscope.ingest.comm import COMM_NAME_REGEX, MACROS_SQL
+from stallscope.ingest.kineto_decode import GPU_ARG_COLUMNS, gpu_rows
 from stallscope.ingest.startup import duckdb_threads
 
 # Lower-cased Kineto category -> canonical kind.
@@ -74,19 +75,23 @@ def _id_sql(column: str) -> str:
 
 
 def to_canonical(
-    events: pa.Table, header: dict[str, Any], trace_id: str, rank: int
+    events: pa.Table, gpu_args: pa.Table, header: dict[str, Any], trace_id: str, rank: int
 ) -> CanonicalTrace:
-    """Canonical tables for one Kineto trace; ``events`` follows kineto_decode.RAW_COLUMNS."""
+    """Canonical tables for one Kineto trace, from ``kineto_decode.KinetoDecoded``.
+
+    ``events`` follows ``RAW_COLUMNS``; ``gpu_args`` (``GPU_ARG_COLUMNS``) has
+    one row per ``kineto_decode.gpu_rows`` row of ``events``, in order.
+    """
     previous = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())  # see kineto_decode.decode_kineto
     try:
-        return _to_canonical(events, header, trace_id, rank)
+        return _to_canonical(events, gpu_args, header, trace_id, rank)
     finally:
         pa.set_memory_pool(previous)
 
 
 def _to_canonical(
-    events: pa.Table, header: dict[str, Any], trace_id: str, rank: int
+    events: pa.Table, gpu_args: pa.Table, header: dict[str, Any], trace_id: str, rank: int
 ) -> CanonicalTrace:
     con = duckdb.connect(config={"threads": duckdb_threads()})
     try:
@@ -106,25 +111,32 @@ def _to_canonical(
         events = events.append_column("event_index", pa.chunked_array(index, pa.int64()))
         rows = _RowFilter(events)
         tid = trace_id.replace("'", "")
+        # The GPU activities with their args: the decoder kept the args for these rows only.
+        on_gpu = gpu_rows(events["cat"])
+        gpu_events = events.select(_COMMON).filter(on_gpu)
+        for column in gpu_args.column_names:
+            gpu_events = gpu_events.append_column(column, gpu_args[column])
 
-        def query(sql: str, mask: pa.ChunkedArray, gpu_args: bool = False) -> pa.Table:
+        def query(sql: str, mask: pa.ChunkedArray, on_gpu_rows: bool = False) -> pa.Table:
             # Each query gets only its own rows, copied out of the Arrow table
             # in Arrow (a superset of its WHERE clause); nothing else is kept.
-            table, columns, view = (
-                ("evg_rows", _ALL, _EVG) if gpu_args else ("evn_rows", _COMMON, _EVN)
-            )
-            con.register(table, events.select(columns).filter(mask))
+            if on_gpu_rows:
+                table, view, selected = "evg_rows", _EVG, gpu_events.filter(mask.filter(on_gpu))
+            else:
+                table, view, selected = "evn_rows", _EVN, events.select(_COMMON).filter(mask)
+            con.register(table, selected)
             try:
                 return con.sql(view + sql).to_arrow_table()
             finally:
                 con.unregister(table)
 
-        gpu = query(_GPU_SQL.format(trace_id=tid), rows.complete(*GPU_KINDS), gpu_args=True)
+        gpu = query(_GPU_SQL.format(trace_id=tid), rows.complete(*GPU_KINDS), on_gpu_rows=True)
         collectives = query(
             _COLLECTIVES_SQL.format(trace_id=tid, rank=int(rank)),
             rows.complete("kernel"),
-            gpu_args=True,
+            on_gpu_rows=True,
         )
+        del gpu_events
         host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS))
         ranges = query(_RANGES_SQL.format(trace_id=tid), rows.ranges())
         threads = query(_THREADS_SQL.format(trace_id=tid), rows.metadata)
@@ -157,13 +169,7 @@ _COMMON = [
     "ph", "cat", "name", "pid", "tid", "ts_txt", "ts_fast_ns", "dur_txt", "dur_fast_ns",
     "device", "stream", "correlation", "external_id", "meta_name", "name_id", "event_index",
 ]  # fmt: skip
-_GPU_ARGS = [
-    "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-    "registers", "shared_memory", "blocks_per_sm", "warps_per_sm", "est_occupancy",
-    "bytes", "kind", "sync_kind", "wait_on_stream",
-    "collective", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks", "seq",
-]  # fmt: skip
-_ALL = _COMMON + _GPU_ARGS
+_GPU_ARGS = list(GPU_ARG_COLUMNS)
 
 # ``evn`` (rows with the columns every event has) and ``evg`` (GPU activities,
 # with their launch, copy and collective args): each query below reads one of

@@ -287,9 +287,10 @@ def test_generated_reference_schemas_match_the_kineto_sql():
     """ingest/reference_schemas.py is what the Kineto SQL writes (else: tools/gen_reference_schemas.py)."""
     from stallscope.ingest.canonical import reference_schemas
     from stallscope.ingest.kineto_canonical import to_canonical
-    from stallscope.ingest.kineto_decode import _empty_table
+    from stallscope.ingest.kineto_decode import empty_decoded
 
-    tables = to_canonical(_empty_table(), {}, "reference", 0).tables()
+    empty = empty_decoded()
+    tables = to_canonical(empty.events, empty.gpu_args, {}, "reference", 0).tables()
     assert {name: t.schema for name, t in tables.items()} == reference_schemas(), (
         "stale: run python tools/gen_reference_schemas.py"
     )

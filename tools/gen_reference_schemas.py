@@ -24,9 +24,10 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 
 def render() -> str:
     from stallscope.ingest.kineto_canonical import to_canonical
-    from stallscope.ingest.kineto_decode import _empty_table
+    from stallscope.ingest.kineto_decode import empty_decoded
 
-    tables = to_canonical(_empty_table(), {}, "reference", 0).tables()
+    empty = empty_decoded()
+    tables = to_canonical(empty.events, empty.gpu_args, {}, "reference", 0).tables()
     lines = [HEADER]
     for name, table in tables.items():
         lines.append(f'    "{name}": (\n')
