@@ -103,14 +103,14 @@ def main(path: str) -> None:
         decoded = decode_kineto(source.name, data)
     del data
     arrow_bytes = decoded.events.nbytes
-    if hasattr(decoded, "gpu_args"):  # GPU args in a table of their own
-        arrow_bytes += decoded.gpu_args.nbytes
+    if hasattr(decoded, "gpu_args"):  # GPU args and unread events in tables of their own
+        arrow_bytes += decoded.gpu_args.nbytes + decoded.others.nbytes
     print(
         f"{'':<12} {decoded.events.num_rows:,} events, {arrow_bytes / 1e6:.1f} MB Arrow"
     )
     with Stage("canonical"):
         if hasattr(decoded, "gpu_args"):
-            canonical = to_canonical(decoded.events, decoded.gpu_args, decoded.header, "t", 0)
+            canonical = to_canonical(decoded, "t", 0)
         else:  # an older checkout
             canonical = to_canonical(decoded.events, decoded.header, "t", 0)
     del decoded

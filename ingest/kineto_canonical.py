@@ -10,7 +10,6 @@ header (devices, rank). Rows with equal sort keys keep their file order.
 
 from __future__ import annotations
 
-from typing import Any
 
 import duckdb
 import numpy as np
@@ -19,7 +18,7 @@ import pyarrow.compute as pc
 
 from stallscope.ingest.canonical import CanonicalTrace, devices_table
 from stallscope.ingest.comm import COMM_NAME_REGEX, MACROS_SQL
-from stallscope.ingest.kineto_decode import GPU_ARG_COLUMNS, gpu_rows
+from stallscope.ingest.kineto_decode import GPU_ARG_COLUMNS, KinetoDecoded, gpu_rows
 from stallscope.ingest.startup import duckdb_threads
 
 # Lower-cased Kineto category -> canonical kind.
@@ -74,30 +73,27 @@ def _id_sql(column: str) -> str:
     return f"coalesce(TRY_CAST({column} AS BIGINT), CAST(hash({column}) % 4611686018427387903 AS BIGINT))"
 
 
-def to_canonical(
-    events: pa.Table, gpu_args: pa.Table, header: dict[str, Any], trace_id: str, rank: int
-) -> CanonicalTrace:
-    """Canonical tables for one Kineto trace, from ``kineto_decode.KinetoDecoded``.
-
-    ``events`` follows ``RAW_COLUMNS``; ``gpu_args`` (``GPU_ARG_COLUMNS``) has
-    one row per ``kineto_decode.gpu_rows`` row of ``events``, in order.
-    """
+def to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> CanonicalTrace:
+    """Canonical tables for one decoded Kineto trace (``kineto_decode.KinetoDecoded``)."""
     previous = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())  # see kineto_decode.decode_kineto
     try:
-        return _to_canonical(events, gpu_args, header, trace_id, rank)
+        return _to_canonical(decoded, trace_id, rank)
     finally:
         pa.set_memory_pool(previous)
 
 
-def _to_canonical(
-    events: pa.Table, gpu_args: pa.Table, header: dict[str, Any], trace_id: str, rank: int
-) -> CanonicalTrace:
+def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> CanonicalTrace:
+    events, gpu_args, header = decoded.events, decoded.gpu_args, decoded.header
     con = duckdb.connect(config={"threads": duckdb_threads()})
     try:
         con.execute(MACROS_SQL)
-        # Interned names: distinct, in byte order (DuckDB's ORDER BY for text).
-        distinct = pc.unique(events["name"]).drop_null()
+        # Interned names: distinct, in byte order (DuckDB's ORDER BY for text),
+        # over every event (also those no query reads: flows, instants).
+        every_name = pa.chunked_array(
+            events["name"].chunks + decoded.others["name"].chunks, pa.string()
+        )
+        distinct = pc.unique(every_name).drop_null()
         distinct = distinct.take(pc.sort_indices(distinct))
         names = pa.table(
             {"name_id": pa.array(np.arange(len(distinct), dtype=np.int32)), "name": distinct}
@@ -156,7 +152,7 @@ def _to_canonical(
         names=names.select(["trace_id", "name_id", "name"]),
         threads=threads,
         devices=devices_table(trace_id, header.get("deviceProperties")),
-        event_count=events.num_rows - metadata,
+        event_count=events.num_rows + decoded.others.num_rows - metadata,
         dropped_events=int(dropped),
     )
 

@@ -289,8 +289,7 @@ def test_generated_reference_schemas_match_the_kineto_sql():
     from stallscope.ingest.kineto_canonical import to_canonical
     from stallscope.ingest.kineto_decode import empty_decoded
 
-    empty = empty_decoded()
-    tables = to_canonical(empty.events, empty.gpu_args, {}, "reference", 0).tables()
+    tables = to_canonical(empty_decoded(), "reference", 0).tables()
     assert {name: t.schema for name, t in tables.items()} == reference_schemas(), (
         "stale: run python tools/gen_reference_schemas.py"
     )

@@ -26,8 +26,7 @@ def render() -> str:
     from stallscope.ingest.kineto_canonical import to_canonical
     from stallscope.ingest.kineto_decode import empty_decoded
 
-    empty = empty_decoded()
-    tables = to_canonical(empty.events, empty.gpu_args, {}, "reference", 0).tables()
+    tables = to_canonical(empty_decoded(), "reference", 0).tables()
     lines = [HEADER]
     for name, table in tables.items():
         lines.append(f'    "{name}": (\n')
