@@ -90,8 +90,8 @@ def test_a_worker_that_dies_means_decoding_here(small_pieces, monkeypatch):
     monkeypatch.setenv("STALLSCOPE_DECODE_WORKERS", "2")
     batches = kineto_pieces.decode_pieces(body, decode)
     assert len(calls) == len(batches) == len(kineto_pieces.piece_bounds(body))
-    assert sum(events.num_rows for events, _ in batches) == 500 + 167 + 1
-    assert sum(gpu.num_rows for _, gpu in batches) == 167  # the kernels
+    assert sum(events.num_rows for events, _, _ in batches) == 500 + 167 + 1
+    assert sum(gpu.num_rows for _, gpu, _ in batches) == 167  # the kernels
 
 
 def test_worker_count(monkeypatch):
