@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import gzip
 import re
 import sqlite3
@@ -91,3 +92,16 @@ def test_decompression_stops_at_the_cap_and_a_third_of_the_memory_limit(monkeypa
     limits.apply_memory_limit(90)
     with pytest.raises(InputError, match="more than 30.0 MiB, a third of the 90 MiB limit"):
         gunzip_limited("b.gz", blob)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux /proc only")
+def test_group_memory_check_matches_the_pss_sum():
+    """The cheap RSS bound never changes the verdict: over the limit iff the PSS sum is."""
+    from stallscope.supervise import group_memory_mb, group_over_memory
+
+    group = os.getpgid(0)
+    pss = group_memory_mb(group)
+    assert pss > 10  # this Python, with pyarrow loaded
+    assert group_over_memory(group, pss / 2)
+    assert not group_over_memory(group, pss * 4)
+    assert not group_over_memory(group, 10**9)
