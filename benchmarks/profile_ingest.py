@@ -105,9 +105,7 @@ def main(path: str) -> None:
     arrow_bytes = decoded.events.nbytes
     if hasattr(decoded, "gpu_args"):  # GPU args and unread events in tables of their own
         arrow_bytes += decoded.gpu_args.nbytes + decoded.others.nbytes
-    print(
-        f"{'':<12} {decoded.events.num_rows:,} events, {arrow_bytes / 1e6:.1f} MB Arrow"
-    )
+    print(f"{'':<12} {decoded.events.num_rows:,} events, {arrow_bytes / 1e6:.1f} MB Arrow")
     with Stage("canonical"):
         if hasattr(decoded, "gpu_args"):
             canonical = to_canonical(decoded, "t", 0)

@@ -10,7 +10,6 @@ header (devices, rank). Rows with equal sort keys keep their file order.
 
 from __future__ import annotations
 
-
 import duckdb
 import numpy as np
 import pyarrow as pa
@@ -132,7 +131,7 @@ def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> Canonical
             rows.complete("kernel"),
             on_gpu_rows=True,
         )
-        del gpu_events
+        gpu_events = None  # free the copy before the other queries
         host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS))
         ranges = query(_RANGES_SQL.format(trace_id=tid), rows.ranges())
         threads = query(_THREADS_SQL.format(trace_id=tid), rows.metadata)

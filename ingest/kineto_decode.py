@@ -37,10 +37,10 @@ from operator import attrgetter
 from typing import Any
 
 import msgspec
-from msgspec.structs import astuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec.structs import astuple
 
 from stallscope.errors import InputError
 from stallscope.ingest.kineto_pieces import LastPieceError, decode_pieces
@@ -420,10 +420,10 @@ def _to_batch(events: list[Event]) -> Batches:
     if n == 0:
         ph = cat = name = pid = tid = ts = dur = args = ()
     else:
-        ph, cat, name, pid, tid, ts, dur, args = zip(*map(astuple, events))
+        ph, cat, name, pid, tid, ts, dur, args = zip(*map(astuple, events), strict=True)
     filled = [a or _NO_ARGS for a in args]
     device, stream, correlation, external_id, external_id_old = (
-        zip(*map(_COMMON_ARGS, filled)) if n else ((),) * 5
+        zip(*map(_COMMON_ARGS, filled), strict=True) if n else ((),) * 5
     )
     ph = phases if not others.num_rows else _str_col(ph)
     cat = _str_col(cat)
@@ -469,7 +469,7 @@ _ARG_FIELDS = Args.__struct_fields__
 def _gpu_columns(gpu_args: list[Args]) -> dict[str, pa.Array]:
     """The launch, copy and collective args of GPU-activity rows, as Arrow columns."""
     if gpu_args:
-        fields = dict(zip(_ARG_FIELDS, zip(*map(astuple, gpu_args)), strict=True))
+        fields = dict(zip(_ARG_FIELDS, zip(*map(astuple, gpu_args), strict=True), strict=True))
     else:
         fields = {key: () for key in _ARG_FIELDS}
     grid = _triples(fields["grid"])

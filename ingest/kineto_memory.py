@@ -20,8 +20,8 @@ costs nothing on traces without them) and decodes each event object alone.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import msgspec

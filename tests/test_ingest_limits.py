@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import gzip
+import os
 import re
 import sqlite3
 

@@ -327,4 +327,6 @@ def test_events_no_query_reads_still_count_name_and_warn(store, tmp_path):
     names = pq.read_table(ref.path / "names.parquet")["name"].to_pylist()
     assert names == sorted(["aten::mm", "gemm", "ac2g", "only_an_instant", "a_counter"])
     assert ref.meta["event_count"] == 6
-    assert result.warnings == [f"{path}: 1 events had a negative duration (dur < 0): given duration 0"]
+    assert result.warnings == [
+        f"{path}: 1 events had a negative duration (dur < 0): given duration 0"
+    ]

@@ -103,8 +103,14 @@ def main() -> int:
         new_path = None if args.new is None else base_tree(args.new, work / "head")
         snap(work / "new", files, new_path)
         result = subprocess.run(
-            [sys.executable, str(SNAPSHOT), "compare", "--strict-order", str(work / "old"),
-             str(work / "new")]  # fmt: skip
+            [
+                sys.executable,
+                str(SNAPSHOT),
+                "compare",
+                "--strict-order",
+                str(work / "old"),
+                str(work / "new"),
+            ]  # fmt: skip
         )
         return result.returncode
 
