@@ -1,6 +1,6 @@
 """Whole-process ``stallscope ingest``: another git ref's code against this checkout, alternately.
 
-    python benchmarks/ab_ingest.py TRACE.json ... [--base main] [--new REF] [--runs 3]
+    python benchmarks/ab_ingest.py TRACE.json ... [--base REF] [--new REF] [--runs 3]
 
 Each run is a fresh ``python -m stallscope.cli ingest --store <new temp dir>
 TRACE`` (start-up and imports count), the two versions one after the other,
@@ -27,7 +27,7 @@ from benchlib import machine, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from check_same_ingest import base_tree  # noqa: E402
+from check_same_ingest import base_tree, merge_base  # noqa: E402
 
 
 def one_run(trace: Path, pythonpath: Path | None, tmp: Path) -> tuple[float, float, float]:
@@ -48,10 +48,15 @@ def one_run(trace: Path, pythonpath: Path | None, tmp: Path) -> tuple[float, flo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("traces", nargs="+", type=Path)
-    parser.add_argument("--base", default="main", help="git ref of the old code (default main)")
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="git ref of the old code (default: where this branch left main, git merge-base)",
+    )
     parser.add_argument("--new", default=None, help="git ref of the new code (default: this tree)")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
+    args.base = args.base or merge_base()
     print(machine())
     with tempfile.TemporaryDirectory(prefix="ab-ingest-") as tmp_name:
         tmp = Path(tmp_name)

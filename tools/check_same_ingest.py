@@ -1,6 +1,6 @@
 """Ingest Kineto traces with the code of another git ref and with this checkout; diff the tables.
 
-    python tools/check_same_ingest.py                  # base: main; the default inputs
+    python tools/check_same_ingest.py                  # base: merge-base with main
     python tools/check_same_ingest.py --base HEAD~3 FILE...
 
 The default inputs are every Kineto file of ``../shared/corpus`` (every
@@ -43,6 +43,17 @@ def default_inputs(edge_dir: Path) -> list[str]:
     subprocess.run([sys.executable, str(SNAPSHOT), "edge", str(edge_dir)], check=True)
     files += edge_dir.iterdir()
     return sorted(str(p) for p in files)
+
+
+def merge_base() -> str:
+    """The commit this branch left main at: main moves on while a branch is worked on."""
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "merge-base", "main", "HEAD"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()[:12]
 
 
 def base_tree(ref: str, into: Path) -> Path:
@@ -88,12 +99,17 @@ def snap(out: Path, files: list[str], pythonpath: Path | None) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--base", default="main", help="git ref of the old code (default main)")
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="git ref of the old code (default: where this branch left main, git merge-base)",
+    )
     parser.add_argument(
         "--new", default=None, help="git ref of the new code (default: this working tree)"
     )
     parser.add_argument("files", nargs="*", help="traces (default: see the module docstring)")
     args = parser.parse_args()
+    args.base = args.base or merge_base()
     with tempfile.TemporaryDirectory(prefix="same-ingest-") as tmp:
         work = Path(tmp)
         files = args.files or default_inputs(work / "edge")
