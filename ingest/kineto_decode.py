@@ -412,7 +412,7 @@ def _to_batch(events: list[Event]) -> Batches:
     are read from the GPU-category rows only, and ``meta_name`` from metadata rows.
     """
     phases = _str_col([e.ph for e in events])
-    read = pc.is_in(phases, value_set=_READ_PHASES).fill_null(False)
+    read = pc.is_in(phases, value_set=pa.array(READ_PHASES, pa.string())).fill_null(False)
     others = _other_events(events, read)
     if others.num_rows:
         events = _Rows(read, len(events)).pick(events)
@@ -447,7 +447,9 @@ def _to_batch(events: list[Event]) -> Batches:
 
 
 # The phases the canonical SQL reads (complete events, metadata); see KinetoDecoded.
-_READ_PHASES = pa.array(["X", "M"], pa.string())
+# (A tuple: an Arrow array made from a list at import would make pyarrow import
+# pandas before skip_pandas_probe can stop it.)
+READ_PHASES = ("X", "M")
 
 
 def _other_events(events: list[Event], read: pa.Array) -> pa.RecordBatch:
