@@ -64,7 +64,14 @@ def check_pieces(paths: list[Path]) -> int:
             small = kd._decode_clean(data)
         finally:
             kp.CHUNK_BYTES = saved
-        ok = default is not None and small is not None and default.events.equals(small.events)
+        ok = (
+            default is not None
+            and small is not None
+            and all(
+                getattr(default, part).equals(getattr(small, part))
+                for part in ("events", "gpu_args", "others")
+            )
+        )
         problems += not ok
         rows = default.events.num_rows if default else 0
         print(f"pieces: {path.name}: {rows:,} events, {'same' if ok else 'DIFFERENT or refused'}")
