@@ -30,13 +30,16 @@ sys.path.insert(0, str(ROOT / "tools"))
 from check_same_ingest import base_tree, merge_base  # noqa: E402
 
 
-def one_run(trace: Path, pythonpath: Path | None, tmp: Path) -> tuple[float, float, float]:
+def one_run(
+    trace: Path, pythonpath: Path | None, tmp: Path, extra: list[str]
+) -> tuple[float, float, float]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     store = tmp / "store"
-    cmd = [sys.executable, "-m", "stallscope.cli", "ingest", "--store", str(store), str(trace)]
+    cmd = [sys.executable, "-m", "stallscope.cli", "ingest", "--store", str(store), *extra]
+    cmd.append(str(trace))
     # From tmp: ``python -m`` puts the current folder first on sys.path.
     wall, cpu, peak, _ = run_child(cmd, env=env, cwd=tmp)
     for path in sorted(store.rglob("*"), reverse=True):
@@ -55,6 +58,11 @@ def main() -> int:
     )
     parser.add_argument("--new", default=None, help="git ref of the new code (default: this tree)")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="pass --no-analyze to the ingest (the ingest alone, without the stored report)",
+    )
     args = parser.parse_args()
     args.base = args.base or merge_base()
     print(machine())
@@ -67,7 +75,8 @@ def main() -> int:
             runs: dict[str, list[tuple[float, float, float]]] = {side: [] for side in sides}
             for index in range(args.runs):
                 for side, path in sides.items():
-                    result = one_run(trace.resolve(), path, tmp)
+                    extra = ["--no-analyze"] if args.no_analyze else []
+                    result = one_run(trace.resolve(), path, tmp, extra)
                     runs[side].append(result)
                     wall, cpu, peak = result
                     print(f"  {trace.name} run {index + 1} {side}: {wall:.2f} s, {cpu:.2f} CPU s,"
