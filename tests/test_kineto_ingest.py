@@ -318,3 +318,29 @@ def test_events_no_query_reads_still_count_name_and_warn(store, tmp_path):
     assert result.warnings == [
         f"{path}: 1 events had a negative duration (dur < 0): given duration 0"
     ]
+
+
+def test_shapes_columns_are_dropped_when_no_event_has_shapes(store, tmp_path):
+    """No ``record_shapes``: no shapes columns decoded (memory), ``host`` has them null."""
+    from stallscope.ingest.kineto.decode import SHAPE_COLUMNS, decode_kineto
+
+    plain = KinetoTrace(rank=0, world_size=1)
+    plain.cpu_op("aten::mm", 1_000, 5_000)
+    shaped = KinetoTrace(rank=0, world_size=1)
+    shaped.cpu_op("aten::mm", 1_000, 5_000, args={"Input Dims": [[2, 3], [3, 4]]})
+    shaped.cpu_op("aten::relu", 7_000, 1_000)
+    assert not set(SHAPE_COLUMNS) & set(
+        decode_kineto("a", plain.render().encode()).events.column_names
+    )
+    events = decode_kineto("b", shaped.render().encode()).events
+    assert events["input_dims"].to_pylist() == ["[[2, 3], [3, 4]]", None]
+    for name, trace in (("plain", plain), ("shaped", shaped)):
+        path = tmp_path / name / "rank0.json"
+        path.parent.mkdir()
+        path.write_text(trace.render())
+        (result,) = ingest_paths(store, [str(path)])
+        [ref] = store.traces(result.job_id)
+        host = pq.read_table(ref.table_path("host"))
+        assert host.schema.field("input_dims").type == "string"
+        expected = ["[[2, 3], [3, 4]]", None] if name == "shaped" else [None]
+        assert host["input_dims"].to_pylist() == expected

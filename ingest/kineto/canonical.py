@@ -17,7 +17,12 @@ import pyarrow.compute as pc
 
 from stallscope.ingest.canonical import CanonicalTrace, devices_table
 from stallscope.ingest.comm import COMM_NAME_REGEX, MACROS_SQL
-from stallscope.ingest.kineto.decode import GPU_ARG_COLUMNS, KinetoDecoded, gpu_rows
+from stallscope.ingest.kineto.decode import (
+    GPU_ARG_COLUMNS,
+    SHAPE_COLUMNS,
+    KinetoDecoded,
+    gpu_rows,
+)
 from stallscope.ingest.startup import duckdb_threads
 
 # Lower-cased Kineto category -> canonical kind.
@@ -113,14 +118,16 @@ def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> Canonical
             gpu_events = gpu_events.append_column(column, gpu_args[column])
 
         def query(
-            sql: str, mask: pa.ChunkedArray, on_gpu_rows: bool = False, shapes: bool = False
+            sql: str, mask: pa.ChunkedArray, on_gpu_rows: bool = False, host: bool = False
         ) -> pa.Table:
             # Each query gets only its own rows, copied out of the Arrow table
             # in Arrow (a superset of its WHERE clause); nothing else is kept.
             if on_gpu_rows:
                 table, view, selected = "evg_rows", _EVG, gpu_events.filter(mask.filter(on_gpu))
             else:
-                table, view = "evn_rows", _EVH if shapes else _EVN
+                # The decoder drops the shapes columns when no row has them: nulls here.
+                shapes = host and _SHAPES[0] in events.column_names
+                table, view = "evn_rows", _EVH if shapes else _EVN_NO_SHAPES if host else _EVN
                 selected = events.select(_COMMON + _SHAPES if shapes else _COMMON).filter(mask)
             con.register(table, selected)
             try:
@@ -135,7 +142,7 @@ def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> Canonical
             on_gpu_rows=True,
         )
         gpu_events = None  # free the copy before the other queries
-        host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS), shapes=True)
+        host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS), host=True)
         ranges = query(_RANGES_SQL.format(trace_id=tid), rows.ranges())
         threads = query(_THREADS_SQL.format(trace_id=tid), rows.metadata)
         untimed = query(
@@ -168,7 +175,7 @@ _COMMON = [
     "device", "stream", "correlation", "external_id", "meta_name", "name_id", "event_index",
 ]  # fmt: skip
 _GPU_ARGS = list(GPU_ARG_COLUMNS)
-_SHAPES = ["input_dims", "input_types"]  # operator input shapes (JSON text), host rows only
+_SHAPES = list(SHAPE_COLUMNS)  # operator input shapes (JSON text), host rows only
 
 
 # ``evn`` (rows with the columns every event has) and ``evg`` (GPU activities,
@@ -192,6 +199,9 @@ FROM evn_rows)
 
 _EVN = _evn_view()
 _EVH = _evn_view(", input_dims, input_types")  # with the operators' input shapes: host rows
+_EVN_NO_SHAPES = _evn_view(  # host rows of a trace without input shapes
+    ", CAST(NULL AS VARCHAR) AS input_dims, CAST(NULL AS VARCHAR) AS input_types"
+)
 _EVG = f"""WITH evg AS (
 SELECT
   ph,
