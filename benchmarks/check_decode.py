@@ -2,7 +2,7 @@
 
     python benchmarks/check_decode.py [TRACE.json ...]
 
-1. ``_plain_ns`` (µs text -> integer ns in NumPy) against the SQL conversion
+1. ``plain_ns`` (µs text -> integer ns in NumPy) against the SQL conversion
    it shortcuts (``kineto.canonical._ns_sql``) on hand-picked and 50,000
    random spellings: wherever it gives a value, the value must be the same.
 2. Piece size: each trace decoded with 64 KiB pieces and with the default
@@ -42,13 +42,13 @@ def check_plain_ns() -> int:
         if rnd.random() < 0.05:
             text = text.replace(b"1", rnd.choice([b"-", b"x", b".", b" "]))
         values.append(text)
-    column = kd._raw_col([memoryview(v) for v in values])
+    column = kd.raw_text([memoryview(v) for v in values])
     con = duckdb.connect()
-    con.register("t", pa.table({"x": column, "fast": kd._plain_ns(column)}))
+    con.register("t", pa.table({"x": column, "fast": kd.plain_ns(column)}))
     rows = con.sql(f"SELECT x, fast, {kc._ns_sql('x')} AS sql FROM t").fetchall()
     bad = [row for row in rows if row[1] is not None and row[1] != row[2]]
     fast = sum(row[1] is not None for row in rows)
-    print(f"_plain_ns: {fast:,} of {len(rows):,} converted in NumPy, {len(bad)} differ from SQL")
+    print(f"plain_ns: {fast:,} of {len(rows):,} converted in NumPy, {len(bad)} differ from SQL")
     for row in bad[:5]:
         print("  ", row)
     return len(bad)
@@ -64,7 +64,14 @@ def check_pieces(paths: list[Path]) -> int:
             small = kd._decode_clean(data)
         finally:
             kp.CHUNK_BYTES = saved
-        ok = default is not None and small is not None and default.events.equals(small.events)
+        ok = (
+            default is not None
+            and small is not None
+            and all(
+                getattr(default, part).equals(getattr(small, part))
+                for part in ("events", "gpu_args", "others")
+            )
+        )
         problems += not ok
         rows = default.events.num_rows if default else 0
         print(f"pieces: {path.name}: {rows:,} events, {'same' if ok else 'DIFFERENT or refused'}")

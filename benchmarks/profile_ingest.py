@@ -92,14 +92,25 @@ def main(path: str) -> None:
             source.file_hash  # noqa: B018
         data = source.read()
         source.release()
+    with Stage("memory"):
+        try:
+            from stallscope.ingest.kineto.memory import memory_table
+        except ImportError:  # an older checkout
+            memory_table = None
+        if memory_table is not None:
+            memory_table(data, "t")
     with Stage("decode"):
         decoded = decode_kineto(source.name, data)
     del data
-    print(
-        f"{'':<12} {decoded.events.num_rows:,} events, {decoded.events.nbytes / 1e6:.1f} MB Arrow"
-    )
+    arrow_bytes = decoded.events.nbytes
+    if hasattr(decoded, "gpu_args"):  # GPU args and unread events in tables of their own
+        arrow_bytes += decoded.gpu_args.nbytes + decoded.others.nbytes
+    print(f"{'':<12} {decoded.events.num_rows:,} events, {arrow_bytes / 1e6:.1f} MB Arrow")
     with Stage("canonical"):
-        canonical = to_canonical(decoded.events, decoded.header, "t", 0)
+        if hasattr(decoded, "gpu_args"):
+            canonical = to_canonical(decoded, "t", 0)
+        else:  # an older checkout
+            canonical = to_canonical(decoded.events, decoded.header, "t", 0)
     del decoded
     with Stage("write"), tempfile.TemporaryDirectory() as tmp:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import sqlite3
 
@@ -181,3 +182,16 @@ def test_error_classes_survive_pickling():
         "UsageError", "InputError", "EnvironmentProblem", "EnvironmentProblem", "StallscopeError"
     ]  # fmt: skip
     assert str(error_for_exit(3, "x.json: bad")) == "x.json: bad"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux /proc only")
+def test_group_memory_check_matches_the_pss_sum():
+    """The cheap RSS bound never changes the verdict: over the limit iff the PSS sum is."""
+    from stallscope.supervise import group_memory_mb, group_over_memory
+
+    group = os.getpgid(0)
+    pss = group_memory_mb(group)
+    assert pss > 10  # this Python, with pyarrow loaded
+    assert group_over_memory(group, pss / 2)
+    assert not group_over_memory(group, pss * 4)
+    assert not group_over_memory(group, 10**9)

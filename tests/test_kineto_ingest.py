@@ -281,3 +281,66 @@ def test_one_bad_job_publishes_none_of_the_others(store, tmp_path):
     with pytest.raises(InputError):
         ingest_paths(store, [str(good), str(folder)])
     assert store.jobs() == [] and not any((store.root / "staging").iterdir())
+
+
+def test_events_no_query_reads_still_count_name_and_warn(store, tmp_path):
+    """Flows and instants keep no columns, but their names, count and negative dur do."""
+    from stallscope.ingest.kineto.decode import decode_kineto
+
+    t = KinetoTrace(rank=0, world_size=1)
+    t.cpu_op("aten::mm", 1_000, 5_000)
+    t.kernel("gemm", 10_000, 2_000, corr=42)
+    t.events += [
+        '{"ph": "s", "id": 42, "pid": 100, "tid": 100, "ts": 1.0, "cat": "ac2g", "name": "ac2g"}',
+        '{"ph": "f", "id": 42, "pid": 0, "tid": 7, "ts": 10.0, "cat": "ac2g", "name": "ac2g",'
+        ' "bp": "e"}',
+        '{"ph": "i", "cat": "cpu_instant_event", "name": "only_an_instant", "pid": 100,'
+        ' "tid": 100, "ts": 3.0, "dur": -2.5, "s": "t"}',
+        '{"ph": "C", "name": "a_counter", "pid": 100, "ts": 4.0, "args": {"value": 1}}',
+    ]
+    data = t.render().encode()
+    decoded = decode_kineto("t.json", data)
+    assert decoded.events["ph"].to_pylist() == ["X", "X"]
+    assert decoded.gpu_args.num_rows == 1  # the kernel's launch args, on its row alone
+    assert decoded.others.to_pylist() == [
+        {"name": "ac2g", "negative_dur": False},
+        {"name": "ac2g", "negative_dur": False},
+        {"name": "only_an_instant", "negative_dur": True},
+        {"name": "a_counter", "negative_dur": False},
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_bytes(data)
+    (result,) = ingest_paths(store, [str(path)])
+    [ref] = store.traces(result.job_id)
+    names = pq.read_table(ref.path / "names.parquet")["name"].to_pylist()
+    assert names == sorted(["aten::mm", "gemm", "ac2g", "only_an_instant", "a_counter"])
+    assert ref.meta["event_count"] == 6
+    assert result.warnings == [
+        f"{path}: 1 events had a negative duration (dur < 0): given duration 0"
+    ]
+
+
+def test_shapes_columns_are_dropped_when_no_event_has_shapes(store, tmp_path):
+    """No ``record_shapes``: no shapes columns decoded (memory), ``host`` has them null."""
+    from stallscope.ingest.kineto.decode import SHAPE_COLUMNS, decode_kineto
+
+    plain = KinetoTrace(rank=0, world_size=1)
+    plain.cpu_op("aten::mm", 1_000, 5_000)
+    shaped = KinetoTrace(rank=0, world_size=1)
+    shaped.cpu_op("aten::mm", 1_000, 5_000, args={"Input Dims": [[2, 3], [3, 4]]})
+    shaped.cpu_op("aten::relu", 7_000, 1_000)
+    assert not set(SHAPE_COLUMNS) & set(
+        decode_kineto("a", plain.render().encode()).events.column_names
+    )
+    events = decode_kineto("b", shaped.render().encode()).events
+    assert events["input_dims"].to_pylist() == ["[[2, 3], [3, 4]]", None]
+    for name, trace in (("plain", plain), ("shaped", shaped)):
+        path = tmp_path / name / "rank0.json"
+        path.parent.mkdir()
+        path.write_text(trace.render())
+        (result,) = ingest_paths(store, [str(path)])
+        [ref] = store.traces(result.job_id)
+        host = pq.read_table(ref.table_path("host"))
+        assert host.schema.field("input_dims").type == "string"
+        expected = ["[[2, 3], [3, 4]]", None] if name == "shaped" else [None]
+        assert host["input_dims"].to_pylist() == expected

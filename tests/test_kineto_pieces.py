@@ -43,6 +43,7 @@ def test_parallel_decode_equals_serial(small_pieces, monkeypatch):
     parallel = _decode(data, "3", monkeypatch)
     assert parallel.events.num_rows == serial.events.num_rows == 3000 + 1000 + 1
     assert parallel.events.equals(serial.events)
+    assert parallel.gpu_args.equals(serial.gpu_args)
     assert parallel.header == serial.header and parallel.warnings == serial.warnings == []
 
 
@@ -72,6 +73,7 @@ def test_piece_that_fails_in_a_worker_sends_the_file_down_the_careful_path(
     assert serial.warnings == ["skipped 1 malformed events (not trace-event objects)"]
     assert parallel.warnings == serial.warnings
     assert parallel.events.equals(serial.events)
+    assert parallel.gpu_args.equals(serial.gpu_args)
     assert parallel.events.num_rows == 1000 + 334 + 1 - 1
 
 
@@ -90,7 +92,8 @@ def test_a_worker_that_dies_means_decoding_here(small_pieces, monkeypatch):
     monkeypatch.setenv("STALLSCOPE_DECODE_WORKERS", "2")
     batches = kineto_pieces.decode_pieces(body, decode)
     assert len(calls) == len(batches) == len(kineto_pieces.piece_bounds(body))
-    assert sum(b.num_rows for b in batches) == 500 + 167 + 1
+    assert sum(events.num_rows for events, _, _ in batches) == 500 + 167 + 1
+    assert sum(gpu.num_rows for _, gpu, _ in batches) == 167  # the kernels
 
 
 def test_worker_count(monkeypatch):
@@ -138,4 +141,5 @@ def test_events_array_found_by_search_matches_a_full_parse(small_pieces, monkeyp
             parsed = kineto_decode.decode_kineto("t.json", document)
         assert fast.header == parsed.header
         assert fast.events.equals(parsed.events)
+        assert fast.gpu_args.equals(parsed.gpu_args)
         assert fast.warnings == parsed.warnings == []

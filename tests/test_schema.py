@@ -96,9 +96,9 @@ def test_the_uploader_offers_every_formats_file_endings():
 def test_the_kineto_sql_writes_exactly_the_declared_columns():
     """Kineto's SQL is written column by column in the declared order (no conform needed)."""
     from stallscope.ingest.kineto.canonical import to_canonical
-    from stallscope.ingest.kineto.decode import _empty_table
+    from stallscope.ingest.kineto.decode import empty_decoded
 
-    tables = to_canonical(_empty_table(), {}, "reference", 0).tables()
+    tables = to_canonical(empty_decoded(), "reference", 0).tables()
     assert {name: t.schema for name, t in tables.items()} == {
         name: schema.arrow_schema(name) for name in schema.TABLE_NAMES
     }

@@ -10,8 +10,6 @@ header (devices, rank). Rows with equal sort keys keep their file order.
 
 from __future__ import annotations
 
-from typing import Any
-
 import duckdb
 import numpy as np
 import pyarrow as pa
@@ -19,6 +17,12 @@ import pyarrow.compute as pc
 
 from stallscope.ingest.canonical import CanonicalTrace, devices_table
 from stallscope.ingest.comm import COMM_NAME_REGEX, MACROS_SQL
+from stallscope.ingest.kineto.decode import (
+    GPU_ARG_COLUMNS,
+    SHAPE_COLUMNS,
+    KinetoDecoded,
+    gpu_rows,
+)
 from stallscope.ingest.startup import duckdb_threads
 
 # Lower-cased Kineto category -> canonical kind.
@@ -73,26 +77,27 @@ def _id_sql(column: str) -> str:
     return f"coalesce(TRY_CAST({column} AS BIGINT), CAST(hash({column}) % 4611686018427387903 AS BIGINT))"
 
 
-def to_canonical(
-    events: pa.Table, header: dict[str, Any], trace_id: str, rank: int
-) -> CanonicalTrace:
-    """Canonical tables for one Kineto trace; ``events`` follows kineto_decode.RAW_COLUMNS."""
+def to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> CanonicalTrace:
+    """Canonical tables for one decoded Kineto trace (``decode.KinetoDecoded``)."""
     previous = pa.default_memory_pool()
-    pa.set_memory_pool(pa.system_memory_pool())  # see kineto_decode.decode_kineto
+    pa.set_memory_pool(pa.system_memory_pool())  # see decode.decode_kineto
     try:
-        return _to_canonical(events, header, trace_id, rank)
+        return _to_canonical(decoded, trace_id, rank)
     finally:
         pa.set_memory_pool(previous)
 
 
-def _to_canonical(
-    events: pa.Table, header: dict[str, Any], trace_id: str, rank: int
-) -> CanonicalTrace:
+def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> CanonicalTrace:
+    events, gpu_args, header = decoded.events, decoded.gpu_args, decoded.header
     con = duckdb.connect(config={"threads": duckdb_threads()})
     try:
         con.execute(MACROS_SQL)
-        # Interned names: distinct, in byte order (DuckDB's ORDER BY for text).
-        distinct = pc.unique(events["name"]).drop_null()
+        # Interned names: distinct, in byte order (DuckDB's ORDER BY for text),
+        # over every event (also those no query reads: flows, instants).
+        every_name = pa.chunked_array(
+            events["name"].chunks + decoded.others["name"].chunks, pa.string()
+        )
+        distinct = pc.unique(every_name).drop_null()
         distinct = distinct.take(pc.sort_indices(distinct))
         names = pa.table(
             {"name_id": pa.array(np.arange(len(distinct), dtype=np.int32)), "name": distinct}
@@ -106,32 +111,38 @@ def _to_canonical(
         events = events.append_column("event_index", pa.chunked_array(index, pa.int64()))
         rows = _RowFilter(events)
         tid = trace_id.replace("'", "")
+        # The GPU activities with their args: the decoder kept the args for these rows only.
+        on_gpu = gpu_rows(events["cat"])
+        gpu_events = events.select(_COMMON).filter(on_gpu)
+        for column in gpu_args.column_names:
+            gpu_events = gpu_events.append_column(column, gpu_args[column])
 
         def query(
-            sql: str, mask: pa.ChunkedArray, gpu_args: bool = False, shapes: bool = False
+            sql: str, mask: pa.ChunkedArray, on_gpu_rows: bool = False, host: bool = False
         ) -> pa.Table:
             # Each query gets only its own rows, copied out of the Arrow table
             # in Arrow (a superset of its WHERE clause); nothing else is kept.
-            table, columns, view = (
-                ("evg_rows", _ALL, _EVG)
-                if gpu_args
-                else ("evn_rows", _COMMON + _SHAPES, _EVH)
-                if shapes
-                else ("evn_rows", _COMMON, _EVN)
-            )
-            con.register(table, events.select(columns).filter(mask))
+            if on_gpu_rows:
+                table, view, selected = "evg_rows", _EVG, gpu_events.filter(mask.filter(on_gpu))
+            else:
+                # The decoder drops the shapes columns when no row has them: nulls here.
+                shapes = host and _SHAPES[0] in events.column_names
+                table, view = "evn_rows", _EVH if shapes else _EVN_NO_SHAPES if host else _EVN
+                selected = events.select(_COMMON + _SHAPES if shapes else _COMMON).filter(mask)
+            con.register(table, selected)
             try:
                 return con.sql(view + sql).to_arrow_table()
             finally:
                 con.unregister(table)
 
-        gpu = query(_GPU_SQL.format(trace_id=tid), rows.complete(*GPU_KINDS), gpu_args=True)
+        gpu = query(_GPU_SQL.format(trace_id=tid), rows.complete(*GPU_KINDS), on_gpu_rows=True)
         collectives = query(
             _COLLECTIVES_SQL.format(trace_id=tid, rank=int(rank)),
             rows.complete("kernel"),
-            gpu_args=True,
+            on_gpu_rows=True,
         )
-        host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS), shapes=True)
+        gpu_events = None  # free the copy before the other queries
+        host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS), host=True)
         ranges = query(_RANGES_SQL.format(trace_id=tid), rows.ranges())
         threads = query(_THREADS_SQL.format(trace_id=tid), rows.metadata)
         untimed = query(
@@ -150,7 +161,7 @@ def _to_canonical(
         names=names.select(["trace_id", "name_id", "name"]),
         threads=threads,
         devices=devices_table(trace_id, header.get("deviceProperties")),
-        event_count=events.num_rows - metadata,
+        event_count=events.num_rows + decoded.others.num_rows - metadata,
         dropped_events=int(dropped),
     )
 
@@ -163,14 +174,8 @@ _COMMON = [
     "ph", "cat", "name", "pid", "tid", "ts_txt", "ts_fast_ns", "dur_txt", "dur_fast_ns",
     "device", "stream", "correlation", "external_id", "meta_name", "name_id", "event_index",
 ]  # fmt: skip
-_GPU_ARGS = [
-    "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-    "registers", "shared_memory", "blocks_per_sm", "warps_per_sm", "est_occupancy",
-    "bytes", "kind", "sync_kind", "wait_on_stream",
-    "collective", "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks", "seq",
-]  # fmt: skip
-_ALL = _COMMON + _GPU_ARGS
-_SHAPES = ["input_dims", "input_types"]  # operator input shapes (JSON text), host rows only
+_GPU_ARGS = list(GPU_ARG_COLUMNS)
+_SHAPES = list(SHAPE_COLUMNS)  # operator input shapes (JSON text), host rows only
 
 
 # ``evn`` (rows with the columns every event has) and ``evg`` (GPU activities,
@@ -194,6 +199,9 @@ FROM evn_rows)
 
 _EVN = _evn_view()
 _EVH = _evn_view(", input_dims, input_types")  # with the operators' input shapes: host rows
+_EVN_NO_SHAPES = _evn_view(  # host rows of a trace without input shapes
+    ", CAST(NULL AS VARCHAR) AS input_dims, CAST(NULL AS VARCHAR) AS input_types"
+)
 _EVG = f"""WITH evg AS (
 SELECT
   ph,

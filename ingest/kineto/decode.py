@@ -14,26 +14,35 @@ integer nanoseconds here (``*_fast_ns``), any other spelling keeps its text
 (``*_txt``) for the SQL conversion in ``canonical``.
 
 Output contract (:class:`KinetoDecoded`): ``events`` has one row per trace
-event with the columns of :data:`RAW_COLUMNS`; the launch, copy and collective
-args (``grid_x`` .. ``seq``) are filled on GPU-activity rows only and
-``meta_name`` on metadata rows only. ``header`` holds the top-level keys other
-than ``traceEvents`` (``deviceProperties``, ``distributedInfo``,
+event that the canonical SQL reads (``ph`` ``X`` or ``M``) with the columns
+of :data:`RAW_COLUMNS` (``meta_name`` filled on metadata rows only,
+``input_dims``/``input_types`` on operator rows only, and both columns
+absent when no row has them); ``gpu_args`` has one
+row per GPU-activity event (the rows of ``events`` that :func:`gpu_rows`
+marks, in the same order) with the launch, copy and collective args of
+:data:`GPU_ARG_COLUMNS`; ``others`` keeps the name and the sign of ``dur`` of
+every other event (flows, instants: 30-45 % of the events of real traces).
+Keeping the args for the GPU rows alone, not as 24 null columns on every row,
+and no columns for events nothing reads, makes the decoded tables about a
+third of the JSON's size instead of as large. ``header`` holds the top-level
+keys other than ``traceEvents`` (``deviceProperties``, ``distributedInfo``,
 ``schemaVersion``, ``baseTimeNanoseconds``, ...).
 """
 
 from __future__ import annotations
 
 import gc
-import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec.structs import astuple
 
 from stallscope.errors import InputError
 from stallscope.ingest.kineto.pieces import LastPieceError, decode_pieces
@@ -101,18 +110,33 @@ _ANY = msgspec.json.Decoder()
 
 RAW_COLUMNS = (
     "ph", "cat", "name", "pid", "tid", "ts_txt", "ts_fast_ns", "dur_txt", "dur_fast_ns",
-    "device", "stream", "correlation", "external_id",
+    "device", "stream", "correlation", "external_id", "meta_name", "input_dims", "input_types",
+)  # fmt: skip
+GPU_ARG_COLUMNS = (
     "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
     "registers", "shared_memory", "blocks_per_sm", "warps_per_sm", "est_occupancy",
     "bytes", "kind", "sync_kind", "wait_on_stream",
     "collective", "in_nelems", "out_nelems", "group_size", "dtype",
-    "pg_name", "pg_desc", "pg_ranks", "seq", "meta_name", "input_dims", "input_types",
+    "pg_name", "pg_desc", "pg_ranks", "seq",
 )  # fmt: skip
 
 
 @dataclass
 class KinetoDecoded:
+    """A decoded trace; rows in file order in every table.
+
+    ``events``: the events the canonical SQL reads (``ph`` ``X`` and ``M``),
+    with the columns of :data:`RAW_COLUMNS`. ``gpu_args``: the launch, copy
+    and collective args (:data:`GPU_ARG_COLUMNS`) of the ``events`` rows that
+    :func:`gpu_rows` marks. ``others``: every other event (flows, instants,
+    counters...), which no query reads: its ``name`` (names are interned from
+    every event) and ``negative_dur`` (whether its ``dur`` is below 0, for the
+    warning that counts them).
+    """
+
     events: pa.Table
+    gpu_args: pa.Table
+    others: pa.Table
     header: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
 
@@ -171,13 +195,14 @@ def _decode(name: str, data: bytes) -> KinetoDecoded:
     finally:
         if was_enabled:
             gc.enable()
-    table = pa.Table.from_batches(batches) if batches else _empty_table()
-    if raws and table.num_rows == 0:
+    decoded = _decoded(batches, header)
+    if raws and decoded.events.num_rows + decoded.others.num_rows == 0:
         raise InputError(
             name,
             f"not a Kineto trace: none of the {len(raws):,} traceEvents entries is an event object",
         )
-    return KinetoDecoded(events=table, header=header, warnings=warnings)
+    decoded.warnings = warnings
+    return decoded
 
 
 def _decode_clean(data: bytes) -> KinetoDecoded | None:
@@ -226,9 +251,35 @@ def _decode_clean(data: bytes) -> KinetoDecoded | None:
     return _decoded(batches, header)
 
 
-def _decoded(batches: list[pa.RecordBatch], header: dict[str, Any]) -> KinetoDecoded:
-    table = pa.Table.from_batches(batches) if batches else _empty_table()
-    return KinetoDecoded(events=table, header=header, warnings=[])
+def empty_decoded() -> KinetoDecoded:
+    """No events: the tables' columns and types alone."""
+    return _decoded([], {})
+
+
+def _decoded(batches: list[Batches], header: dict[str, Any]) -> KinetoDecoded:
+    """One table of events and one of GPU args from the pieces' batches, in order."""
+    batches = batches or [_to_batch([])]
+    return KinetoDecoded(
+        events=_without_empty_shapes(pa.Table.from_batches([events for events, _, _ in batches])),
+        gpu_args=pa.Table.from_batches([gpu for _, gpu, _ in batches]),
+        others=pa.Table.from_batches([others for _, _, others in batches]),
+        header=header,
+        warnings=[],
+    )
+
+
+SHAPE_COLUMNS = ("input_dims", "input_types")
+
+
+def _without_empty_shapes(events: pa.Table) -> pa.Table:
+    """``events`` less :data:`SHAPE_COLUMNS` when no row has input shapes (no ``record_shapes``).
+
+    Null string columns still hold an offsets buffer: ~24 MB for the two on
+    3 M events, at the ingest's peak. ``canonical`` reads absent ones as null.
+    """
+    if any(events[column].null_count < events.num_rows for column in SHAPE_COLUMNS):
+        return events
+    return events.drop_columns(list(SHAPE_COLUMNS))
 
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*\[')
@@ -261,7 +312,7 @@ def _split_by_search(data: bytes) -> tuple[dict[str, Any], memoryview] | None:
     return header, memoryview(data)[start : end + 1]
 
 
-def _decode_piece(piece: bytes) -> pa.RecordBatch:
+def _decode_piece(piece: bytes) -> Batches:
     # A piece without the text '"Input ' holds no input shapes: skip reading them (a byte search).
     return _to_batch(_EVENTS_LIST.decode(piece), shapes=b'"Input ' in piece)
 
@@ -364,70 +415,134 @@ def _describe_json_error(exc: msgspec.DecodeError, data: bytes) -> str:
     return f"invalid JSON ({reason})"
 
 
-def _to_batch(events: list[Event], shapes: bool = True) -> pa.RecordBatch:
-    """One Arrow batch; ``args`` read only by GPU activities are built for those rows alone.
+_COMMON_ARGS = attrgetter("device", "stream", "correlation", "external_id", "external_id_old")
+_NO_ARGS = Args()
+
+
+Batches = tuple[pa.RecordBatch, pa.RecordBatch, pa.RecordBatch]
+
+
+def _to_batch(events: list[Event], shapes: bool = True) -> Batches:
+    """(events, GPU args, other events) batches of one piece (see :class:`KinetoDecoded`).
 
     Column by column over a few hundred thousand structs is the cost here, so
-    the launch, copy and collective args (null on every other row) are read
-    from the GPU-category rows only, and ``meta_name`` from metadata rows.
-    ``shapes=False`` (the caller knows no event has input shapes) leaves
-    ``input_dims``/``input_types`` null without reading them.
+    the structs are turned into columns by ``astuple`` and ``zip`` (C loops,
+    no Python code per value), events that no canonical query reads (``ph``
+    other than ``X`` and ``M``: flows, instants, counters) keep only their
+    name and the sign of their ``dur``, the launch, copy and collective args
+    are read from the GPU-category rows only, ``meta_name`` from metadata rows,
+    and the input shapes from operator rows. ``shapes=False`` (the caller knows
+    no event has input shapes) leaves ``input_dims``/``input_types`` null
+    without reading them.
     """
+    phases = _str_col([e.ph for e in events])
+    read = pc.is_in(phases, value_set=pa.array(READ_PHASES, pa.string())).fill_null(False)
+    others = _other_events(events, read)
+    if others.num_rows:
+        events = _Rows(read, len(events)).pick(events)
     n = len(events)
-    no_args = Args()
-    args = [e.args or no_args for e in events]
-    ph = _str_col([e.ph for e in events])
-    cat = _str_col([e.cat for e in events])
-    gpu_rows = _Rows(_gpu_mask(cat), n)
+    if n == 0:
+        ph = cat = name = pid = tid = ts = dur = args = ()
+    else:
+        ph, cat, name, pid, tid, ts, dur, args = zip(*map(astuple, events), strict=True)
+    filled = [a or _NO_ARGS for a in args]
+    device, stream, correlation, external_id, external_id_old = (
+        zip(*map(_COMMON_ARGS, filled), strict=True) if n else ((),) * 5
+    )
+    ph = phases if not others.num_rows else _str_col(ph)
+    cat = _str_col(cat)
+    gpu = _gpu_columns(_Rows(gpu_rows(cat), n).pick(filled))
     meta_rows = _Rows(pc.equal(ph, "M"), n)
-    gpu_args = gpu_rows.pick(args)
-    grid = [_triple(a.grid) for a in gpu_args]
-    block = [_triple(a.block) for a in gpu_args]
-    g = gpu_rows.spread
     cols: dict[str, pa.Array] = {
         "ph": ph,
         "cat": cat,
-        "name": _str_col([e.name for e in events]),
-        "pid": _str_col([e.pid for e in events]),
-        "tid": _str_col([e.tid for e in events]),
-        **_times("ts", [e.ts for e in events]),
-        **_times("dur", [e.dur for e in events]),
-        "device": _int_col([a.device for a in args]),
-        "stream": _str_col([a.stream for a in args]),
-        "correlation": _int_col([a.correlation for a in args]),
-        "external_id": _int_col(
-            _either([a.external_id for a in args], lambda: [a.external_id_old for a in args])
-        ),
-        "grid_x": g(_int_col([t[0] for t in grid])),
-        "grid_y": g(_int_col([t[1] for t in grid])),
-        "grid_z": g(_int_col([t[2] for t in grid])),
-        "block_x": g(_int_col([t[0] for t in block])),
-        "block_y": g(_int_col([t[1] for t in block])),
-        "block_z": g(_int_col([t[2] for t in block])),
-        "registers": g(_int_col([a.registers for a in gpu_args])),
-        "shared_memory": g(_int_col([a.shared_memory for a in gpu_args])),
-        "blocks_per_sm": g(_float_col([a.blocks_per_sm for a in gpu_args])),
-        "warps_per_sm": g(_float_col([a.warps_per_sm for a in gpu_args])),
-        "est_occupancy": g(_float_col([a.est_occupancy for a in gpu_args])),
-        "bytes": g(_int_col([a.bytes for a in gpu_args])),
-        "kind": g(_str_col([a.kind for a in gpu_args])),
-        "sync_kind": g(_str_col([a.sync_kind for a in gpu_args])),
-        "wait_on_stream": g(_int_col([a.wait_on_stream for a in gpu_args])),
-        "collective": g(_str_col([a.collective for a in gpu_args])),
-        "in_nelems": g(_int_col([a.in_nelems for a in gpu_args])),
-        "out_nelems": g(_int_col([a.out_nelems for a in gpu_args])),
-        "group_size": g(_int_col([a.group_size for a in gpu_args])),
-        "dtype": g(_str_col([a.dtype for a in gpu_args])),
-        "pg_name": g(_str_col([a.pg_name for a in gpu_args])),
-        "pg_desc": g(_str_col([a.pg_desc for a in gpu_args])),
-        "pg_ranks": g(_str_col([a.pg_ranks for a in gpu_args])),
-        "seq": g(
-            _int_col(_either([a.seq for a in gpu_args], lambda: [a.seq_alt for a in gpu_args]))
-        ),
-        "meta_name": meta_rows.spread(_str_col([a.meta_name for a in meta_rows.pick(args)])),
-        **(_shapes(args, cat) if shapes else _no_shapes(n)),
+        "name": _str_col(name),
+        "pid": _str_col(pid),
+        "tid": _str_col(tid),
+        **_times("ts", ts),
+        **_times("dur", dur),
+        "device": _int_col(device),
+        "stream": _str_col(stream),
+        "correlation": _int_col(correlation),
+        "external_id": _int_col(_either(external_id, lambda: external_id_old)),
+        "meta_name": meta_rows.spread(_str_col([a.meta_name for a in meta_rows.pick(filled)])),
+        **(_shapes(filled, cat) if shapes else _no_shapes(n)),
     }
-    return pa.RecordBatch.from_pydict(cols)
+    return pa.RecordBatch.from_pydict(cols), pa.RecordBatch.from_pydict(gpu), others
+
+
+# The phases the canonical SQL reads (complete events, metadata); see KinetoDecoded.
+# (A tuple: an Arrow array made from a list at import would make pyarrow import
+# pandas before skip_pandas_probe can stop it.)
+READ_PHASES = ("X", "M")
+
+
+def _other_events(events: list[Event], read: pa.Array) -> pa.RecordBatch:
+    """The events outside ``read``: their name and whether their ``dur`` is negative."""
+    others = _Rows(pc.invert(read), len(events)).pick(events)
+    dur = _times("dur", [e.dur for e in others])
+    negative = pc.or_(
+        pc.less(dur["dur_fast_ns"], 0).fill_null(False),
+        pc.starts_with(pc.utf8_trim_whitespace(dur["dur_txt"]), "-").fill_null(False),
+    )
+    return pa.RecordBatch.from_pydict(
+        {"name": _str_col([e.name for e in others]), "negative_dur": negative}
+    )
+
+
+_ARG_FIELDS = Args.__struct_fields__
+
+
+def _gpu_columns(gpu_args: list[Args]) -> dict[str, pa.Array]:
+    """The launch, copy and collective args of GPU-activity rows, as Arrow columns."""
+    if gpu_args:
+        fields = dict(zip(_ARG_FIELDS, zip(*map(astuple, gpu_args), strict=True), strict=True))
+    else:
+        fields = {key: () for key in _ARG_FIELDS}
+    grid = _triples(fields["grid"])
+    block = _triples(fields["block"])
+    return {
+        "grid_x": grid[0],
+        "grid_y": grid[1],
+        "grid_z": grid[2],
+        "block_x": block[0],
+        "block_y": block[1],
+        "block_z": block[2],
+        "registers": _int_col(fields["registers"]),
+        "shared_memory": _int_col(fields["shared_memory"]),
+        "blocks_per_sm": _float_col(fields["blocks_per_sm"]),
+        "warps_per_sm": _float_col(fields["warps_per_sm"]),
+        "est_occupancy": _float_col(fields["est_occupancy"]),
+        "bytes": _int_col(fields["bytes"]),
+        "kind": _str_col(fields["kind"]),
+        "sync_kind": _str_col(fields["sync_kind"]),
+        "wait_on_stream": _int_col(fields["wait_on_stream"]),
+        "collective": _str_col(fields["collective"]),
+        "in_nelems": _int_col(fields["in_nelems"]),
+        "out_nelems": _int_col(fields["out_nelems"]),
+        "group_size": _int_col(fields["group_size"]),
+        "dtype": _str_col(fields["dtype"]),
+        "pg_name": _str_col(fields["pg_name"]),
+        "pg_desc": _str_col(fields["pg_desc"]),
+        "pg_ranks": _str_col(fields["pg_ranks"]),
+        "seq": _int_col(_either(fields["seq"], lambda: fields["seq_alt"])),
+    }
+
+
+def _triples(values: Sequence[Any]) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """``[x, y, z]`` lists -> three int64 columns (``_int_col`` of each element); else nulls.
+
+    Lists of integers (what PyTorch writes) are taken apart by Arrow; any
+    other value makes every row go through :func:`_triple` as before.
+    """
+    try:
+        lists = pa.array(values, type=pa.list_(pa.int64()))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        split = [_triple(v) for v in values]
+        return tuple(_int_col([t[k] for t in split]) for k in range(3))  # type: ignore[return-value]
+    three = pc.equal(pc.list_value_length(lists), 3)
+    lists = pc.if_else(three, lists, pa.scalar(None, lists.type))
+    return tuple(pc.list_element(lists, k) for k in range(3))  # type: ignore[return-value]
 
 
 def _shapes(args: list[Args], cat: pa.Array) -> dict[str, pa.Array]:
@@ -449,8 +564,8 @@ def _shapes(args: list[Args], cat: pa.Array) -> dict[str, pa.Array]:
         if any(map(len, old)):
             dims = [d if len(d) else o for d, o in zip(dims, old, strict=True)]
     return {
-        "input_dims": rows.spread(_raw_text(dims)),
-        "input_types": rows.spread(_raw_text(list(map(_TYPES, ops)))),
+        "input_dims": rows.spread(_json_or_null(dims)),
+        "input_types": rows.spread(_json_or_null(list(map(_TYPES, ops)))),
     }
 
 
@@ -458,9 +573,9 @@ def _no_shapes(n: int) -> dict[str, pa.Array]:
     return {"input_dims": pa.nulls(n, pa.string()), "input_types": pa.nulls(n, pa.string())}
 
 
-_DIMS = operator.attrgetter("input_dims")
-_DIMS_OLD = operator.attrgetter("input_dims_old")
-_TYPES = operator.attrgetter("input_types")
+_DIMS = attrgetter("input_dims")
+_DIMS_OLD = attrgetter("input_dims_old")
+_TYPES = attrgetter("input_types")
 
 
 def _op_mask(cat: pa.Array) -> pa.Array:
@@ -469,21 +584,25 @@ def _op_mask(cat: pa.Array) -> pa.Array:
     return pc.or_(lowered, pc.invert(pc.string_is_ascii(cat))).fill_null(False)
 
 
-def _raw_text(values: list[msgspec.Raw]) -> pa.Array:
+def _json_or_null(values: list[msgspec.Raw]) -> pa.Array:
     """Raw JSON values as text, null where absent (empty) or JSON ``null``."""
-    text = _raw_col(values)
+    text = raw_text(values)
     if not len(text) or text.buffers()[2] is None or not text.buffers()[2].size:
         return pa.nulls(len(values), pa.string())
     absent = pc.or_(pc.equal(pc.binary_length(text), 0), pc.equal(text, "null"))
     return pc.if_else(absent, pa.scalar(None, pa.string()), text)
 
 
-# Lower-cased categories whose rows read the GPU-only args (kineto_canonical.GPU_KINDS).
+# Lower-cased categories whose rows read the GPU-only args (canonical.GPU_KINDS).
 _GPU_CATS = np.array(["kernel", "gpu_memcpy", "memcpy", "gpu_memset", "memset", "cuda_sync"])
 
 
-def _gpu_mask(cat: pa.Array) -> pa.Array:
-    """Rows whose category lower-cases to a GPU kind (non-ASCII ones too, to be safe)."""
+def gpu_rows(cat: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Rows whose category lower-cases to a GPU kind (non-ASCII ones too, to be safe).
+
+    The rows of ``KinetoDecoded.gpu_args``: ``events.filter(gpu_rows(events["cat"]))``
+    lines up with it row for row.
+    """
     lowered = pc.is_in(pc.ascii_lower(cat), value_set=pa.array(_GPU_CATS, pa.string()))
     return pc.or_(lowered, pc.invert(pc.string_is_ascii(cat))).fill_null(False)
 
@@ -521,10 +640,6 @@ def _either(first: list[Any], second: Callable[[], list[Any]]) -> list[Any]:
     if other.count(None) == len(other):
         return first
     return [a if a is not None else b for a, b in zip(first, other, strict=True)]
-
-
-def _empty_table() -> pa.Table:
-    return pa.Table.from_batches([_to_batch([])])
 
 
 def _triple(value: Any) -> tuple[Any, Any, Any]:
@@ -566,8 +681,8 @@ def _to_text(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
-def _raw_col(values: list[msgspec.Raw]) -> pa.Array:
-    """Exact JSON text of each number (empty string when absent)."""
+def raw_text(values: list[msgspec.Raw]) -> pa.Array:
+    """Exact JSON text of each raw value (a number, a shapes list; empty string when absent)."""
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=len(values)), out=offsets[1:])
     buffer = pa.py_buffer(b"".join(values))
@@ -580,8 +695,8 @@ def _raw_col(values: list[msgspec.Raw]) -> pa.Array:
 
 def _times(prefix: str, values: list[msgspec.Raw]) -> dict[str, pa.Array]:
     """``<prefix>_fast_ns`` where the text is a plain number, else ``<prefix>_txt``."""
-    text = _raw_col(values)
-    fast = _plain_ns(text)
+    text = raw_text(values)
+    fast = plain_ns(text)
     if fast.null_count == 0:
         text = pa.nulls(len(text), pa.string())
     elif fast.null_count < len(fast):
@@ -593,13 +708,13 @@ _POW10 = 10 ** np.arange(4, dtype=np.uint64)
 _INT64_LIMIT = np.uint64(_INT64_MAX)
 
 
-def _plain_ns(text: pa.Array) -> pa.Array:
+def plain_ns(text: pa.Array) -> pa.Array:
     """µs text -> int64 ns for plain numbers (``123``, ``123.4``, ``123.456``), else null.
 
     Exact integer arithmetic, vectorised across strings one character position
     at a time (Horner's rule). Other spellings (signs, exponents, 4+ decimals,
     quotes, empty) stay null here and are converted in SQL
-    (``kineto_canonical._ns_sql``) as before.
+    (``canonical._ns_sql``) as before.
     """
     n = len(text)
     _, offsets_buf, data_buf = text.buffers()

@@ -20,14 +20,17 @@ costs nothing on traces without them) and decodes each event object alone.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import msgspec
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stallscope.ingest.canonical import _as_int
-from stallscope.schema import arrow_schema
+from stallscope.schema import arrow_schema, empty_table
 
 _MARK = b'"[memory]"'
 # One JSON object with at most one level of nested objects (the ``args``).
@@ -64,31 +67,161 @@ def memory_table(data: bytes | bytearray | memoryview, trace_id: str) -> tuple[p
     ``ts_ns`` is on the same clock as the other canonical tables (the
     trace's µs ``ts`` times 1000, exactly).
     """
-    columns: dict[str, list[Any]] = {name: [] for name in arrow_schema("memory").names}
     view = bytes(data) if isinstance(data, memoryview) else data
     chunks, unreadable = _event_objects(view)
+    if not chunks:
+        return empty_table("memory"), unreadable
+    fast = _typed_rows(chunks, trace_id)
+    if fast is not None:
+        return fast, unreadable
+    schema = arrow_schema("memory")
+    columns: dict[str, list[Any]] = {name: [] for name in schema.names}
     for event in _decode_all(chunks):
         if event is None:
             unreadable += 1
         elif event.name == "[memory]" and event.ph == "i":
             _append_row(columns, event, trace_id)
-    return pa.Table.from_pydict(columns, schema=arrow_schema("memory")), unreadable
+    return pa.Table.from_pydict(columns, schema=schema), unreadable
 
 
 def _event_objects(view: bytes | bytearray) -> tuple[list[bytes], int]:
-    """The JSON text of each object around a ``"[memory]"`` mark; count of marks with none."""
+    """The JSON text of each object around a ``"[memory]"`` mark; count of marks with none.
+
+    The object starts at the last ``{`` before the mark and is what
+    :data:`_OBJECT` matches there (:func:`_object_end`).
+    """
     chunks: list[bytes] = []
     missing = 0
-    position = view.find(_MARK)
+    find, rfind = view.find, view.rfind
+    position = find(_MARK)
     while position >= 0:
-        start = view.rfind(b"{", 0, position)
-        match = _OBJECT.match(view, start) if start >= 0 else None
-        if match is None or match.end() <= position:
+        start = rfind(b"{", 0, position)
+        end = _object_end(find, start) if start >= 0 else -1
+        if end <= position:
             missing += 1
         else:
-            chunks.append(bytes(view[match.start() : match.end()]))
-        position = view.find(_MARK, position + len(_MARK))
+            chunks.append(bytes(view[start:end]))
+        position = find(_MARK, position + len(_MARK))
     return chunks, missing
+
+
+def _object_end(find: Callable[..., int], start: int) -> int:
+    """``_OBJECT.match(view, start).end()``, or -1 where it does not match; ``find`` is ``view.find``.
+
+    The same language walked brace by brace with C-speed searches (3x faster
+    than the regex here): ``{``, then at most one level of nested ``{...}``,
+    then the ``}`` that closes it; a brace nested deeper, or none closing, is no match.
+    """
+    position, nested = start + 1, False
+    while True:
+        close = find(b"}", position)
+        if close < 0:
+            return -1
+        opening = find(b"{", position, close)
+        if opening >= 0:  # a brace opens before the next one closes
+            if nested:
+                return -1
+            nested, position = True, opening + 1
+        elif nested:
+            nested, position = False, close + 1
+        else:
+            return close + 1
+
+
+class _TypedMemArgs(msgspec.Struct, gc=False):
+    """:class:`_MemArgs` with every value an integer (or absent / null), as PyTorch writes them."""
+
+    device_type: int | None = msgspec.field(default=None, name="Device Type")
+    device_id: int | None = msgspec.field(default=None, name="Device Id")
+    addr: int | None = msgspec.field(default=None, name="Addr")
+    nbytes: int | None = msgspec.field(default=None, name="Bytes")
+    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
+    external_id: int | None = msgspec.field(default=None, name="External id")
+
+
+class _TypedMemEvent(msgspec.Struct, gc=False):
+    ph: Any = None
+    name: Any = None
+    pid: int | None = None
+    tid: int | None = None
+    ts: msgspec.Raw = msgspec.Raw(b"")
+    args: _TypedMemArgs | None = None
+
+
+_TYPED_LIST_DECODER = msgspec.json.Decoder(list[_TypedMemEvent])
+_NO_TYPED_ARGS = _TypedMemArgs()
+
+
+def _typed_rows(chunks: list[bytes], trace_id: str) -> pa.Table | None:
+    """The rows :func:`_append_row` would make, built column by column; None if any value is odd.
+
+    Applies when every event decodes with integer (or absent) ids, sizes and
+    totals in the int64 range: what PyTorch writes. Anything else (a string
+    or float value, a bad event) returns None and the caller goes row by row,
+    so the result is the same either way.
+    """
+    try:
+        events = _TYPED_LIST_DECODER.decode(b"[" + b",".join(chunks) + b"]")
+        args = [e.args or _NO_TYPED_ARGS for e in events]
+        ints = {
+            "pid": pa.array([e.pid for e in events], pa.int64()),
+            "tid": pa.array([e.tid for e in events], pa.int64()),
+            "device_type": pa.array([a.device_type for a in args], pa.int64()),
+            "device_id": pa.array([a.device_id for a in args], pa.int64()),
+            "addr": pa.array([a.addr for a in args], pa.int64()),
+            "bytes": pa.array([a.nbytes for a in args], pa.int64()),
+            "total_allocated": pa.array([a.total_allocated for a in args], pa.int64()),
+            "total_reserved": pa.array([a.total_reserved for a in args], pa.int64()),
+            "external_id": pa.array([a.external_id for a in args], pa.int64()),
+        }
+    except (msgspec.DecodeError, msgspec.ValidationError, pa.ArrowException, OverflowError):
+        return None
+    ts_ns = _ts_column([e.ts for e in events])
+    memory_events = pa.array([e.name == "[memory]" and e.ph == "i" for e in events], pa.bool_())
+    keep = pc.and_(
+        pc.and_(memory_events, pc.is_valid(ts_ns)),
+        pc.and_(pc.equal(ints["device_type"], 1), pc.greater_equal(ints["device_id"], 0)),
+    ).fill_null(False)
+    kept = {key: value.filter(keep) for key, value in ints.items()}
+    n = len(kept["pid"])
+    device = kept["device_id"]
+    nbytes = kept["bytes"]
+    return pa.table(
+        {
+            "trace_id": pa.array([trace_id] * n, pa.string()),
+            "device": pc.if_else(pc.less(device, 1 << 31), device, None).cast(pa.int32()),
+            "ts_ns": ts_ns.filter(keep),
+            "bytes": nbytes,
+            "total_allocated": kept["total_allocated"],
+            "total_reserved": kept["total_reserved"],
+            "addr": kept["addr"],
+            "pid": kept["pid"],
+            "tid": kept["tid"],
+            "external_id": kept["external_id"],
+            "seq": pa.array(range(n), pa.int64()),
+            "source": pa.array(["kineto"] * n, pa.string()),
+            "action": pc.if_else(
+                pc.less(nbytes.fill_null(0), 0), pa.scalar("free"), pa.scalar("alloc")
+            ),
+            "stack": pa.nulls(n, pa.string()),
+        },
+        schema=arrow_schema("memory"),
+    )
+
+
+def _ts_column(values: list[msgspec.Raw]) -> pa.Array:
+    """:func:`_ts_ns` of each value: plain numbers vectorised, other spellings one by one."""
+    from stallscope.ingest.kineto.decode import plain_ns, raw_text
+
+    fast = plain_ns(raw_text(values))
+    if fast.null_count == 0:
+        return fast
+    odd = np.flatnonzero(fast.is_null().to_numpy(zero_copy_only=False))
+    slow = pa.array([_ts_ns(bytes(values[i])) for i in odd.tolist()], pa.int64())
+    positions = np.arange(len(values), dtype=np.int64)
+    positions[odd] = len(values) + np.arange(len(odd))
+    return pa.concat_arrays([fast, slow]).take(pa.array(positions))
 
 
 def _decode_all(chunks: list[bytes]) -> list[_MemEvent | None]:

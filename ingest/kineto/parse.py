@@ -27,8 +27,8 @@ def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedT
     del data  # the Arrow events hold everything needed from here on
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
-    negative = _negative_durations(decoded.events)
-    canonical = to_canonical(decoded.events, header, ctx.trace_id(""), rank)
+    negative = _negative_durations(decoded.events) + _negative_durations(decoded.others)
+    canonical = to_canonical(decoded, ctx.trace_id(""), rank)
     canonical.memory = memory
     if not (canonical.gpu.num_rows or canonical.host.num_rows or canonical.ranges.num_rows):
         raise InputError(
@@ -61,6 +61,8 @@ def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedT
 
 def _negative_durations(events) -> int:
     """Events whose ``dur`` is negative (read as 0 by the canonical tables)."""
+    if "negative_dur" in events.column_names:  # decode.KinetoDecoded.others
+        return int(pc.sum(events["negative_dur"]).as_py() or 0)
     count = 0
     if "dur_fast_ns" in events.column_names:
         count += pc.sum(pc.less(events["dur_fast_ns"], 0)).as_py() or 0

@@ -4,7 +4,7 @@ A well-formed ``[e1, e2, ...]`` is cut at event boundaries (``}`` ``,`` ``{``
 found by a byte search) into pieces of about :data:`CHUNK_BYTES`. Pieces are
 independent, so a big trace is decoded by several forked worker processes,
 each reading its pieces from the parent's bytes (shared copy-on-write, never
-sent) and sending back one Arrow IPC batch per piece, in order.
+sent) and sending back the piece's Arrow batches (one IPC stream each), in order.
 
 Where it runs in parallel (:func:`decode_workers`): on Linux, in the
 ``stallscope`` command, for bodies of at least :data:`PARALLEL_MIN_BYTES`,
@@ -39,7 +39,8 @@ CHUNK_BYTES = 4 << 20  # ~16k events: a piece's objects stay in cache (measured:
 PARALLEL_MIN_BYTES = 128 << 20  # below this, workers cost more (time, memory) than they save
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,(?=[ \t\r\n]*\{)")
 
-DecodePiece = Callable[[bytes], pa.RecordBatch]
+Batches = tuple[pa.RecordBatch, ...]
+DecodePiece = Callable[[bytes], Batches]
 
 
 class LastPieceError(msgspec.DecodeError):
@@ -77,7 +78,7 @@ def decode_workers(body_bytes: int, pieces: int) -> int:
 
 def decode_pieces(
     body: memoryview, decode: DecodePiece, *, last_first: bool = False
-) -> list[pa.RecordBatch]:
+) -> list[Batches]:
     """Every piece of ``body`` decoded by ``decode``, in order (see the module docstring).
 
     ``last_first`` decodes the last piece before any other, here: when the
@@ -107,7 +108,7 @@ _JOB: tuple[memoryview, list[tuple[int, int]], DecodePiece] | None = None
 
 def _parallel(
     body: memoryview, bounds: list[tuple[int, int]], decode: DecodePiece, workers: int
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[Batches]:
     global _JOB
     _JOB = (body, bounds, decode)
     try:
@@ -119,18 +120,21 @@ def _parallel(
     for result in results:
         if isinstance(result, str):
             raise msgspec.DecodeError(result)
-        yield pa.ipc.open_stream(result).read_next_batch()
+        yield tuple(pa.ipc.open_stream(stream).read_next_batch() for stream in result)
 
 
-def _decode_in_worker(index: int) -> bytes | str:
-    """One piece, in a worker: its Arrow IPC stream, or the decode error's text."""
+def _decode_in_worker(index: int) -> list[bytes] | str:
+    """One piece, in a worker: one Arrow IPC stream per batch, or the decode error's text."""
     assert _JOB is not None, "worker started without a job (not forked?)"
     body, bounds, decode = _JOB
     try:
-        batch = decode(piece_bytes(body, bounds[index]))
+        batches = decode(piece_bytes(body, bounds[index]))
     except msgspec.DecodeError as exc:
         return str(exc) or "decode error"
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    streams = []
+    for batch in batches:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        streams.append(sink.getvalue().to_pybytes())
+    return streams
