@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from typing import Any
 
 from stallscope.errors import InputError, StallscopeError, error_for_exit
 from stallscope.ingest import IngestResult
+from stallscope.supervise import killed_by_signal
 
 ProgressFn = Callable[[str, int, int], None]
 PROGRESS_KEY = "progress"
@@ -179,12 +179,7 @@ def _progress_update(text: str) -> tuple[str, int, int] | None:
 def _failure(code: int, messages: list[str]) -> str:
     """One line saying why the child failed."""
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = ": it probably ran out of memory" if -code == signal.SIGKILL else ""
-        return f"the ingest process was killed ({name}){hint}; the store is unchanged"
+        return killed_by_signal(code, "the ingest process") + "; the store is unchanged"
     last = messages[-1] if messages else f"the ingest process exited with code {code}"
     for prefix in ("stallscope: error: ", "stallscope: "):
         if last.startswith(prefix):

@@ -113,22 +113,11 @@ def status(store_root: Path) -> PreloadStatus | None:
         done, total = int(record["done"]), int(record["total"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if host == socket.gethostname() and not _alive(pid):
+    from stallscope.store import pid_alive
+
+    if host == socket.gethostname() and not pid_alive(pid):
         return None
     return PreloadStatus(done=done, total=total)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not reaped) is not running
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def start_in_background(store) -> bool:
@@ -166,7 +155,7 @@ def _exec_worker(store_root: Path, server_pid: int) -> None:
 
 def main(argv: list[str]) -> int:
     """``STORE [SERVER_PID]``: preload the samples; stop early once the server has exited."""
-    from stallscope.store import Store
+    from stallscope.store import Store, pid_alive
 
     store = Store(argv[0]).ensure()
     server_pid = int(argv[1]) if len(argv) > 1 else None
@@ -174,7 +163,7 @@ def main(argv: list[str]) -> int:
         preload_samples(
             store,
             on_progress=lambda d, t: _write_marker(store.root, d, t),
-            keep_going=lambda: server_pid is None or _alive(server_pid),
+            keep_going=lambda: server_pid is None or pid_alive(server_pid),
         )
     finally:
         (store.root / MARKER).unlink(missing_ok=True)

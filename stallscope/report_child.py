@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stallscope.errors import StallscopeError
+from stallscope.supervise import killed_by_signal
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -100,12 +101,7 @@ def report_in_child(
 def _failure(code: int, stderr: str) -> str:
     """One line saying why the child failed."""
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = ": it probably ran out of memory" if -code == signal.SIGKILL else ""
-        return f"the analysis process was killed ({name}){hint}"
+        return killed_by_signal(code, "the analysis process")
     lines = [line for line in stderr.splitlines() if line.strip()]
     last = lines[-1] if lines else f"the analysis process exited with code {code}"
     for prefix in ("stallscope: error: ", "stallscope: "):

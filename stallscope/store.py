@@ -704,13 +704,13 @@ class Lease:
         if lease is None:  # judged by its name: <pid>-<host key>-<random>
             pid_text, _, rest = folder.name.partition("-")
             if rest.startswith(host_key() + "-") and pid_text.isdigit():
-                return not _pid_alive(int(pid_text))
+                return not pid_alive(int(pid_text))
             try:
                 return now - folder.stat().st_mtime > limit
             except OSError:
                 return False
         pid = lease.get("pid")
-        if lease.get("host") == host_id() and isinstance(pid, int) and not _pid_alive(pid):
+        if lease.get("host") == host_id() and isinstance(pid, int) and not pid_alive(pid):
             return True
         beat = lease.get("heartbeat")
         try:
@@ -745,7 +745,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether a local process ``pid`` still runs. A zombie (exited, not yet reaped: the
     orphaned ingest worker of a killed CLI waits for an init that may never reap it) is
     dead: it holds nothing and will write nothing."""

@@ -295,3 +295,14 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
+
+def killed_by_signal(code: int, process: str) -> str:
+    """Why a child ``process`` ("the ingest process", ...) that exited with ``code`` < 0 died:
+    the signal's name, and the likely cause when it is SIGKILL (the kernel's OOM killer)."""
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = ": it probably ran out of memory" if -code == signal.SIGKILL else ""
+    return f"{process} was killed ({name}){hint}"

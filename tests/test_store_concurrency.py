@@ -169,7 +169,7 @@ def test_lease_heartbeat_is_refreshed_while_ingesting(tmp_path, monkeypatch):
 
 def test_repeatedly_killed_ingests_leave_a_consistent_store_and_no_temp_files(tmp_path):
     """SIGKILL nsys ingests (whose temporary SQLite copy lies in staging) at several points."""
-    from stallscope.store import _pid_alive
+    from stallscope.store import pid_alive
 
     sample = Path(__file__).resolve().parents[1] / "sample_traces/nsys/ddp_overlap.sqlite.gz"
     store_dir = tmp_path / "store"
@@ -188,7 +188,7 @@ def test_repeatedly_killed_ingests_leave_a_consistent_store_and_no_temp_files(tm
         proc.wait(timeout=30)
         owners = [json.loads(p.read_text())["pid"] for p in staging.glob("*/.lease")]
         end = time.time() + 30
-        while any(_pid_alive(pid) for pid in owners) and time.time() < end:
+        while any(pid_alive(pid) for pid in owners) and time.time() < end:
             time.sleep(0.05)  # the worker dies with its parent (PR_SET_PDEATHSIG)
         store = Store(store_dir)
         for job in store.jobs():  # whatever was published is complete
@@ -210,7 +210,7 @@ def test_a_zombie_owner_is_dead():
     nothing: its staging folder is stale."""
     import subprocess
 
-    from stallscope.store import _pid_alive
+    from stallscope.store import pid_alive
 
     child = subprocess.Popen(["true"])
     deadline = time.time() + 10
@@ -219,7 +219,7 @@ def test_a_zombie_owner_is_dead():
             break
         time.sleep(0.01)
     try:
-        assert not _pid_alive(child.pid)
+        assert not pid_alive(child.pid)
     finally:
         child.wait()
-    assert _pid_alive(os.getpid())
+    assert pid_alive(os.getpid())
