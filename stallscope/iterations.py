@@ -15,8 +15,9 @@ looks, in this order, for
    names say prefill, decode, generate, extend or iteration;
 3. CUDA/HIP graph replays (``cudaGraphLaunch``), one replay per iteration,
    when the trace also shows an inference marker (a range or kernel named for
-   KV caches, paged or decode attention, sampling, or an engine): a training
-   step captured in a graph replays the same way;
+   KV caches, paged or decode attention, sampling, or an engine) and no
+   backward or optimizer kernel (a training step captured in a graph replays
+   the same way);
 4. input shapes (a Kineto trace profiled with ``record_shapes=True``, the host
    table's ``input_dims``): each call of the token embedding (``aten::embedding``
    whose indices are integer tensors) starts one model forward, and the
@@ -62,13 +63,17 @@ ITERATION_NAME_REGEX = (
 NOT_ITERATION_REGEX = r"(?i)(ProfilerStep#|optimizer|zero_grad|backward|autograd)"
 INFERENCE_MARKER_REGEX = (
     r"(?i)(kv_?cache|paged_?attention|decode|flash_fwd_splitkv|flashinfer|sampl|logits|vllm|sglang"
-    r"|tensorrt_llm|trtllm|reshape_and_cache|generate)"
-)
+    r"|tensorrt_llm|trtllm|reshape_and_cache|(^|[^a-z])generate([^a-z]|$))"
+)  # ('generate' as a word, RE2 has no lookaround: cuDNN's kernels are 'cudnn_generated_...')
 GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cuGraphLaunch", "hipGraphLaunch")
 TOKEN_EMBEDDING_OP = (
     "aten::embedding"  # inputs: weight [rows, dim], indices [batch, seq] or [tokens]
 )
 TRAINING_REGEX = r"(?i)(backward|autograd::engine|^Optimizer\.)"
+# GPU kernels that only a training step runs: backward (cuDNN 'bprop', '_bwd', data and
+# weight gradients) and fused optimizers. A step replayed as one CUDA graph shows no host
+# operators, only these kernels.
+TRAINING_KERNEL_REGEX = r"(?i)(backward|bprop|_bwd|dgrad|wgrad|multi_tensor_apply|fused_adam)"
 _INDEX_TYPES = ("long int", "long", "int", "int64", "int32", "c10::Long", "c10::Int")
 
 _VLLM_LAYERWISE = re.compile(r"execute_(?:(\d+)_)?context_(\d+)\(.*?\)_generation_(\d+)")
@@ -167,7 +172,12 @@ def find_iterations(
     else:
         ranges = _outermost(_named_ranges(job, trace_id, ITERATION_NAME_REGEX, NOT_ITERATION_REGEX))
         source = "annotation"
-    if not ranges and not name_regex and _has_inference_marker(job, trace_id):
+    if (
+        not ranges
+        and not name_regex
+        and _has_inference_marker(job, trace_id)
+        and not _runs_training_kernels(job, trace_id)
+    ):
         ranges, source = _graph_replays(job, trace_id), "graph"
     if not ranges and not name_regex:
         return shape_iterations(job, trace_id, device)
@@ -303,6 +313,16 @@ def _is_training(job: JobData, trace_id: str) -> bool:
              AND n.name_id IN (SELECT name_id FROM host WHERE trace_id = ?
                                AND kind IN ('cpu_op', 'annotation', 'python'))""",
         [trace_id, TRAINING_REGEX, trace_id],
+    ).fetchone()
+    return bool(row[0])
+
+
+def _runs_training_kernels(job: JobData, trace_id: str) -> bool:
+    """Whether a GPU kernel's name is a backward or optimizer kernel (TRAINING_KERNEL_REGEX)."""
+    row = job.sql(
+        """SELECT count(*) FROM names n WHERE n.trace_id = ? AND regexp_matches(n.name, ?)
+             AND n.name_id IN (SELECT name_id FROM gpu WHERE trace_id = ? AND kind = 'kernel')""",
+        [trace_id, TRAINING_KERNEL_REGEX, trace_id],
     ).fetchone()
     return bool(row[0])
 

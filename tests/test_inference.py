@@ -214,6 +214,30 @@ def test_graph_replays_are_iterations_only_beside_an_inference_marker(store, tmp
     assert metrics == {} and findings == {}  # a training step in a graph replays the same way
 
 
+def test_a_training_step_replayed_as_a_graph_is_not_decode(store, tmp_path):
+    """cuDNN's attention kernels are named 'cudnn_generated_...' (not an HF 'generate'), and a
+    graph that runs a backward kernel is a training step (the train_small_graph sample)."""
+    fwd = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7"
+    metrics, findings = analyze(store, tmp_path, graph_replays(fwd))
+    assert metrics == {} and findings == {}
+    t = graph_replays("paged_attention_v2_kernel")  # an inference marker...
+    corr = t.next_corr()
+    t.kernel("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma", 13 * MS, MS, corr=corr)
+    (tmp_path / "b").mkdir()
+    metrics, findings = analyze(store, tmp_path / "b", t)  # ...beside a backward kernel
+    assert metrics == {} and findings == {}
+
+
+def test_the_inference_marker_reads_generate_as_a_word():
+    import re
+
+    from stallscope.iterations import INFERENCE_MARKER_REGEX
+
+    assert re.search(INFERENCE_MARKER_REGEX, "GenerationMixin.generate")
+    assert re.search(INFERENCE_MARKER_REGEX, "model.generate (step 3)")
+    assert not re.search(INFERENCE_MARKER_REGEX, "cudnn_generated_fort_native_sdpa_sm90")
+
+
 def test_wrapper_range_is_dropped(store, tmp_path):
     t = prefill_loop(n=4, prefill_before=99)
     annotate(t, "generate", 0, 5 * MS)  # HF generate around every decode step
