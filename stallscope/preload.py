@@ -127,9 +127,10 @@ def start_in_background(store) -> bool:
     dashboard shows the preload from its first page.
     """
     root = sample_traces_dir()
-    if root is None or store.traces() or not sample_jobs(root):
+    jobs = sample_jobs(root) if root is not None else []
+    if not jobs or store.traces():
         return False
-    _write_marker(store.root, 0, len(sample_jobs(root)))
+    _write_marker(store.root, 0, len(jobs))
     server_pid = os.getpid()  # serve execs Streamlit in this process next
     child = os.fork()
     if child == 0:  # first child: start the worker in a new session, then leave at once
