@@ -17,6 +17,11 @@ per trace and device:
 * churn: per ``ProfilerStep``, the reserved total changing inside the step, or
   ``cudaMalloc``/``cudaFree`` host calls inside it.
 
+A source that records only segments (nsys CUDA memory usage events: the driver-level
+allocations, ``total_allocated`` NULL, every row a ``segment_*`` action) gives the
+reserved peak, headroom and churn only: what was allocated, fragmentation and the
+tensors live at the peak are not in such a trace, and its findings say so.
+
 Findings: an ``info`` summary per device (peak and when, the operators whose
 allocations are live at the peak); headroom < ``headroom_pct`` (high);
 fragmentation > ``fragmentation_pct`` (medium, expandable segments advice);
@@ -71,6 +76,7 @@ class DeviceMemory:
     addr: np.ndarray
     tid: np.ndarray
     allocated_from_deltas: bool = False
+    allocated_known: bool = True  # False: segment rows only (nsys), ``allocated`` is all 0
     stack: np.ndarray | None = None  # the allocating Python frames (snapshots), else None
     largest_free_block: int | None = None  # snapshots: the largest inactive block at the end
 
@@ -79,9 +85,9 @@ class DeviceMemory:
 class Peaks:
     """Peak figures of one device (see the module docstring)."""
 
-    allocated_peak: int
-    allocated_peak_ns: int
-    allocated_peak_index: int
+    allocated_peak: int | None  # None: the source sees no tensor allocations (nsys)
+    allocated_peak_ns: int | None
+    allocated_peak_index: int | None
     reserved_peak: int | None = None
     reserved_peak_ns: int | None = None
     allocated_at_reserved_peak: int | None = None
@@ -96,9 +102,10 @@ def device_memory(cols: dict[str, np.ndarray]) -> DeviceMemory:
     the whole series unknown (older traces have none at all).
     """
     delta = np.nan_to_num(_floats(cols["bytes"])).astype(np.int64)
+    segment = np.zeros(delta.size, dtype=bool)
     if "action" in cols:  # segment rows change the reservation, not what is allocated
-        action = np.asarray(cols["action"], dtype=object)
-        delta = np.where(np.isin(action, SEGMENT_ACTIONS), 0, delta)
+        segment = np.isin(np.asarray(cols["action"], dtype=object), SEGMENT_ACTIONS)
+        delta = np.where(segment, 0, delta)
     totals = _floats(cols["total_allocated"])
     from_deltas = bool(np.isnan(totals).any())
     allocated = np.cumsum(delta) if from_deltas else totals.astype(np.int64)
@@ -112,6 +119,7 @@ def device_memory(cols: dict[str, np.ndarray]) -> DeviceMemory:
         addr=_ints(cols["addr"], missing=-1),
         tid=_ints(cols["tid"], missing=-1),
         allocated_from_deltas=from_deltas,
+        allocated_known=not (from_deltas and segment.size > 0 and bool(segment.all())),
         stack=np.asarray(cols["stack"], dtype=object) if "stack" in cols else None,
     )
 
@@ -201,6 +209,9 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def _device(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
+    if not mem.allocated_known:
+        _segments_only(job, result, trace, rank, device, mem, params)
+        return
     top = peaks(mem)
     row = _device_row(job, trace, device)
     capacity, capacity_source = capacity_bytes(row)
@@ -224,13 +235,40 @@ def _device(job, result, trace, rank, device, mem: DeviceMemory, params) -> None
         )
     if top.fragmentation_pct is not None and top.fragmentation_pct > params["fragmentation_pct"]:
         result.findings.append(_fragmentation(trace, rank, device, top, mem, window))
+    _churn_findings(job, result, trace, rank, device, mem, params)
+
+
+def _churn_findings(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
+    """Churn in every step (medium), or over a capture without steps (low)."""
     churn = step_churn(job, trace, mem)
     if churn and all(s["reserved_changes"] or s["driver_calls"] for s in churn):
-        result.findings.append(_churn(trace, rank, device, churn))
+        only = not mem.allocated_known
+        result.findings.append(_churn(trace, rank, device, churn, segments_only=only))
     elif not churn:
         whole = capture_churn(job, trace, mem)
         if whole["reserved_changes"] + whole["driver_calls"] >= params["churn_events_no_steps"]:
             result.findings.append(_churn_unstepped(trace, rank, device, mem, whole))
+
+
+def _segments_only(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
+    """A device whose rows are all driver-level segments (nsys): reserved peak, headroom, churn."""
+    index = int(np.argmax(mem.reserved))
+    top = Peaks(None, None, None, int(mem.reserved[index]), int(mem.ts_ns[index]))
+    capacity, capacity_source = capacity_bytes(_device_row(job, trace, device))
+    held = top.reserved_peak
+    headroom = round(100.0 * (capacity - held) / capacity, 3) if capacity else None
+    result.metrics.append(Metric(trace, rank, device, "mem_reserved_peak_bytes", held, "bytes"))
+    if headroom is not None:
+        result.metrics.append(Metric(trace, rank, device, "mem_headroom_pct", headroom, "%"))
+    window = _peak_window(mem, index)
+    result.findings.append(
+        _segments_summary(trace, rank, device, mem, top, capacity, headroom, window)
+    )
+    if headroom is not None and headroom < params["headroom_pct"]:
+        result.findings.append(
+            _headroom(trace, rank, device, top, held, capacity, capacity_source, headroom, window)
+        )
+    _churn_findings(job, result, trace, rank, device, mem, params)
 
 
 def _device_row(job: JobData, trace: str, device: int) -> dict[str, Any] | None:
@@ -427,6 +465,53 @@ def _summary(trace, rank, device, mem, top: Peaks, capacity, headroom, ops, wind
     )
 
 
+NOT_SHOWN = (
+    "nsys records the process's driver-level allocations (the caching allocator's segments and "
+    "the CUDA libraries' own buffers), not tensors: what was allocated, the fragmentation of the "
+    "reservation and the tensors live at the peak cannot be told from this trace"
+)
+
+
+def _segments_summary(trace, rank, device, mem, top: Peaks, capacity, headroom, window) -> Finding:
+    """The info summary of a segments-only device (nsys): the reserved peak and what is not shown."""
+    after_ms = (top.reserved_peak_ns - int(mem.ts_ns[0])) / 1e6
+    frees = int((np.diff(mem.reserved, prepend=0) < 0).sum())
+    lines = [
+        f"The process held at most {_mb(top.reserved_peak)} of device memory from cudaMalloc, "
+        f"{after_ms:,.3f} ms after its first device allocation in the trace "
+        f"({int(mem.ts_ns.size) - frees} allocations, {frees} frees)"
+    ]
+    if capacity:
+        lines.append(f"{headroom:.1f}% of the device's {_mb(capacity)} left free")
+    return Finding(
+        analyzer="memory",
+        trace=trace,
+        rank=rank,
+        device=device,
+        severity="info",
+        title=f"GPU {device} memory peak {_mb(top.reserved_peak)} reserved (allocated not recorded)",
+        detail="; ".join(lines) + ". " + NOT_SHOWN + ".",
+        recommendation="For allocated memory, fragmentation and the tensors live at the peak, "
+        "capture the same run with torch.profiler.profile(profile_memory=True) or a CUDA memory "
+        "snapshot (torch.cuda.memory._record_memory_history).",
+        evidence={
+            "key": "summary",
+            "events": int(mem.ts_ns.size),
+            "allocated_peak_bytes": None,
+            "allocated_peak_ns": None,
+            "reserved_peak_bytes": top.reserved_peak,
+            "reserved_peak_ns": top.reserved_peak_ns,
+            "allocated_at_reserved_peak_bytes": None,
+            "capacity_bytes": capacity,
+            "allocated_from_deltas": False,
+            "allocated_known": False,
+            "largest_free_block_bytes": None,
+            "live_at_peak": [],
+        },
+        windows=[window],
+    )
+
+
 def _headroom(trace, rank, device, top, held, capacity, source, headroom, window) -> Finding:
     return Finding(
         analyzer="memory",
@@ -486,9 +571,15 @@ def _fragmentation(trace, rank, device, top: Peaks, mem: DeviceMemory, window) -
     )
 
 
-def _churn(trace, rank, device, churn: list[dict[str, Any]]) -> Finding:
+def _churn(trace, rank, device, churn: list[dict[str, Any]], *, segments_only=False) -> Finding:
     changes = sum(s["reserved_changes"] for s in churn)
     calls = sum(s["driver_calls"] for s in churn)
+    same = (
+        " (nsys records each cudaMalloc/cudaFree as a reservation change: the two counts are "
+        "the same calls)"
+        if segments_only
+        else ""
+    )
     return Finding(
         analyzer="memory",
         trace=trace,
@@ -499,7 +590,8 @@ def _churn(trace, rank, device, churn: list[dict[str, Any]]) -> Finding:
         detail=(
             f"In each of the {len(churn)} steps the reserved total changed or the allocator "
             f"called cudaMalloc/cudaFree ({changes} reservation changes, {calls} driver calls in "
-            "all). Each cudaMalloc/cudaFree synchronizes the device and costs up to milliseconds."
+            f"all){same}. Each cudaMalloc/cudaFree synchronizes the device and costs up to "
+            "milliseconds."
         ),
         recommendation="Keep the cache warm: avoid torch.cuda.empty_cache() in the loop, keep "
         f"shapes stable, or set {EXPANDABLE}.",
@@ -540,7 +632,8 @@ SPEC = AnalyzerSpec(
     id="memory",
     title="GPU memory",
     description="Allocated and reserved peaks, fragmentation, headroom and allocator churn "
-    "from the allocator's events (Kineto profile_memory=True).",
+    "from the allocator's events (Kineto profile_memory=True, CUDA memory snapshots; nsys "
+    "--cuda-memory-usage=true gives the reserved side only).",
     run=run,
     thresholds=(
         Threshold(

@@ -25,7 +25,8 @@ CAPACITY_LINE_FROM = 0.25  # device memory drawn when the peak uses at least thi
 
 def memory_frame(con: duckdb.DuckDBPyConnection, trace_id: str) -> pd.DataFrame:
     """One row per allocator event of the trace: device, ts_ns, allocated and reserved bytes
-    (reserved NaN when the trace has no totals), in event order."""
+    (reserved NaN when the trace has no totals, allocated NaN when it records segments only:
+    nsys), in event order."""
     cols = con.execute(
         "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
         "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
@@ -41,7 +42,7 @@ def memory_frame(con: duckdb.DuckDBPyConnection, trace_id: str) -> pd.DataFrame:
                 {
                     "device": int(device),
                     "ts_ns": mem.ts_ns,
-                    "allocated": mem.allocated,
+                    "allocated": mem.allocated if mem.allocated_known else np.nan,
                     "reserved": mem.reserved if mem.reserved is not None else np.nan,
                 }
             )
@@ -58,7 +59,8 @@ def _thin(frame: pd.DataFrame, limit: int = MAX_POINTS) -> pd.DataFrame:
         return frame
     buckets = np.arange(len(frame)) * (limit // 3) // len(frame)
     keep = set(frame.groupby(buckets).head(1).index)
-    keep |= set(frame.groupby(buckets)["allocated"].idxmax())
+    if frame["allocated"].notna().any():  # nsys records no allocated series
+        keep |= set(frame.groupby(buckets)["allocated"].idxmax())
     if frame["reserved"].notna().any():
         keep |= set(frame.groupby(buckets)["reserved"].idxmax().dropna().astype(int))
     return frame.loc[sorted(keep)]

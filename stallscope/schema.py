@@ -225,20 +225,22 @@ KERNEL_METRICS = Table("kernel_metrics", "Nsight Compute metrics", (NCU,), (
     _c("timeline_end_ns", "int64", "that launch's end, ns"),
 ))  # fmt: skip
 
-MEMORY = Table("memory", "GPU allocator events", (KINETO, SNAPSHOT), (
+# -- memory: Kineto [memory] events, CUDA memory snapshots, nsys CUDA memory usage events --------
+_TENSORS = (KINETO, SNAPSHOT)  # the formats that see tensor allocations (nsys sees segments only)
+MEMORY = Table("memory", "GPU allocator events", (KINETO, SNAPSHOT, NSYS), (
     _TRACE,
-    _c("device", "int32", "`Device Id`"),
+    _c("device", "int32", "`Device Id`; nsys `deviceId`"),
     _c("ts_ns", "int64", "the event's time, same clock as the other tables (snapshots: `time_us` × 1000)"),
-    _c("bytes", "int64", "`Bytes`: > 0 an allocation, < 0 a free"),
-    _c("total_allocated", "int64", "the allocator's allocated total *after* the call; NULL in older traces (2021) that lack it"),
-    _c("total_reserved", "int64", "the allocator's reserved total after the call"),
-    _c("addr", "int64", "`Addr`: the block's address (pairs a free with its allocation)"),
-    _c("pid", "int64", "the process that called the allocator", KINETO),
-    _c("tid", "int64", "the thread that called the allocator (links the call to the CPU op around it)", KINETO),
+    _c("bytes", "int64", "`Bytes`: > 0 an allocation, < 0 a free (nsys: a device-memory allocation or free, signed)"),
+    _c("total_allocated", "int64", "the allocator's allocated total *after* the call; NULL in older traces (2021) that lack it", *_TENSORS),
+    _c("total_reserved", "int64", "the allocator's reserved total after the call; nsys: the running sum of the process's device allocations on this GPU from 0 at its first event (the caching allocator's segments plus what CUDA libraries allocate themselves)"),
+    _c("addr", "int64", "`Addr`: the block's address (pairs a free with its allocation; nsys `address`)"),
+    _c("pid", "int64", "the process that called the allocator", KINETO, NSYS),
+    _c("tid", "int64", "the thread that called the allocator (links the call to the CPU op around it; nsys: the thread of the `cudaMalloc`/`cudaFree` call with the same correlation id)", KINETO, NSYS),
     _c("external_id", "int64", "`External id` when the trace gives one (Kineto does not today)", KINETO),
     _c("seq", "int64", "position among the trace's memory rows in file order (ties in `ts_ns` keep it)"),
-    _c("source", "string", "`kineto` or `snapshot`"),
-    _c("action", "string", "Kineto: `alloc` (bytes ≥ 0) or `free`; snapshots: the entry's action, `bytes` its size signed (+ grows, − shrinks; a segment row's bytes are reserved, not allocated), or `free_block`: a free block when the snapshot was taken (`bytes` its size, `ts_ns` the last entry's, no totals)"),
+    _c("source", "string", "`kineto`, `snapshot` or `nsys`"),
+    _c("action", "string", "Kineto: `alloc` (bytes ≥ 0) or `free`; snapshots: the entry's action, `bytes` its size signed (+ grows, − shrinks; a segment row's bytes are reserved, not allocated), or `free_block`: a free block when the snapshot was taken (`bytes` its size, `ts_ns` the last entry's, no totals); nsys: `segment_alloc`/`segment_free` (a driver-level allocation: reserved, never a tensor)"),
     _c("stack", "string", "up to 4 Python frames of the allocation, PyTorch's own skipped, innermost first (`name (file.py:line) ← ...`)", SNAPSHOT),
 ))  # fmt: skip
 

@@ -47,7 +47,7 @@ REPORT = Format(
     title="Nsight Systems report",
     detect=looks_like_report,
     parse=_parse_report,
-    provides=frozenset({"timeline"}),
+    provides=frozenset({"timeline", "memory"}),
     source="nsys",
     binary=True,
     extensions=("nsys-rep", "qdrep"),
@@ -57,7 +57,7 @@ EXPORT = Format(
     title="Nsight Systems SQLite export",
     detect=looks_like_export,
     parse=_parse_export,
-    provides=frozenset({"timeline"}),
+    provides=frozenset({"timeline", "memory"}),
     binary=True,
     extensions=("sqlite",),
 )

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from stallscope.ingest.canonical import CanonicalTrace
 from stallscope.ingest.comm import MACROS_SQL
+from stallscope.ingest.nsys.memory import MEMORY_OUT_SQL
 from stallscope.ingest.nsys.ranks import payload_fields
 from stallscope.ingest.nsys.sql import (
     COLLECTIVES_OUT_SQL,
@@ -46,10 +47,14 @@ class NsysCanonical:
         # ``gid``: a stable id per GPU activity (file order), the tie-breaker of every ORDER BY.
         act = raw["act"]
         raw = dict(raw, act=act.append_column("gid", pa.array(np.arange(act.num_rows))))
+        if "memory_usage" in raw:  # ``rid``: file order, the tie-breaker of equal times
+            mem = raw["memory_usage"]
+            raw["memory_usage"] = mem.append_column("rid", pa.array(np.arange(mem.num_rows)))
         for name, table in raw.items():
             self.con.register(name, table)
         self.con.execute(MACROS_SQL)
         self.con.execute(PREPARE_SQL)
+        self.has_memory_usage = "memory_usage" in raw
         for name in ("act", "runtime", "osrt", "nvtx"):  # copied into DuckDB: let Arrow free them
             self.con.unregister(name)
         del raw, act
@@ -149,6 +154,11 @@ class NsysCanonical:
         ranges = _split(con.sql(RANGES_OUT_SQL).to_arrow_table(), n)
         collectives = _split(con.sql(COLLECTIVES_OUT_SQL).to_arrow_table(), n)
         threads = _split(con.sql(THREADS_OUT_SQL).to_arrow_table(), n)
+        memory = (
+            _split(con.sql(MEMORY_OUT_SQL).to_arrow_table(), n)
+            if self.has_memory_usage
+            else [None] * n
+        )
         names = con.sql("SELECT name_id, name FROM names ORDER BY name_id").to_arrow_table()
         out = []
         for i, unit in enumerate(units):
@@ -176,6 +186,8 @@ class NsysCanonical:
                     event_count=gpu[i].num_rows + host[i].num_rows,
                 )
             )
+            if memory[i] is not None:
+                out[-1].memory = memory[i]
         return out
 
     def _payload_table(self) -> pa.Table:

@@ -27,6 +27,7 @@ from stallscope.ingest.formats import ParseContext, ParsedTrace, Payload
 from stallscope.ingest.nsys.canonical import NsysCanonical
 from stallscope.ingest.nsys.db import NsysDb, check_header
 from stallscope.ingest.nsys.enums import enum_tables
+from stallscope.ingest.nsys.memory import read_memory_usage
 from stallscope.ingest.nsys.ranks import Unit, assign, recorded_ranks
 from stallscope.ingest.nsys.tables import (
     GPU_TABLES,
@@ -87,6 +88,7 @@ def parse_nsys_file(path: str | Path, name: str, ctx: ParseContext) -> list[Pars
             "runtime": read_runtime(db),
             "osrt": read_osrt(db),
             "nvtx": read_nvtx(db),
+            "memory_usage": read_memory_usage(db),
             "strings": read_strings(db),
             "thread_names": threads,
             "processes": processes,
