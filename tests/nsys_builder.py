@@ -22,6 +22,7 @@ VM = 1 << 48  # VM id 1 in bits 48-55, as real exports have
 
 MEMCPY_OPER = ["UNKNOWN", "HTOD", "DTOH", "HTOA", "ATOH", "ATOA", "ATOD", "DTOA", "DTOD", "HTOH", "PTOP"]  # fmt: skip
 MEM_KIND = ["PAGEABLE", "PINNED", "DEVICE", "ARRAY", "MANAGED", "DEVICE_STATIC", "MANAGED_STATIC", "UNKNOWN"]  # fmt: skip
+MEM_EVENT_OPER = ["ALLOCATION", "DEALLOCATION"]
 SYNC_TYPE = ["UNKNOWN", "EVENT_SYNCHRONIZE", "STREAM_WAIT_EVENT", "STREAM_SYNCHRONIZE", "CONTEXT_SYNCHRONIZE"]  # fmt: skip
 
 
@@ -120,6 +121,16 @@ class NsysBuilder:
                  threadsPerWarp=32, maxWarpsPerSm=64, maxBlocksPerSm=32, maxThreadsPerBlock=1024,
                  computeMajor=9, computeMinor=0)  # fmt: skip
 
+    def memory_usage(self, pid, device, start, address, nbytes, *, free=False, kind="DEVICE",
+                     corr=None, name=None):  # fmt: skip
+        """One CUDA_GPU_MEMORY_USAGE_EVENTS row (nsys profile --cuda-memory-usage=true)."""
+        self.tables.add("CUDA_GPU_MEMORY_USAGE_EVENTS")
+        self.add("CUDA_GPU_MEMORY_USAGE_EVENTS", start=start, globalPid=gpid(pid), deviceId=device,
+                 contextId=1, address=address, pc=0, bytes=nbytes,
+                 memKind=self.enum(MEM_KIND.index(kind)),
+                 memoryOperationType=self.enum(MEM_EVENT_OPER.index("DEALLOCATION" if free else "ALLOCATION")),
+                 name=name, correlationId=corr)  # fmt: skip
+
     def mpi_rank(self, pid, tid, rank):
         self.tables.add("MPI_RANKS")
         self.add("MPI_RANKS", globalTid=gtid(pid, tid), rank=rank)
@@ -195,6 +206,12 @@ class NsysBuilder:
                 "maxThreadsPerBlock INTEGER, computeMajor INTEGER, computeMinor INTEGER"
             ),
             "MPI_RANKS": "globalTid INTEGER, rank INTEGER",
+            "CUDA_GPU_MEMORY_USAGE_EVENTS": (
+                "start INTEGER NOT NULL, globalPid INTEGER NOT NULL, deviceId INTEGER NOT NULL, "
+                "contextId INTEGER NOT NULL, address INTEGER NOT NULL, pc INTEGER NOT NULL, "
+                "bytes INTEGER NOT NULL, memKind INTEGER NOT NULL, "
+                "memoryOperationType INTEGER NOT NULL, name TEXT, correlationId INTEGER"
+            ),
         }
         # Every column a table really has, plus the rows this builder fills.
         out = [f"CREATE TABLE {t} ({cols})" for t, cols in ddl.items() if t in self.tables]
@@ -210,6 +227,7 @@ class NsysBuilder:
             ("ENUM_CUDA_MEMCPY_OPER", "CUDA_MEMCPY_KIND_", MEMCPY_OPER),
             ("ENUM_CUDA_MEM_KIND", "CUDA_MEMOPR_MEMORY_KIND_", MEM_KIND),
             ("ENUM_CUPTI_SYNC_TYPE", "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_", SYNC_TYPE),
+            ("ENUM_CUDA_DEV_MEM_EVENT_OPER", "CUDA_DEV_MEM_EVENT_OPR_", MEM_EVENT_OPER),
         ):
             out.append(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, name TEXT, label TEXT)")
             values = ", ".join(
