@@ -294,3 +294,63 @@ def markdown_columns(table: str) -> str:
         meaning = column.meaning.replace("|", "\\|")
         lines.append(f"| {column.name} | {TYPES[column.type][1]} | {formats} | {meaning} |")
     return "\n".join(lines) + "\n"
+
+
+# -- catalog: one row per trace (meta.json), the ``catalog`` table of every store connection ---
+@dataclass(frozen=True)
+class CatalogField:
+    """One field of a trace's catalog row. ``type``: a key of :data:`TYPES` (a column of the
+    ``catalog`` table, stallscope.store.create_catalog) or ``list`` (in meta.json only);
+    ``job``: a field of the job's row (its annotations), not of each trace's meta.json."""
+
+    name: str
+    type: str
+    meaning: str
+    job: bool = False
+
+    @property
+    def in_table(self) -> bool:
+        return self.type in TYPES and not self.job
+
+
+CATALOG: tuple[CatalogField, ...] = tuple(CatalogField(*f) for f in (
+    ("trace_id", "string", "12 hex digits, derived from the job id and the file's hash"),
+    ("job_id", "string", "12 hex digits, derived from the hashes of all the job's files"),
+    ("name", "string", "file name as uploaded; when one file holds several traces (an nsys report of several processes or GPUs) with the trace's label in parentheses"),
+    ("source", "string", "`kineto`, `nsys` (Nsight Systems), `ncu` (Nsight Compute), `memory-snapshot` (a PyTorch CUDA memory snapshot)"),
+    ("source_version", "string", "Kineto `schemaVersion` (NULL for the 2021 bare-array schema); nsys `EXPORT_SCHEMA_VERSION`"),
+    ("rank", "int32", "from `distributedInfo`, else the file name, else 0; an `ncu` trace takes the rank of the timeline it describes ([below](#kernel_metrics--nsight-compute-metrics)); nsys: one trace per process (per GPU in a multi-GPU process), [rank rules](formats/nsys.md#ranks)"),
+    ("world_size", "int32", "from `distributedInfo`, else the number of ranks"),
+    ("backend", "string", "`distributedInfo.backend` (nccl, gloo, …); nsys: `nccl` when the file shows NCCL"),
+    ("file_name", "string", "the stored (compressed) file's path as given at upload (the SQL page shows base names)"),
+    ("file_hash", "string", "SHA-256 of that file (hex, as `sha256sum` prints it)"),
+    ("file_bytes", "int64", "its size in bytes"),
+    ("uploaded_by", "string", "user name (`--user`, `$STALLSCOPE_USER`, login) of the first upload (each upload is kept: [store.md](store.md#uploads))"),
+    ("uploaded_at", "string", "ISO-8601 UTC time of the first upload"),
+    ("event_count", "int64", "trace events other than metadata (`ph: \"M\"`) events; nsys: rows of `gpu` + `host`"),
+    ("gpu_event_count", "int64", "rows of `gpu`"),
+    ("kernel_count", "int64", "rows of `gpu` of kind `kernel`"),
+    ("span_ns", "int64", "first start to last end of the trace's kernels, memcpys and memsets"),
+    ("base_time_ns", "int64", "Kineto `baseTimeNanoseconds` when present; nsys: the session start in Unix-epoch ns (its times count from it)"),
+    ("ingest_seconds", "double", "wall time this trace's ingest took"),
+    ("stallscope_version", "string", "the stallscope that ingested it"),
+    ("devices", "list", "`{device, name, sm_count}` of each device with GPU activity"),
+    ("warnings", "list", "what ingest repaired or dropped"),
+    ("tags", "list", "job annotation (`annotations.json`, editable)", True),
+    ("notes", "string", "job annotation (`annotations.json`, editable)", True),
+))  # fmt: skip
+CATALOG_FIELDS: dict[str, CatalogField] = {f.name: f for f in CATALOG}
+# The ``catalog`` table: (name, DuckDB type) of every scalar field of meta.json, in order.
+CATALOG_COLUMNS: tuple[tuple[str, str], ...] = tuple(
+    (f.name, TYPES[f.type][0]) for f in CATALOG if f.in_table
+)
+
+
+def markdown_catalog() -> str:
+    """The docs/schema.md table of the catalog fields (``tools/gen_schema_docs.py``)."""
+    lines = ["| field | type | `catalog` table | meaning |", "|---|---|---|---|"]
+    for f in CATALOG:
+        kind = TYPES[f.type][1] if f.type in TYPES else f.type
+        where = "yes" if f.in_table else ("no: the job's row" if f.job else "no: meta.json only")
+        lines.append(f"| {f.name} | {kind} | {where} | {f.meaning.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines) + "\n"

@@ -50,7 +50,7 @@ from typing import Any
 import duckdb
 
 from stallscope.errors import NotFoundError, environment_problem
-from stallscope.schema import EMPTY_SELECTS, TABLE_NAMES
+from stallscope.schema import CATALOG_COLUMNS, EMPTY_SELECTS, TABLE_NAMES
 
 STORE_FORMAT = "stallscope-store/1"
 TABLES = TABLE_NAMES  # the canonical tables, declared in stallscope.schema
@@ -384,17 +384,9 @@ class Store:
         return con
 
 
-CATALOG_COLUMNS = (
-    ("trace_id", "VARCHAR"), ("job_id", "VARCHAR"), ("name", "VARCHAR"), ("source", "VARCHAR"),
-    ("source_version", "VARCHAR"), ("rank", "INTEGER"), ("world_size", "INTEGER"),
-    ("file_name", "VARCHAR"), ("file_hash", "VARCHAR"), ("file_bytes", "BIGINT"),
-    ("uploaded_by", "VARCHAR"), ("uploaded_at", "VARCHAR"), ("event_count", "BIGINT"),
-    ("kernel_count", "BIGINT"), ("span_ns", "BIGINT"),
-)  # fmt: skip
-
-
 def create_catalog(con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]]) -> None:
-    """A ``catalog`` table with one row per trace catalog row (``meta.json``)."""
+    """A ``catalog`` table with one row per trace catalog row (``meta.json``): the scalar fields
+    declared in :data:`stallscope.schema.CATALOG` (:data:`CATALOG_COLUMNS`), in that order."""
     cols = ", ".join(f"{name} {typ}" for name, typ in CATALOG_COLUMNS)
     con.execute(f"CREATE TEMP TABLE catalog ({cols})")
     rows = [[meta.get(name) for name, _ in CATALOG_COLUMNS] for meta in metas]

@@ -4,6 +4,7 @@ docs/schema.md documents; the format registry agrees with it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 import subprocess
 import sys
@@ -125,8 +126,8 @@ def test_empty_views_have_every_declared_column(store):
 
 @pytest.fixture(scope="module")
 def sample_store(tmp_path_factory):
-    """One trace or job of every format: Kineto (with memory events), nsys, ncu with its
-    timeline, and a memory snapshot built in code."""
+    """One trace or job of every format: Kineto (with memory events), nsys (one with memory
+    usage events), ncu with its timeline, and a memory snapshot built in code."""
     from stallscope.store import Store
     from tests.test_memory import snapshot
 
@@ -138,6 +139,7 @@ def sample_store(tmp_path_factory):
         [SAMPLES / "kineto" / "ddp_overlap"],
         [SAMPLES / "kineto" / "memory_gpt" / "memory_gpt.pt.trace.json.gz"],
         [SAMPLES / "nsys" / "ddp_overlap.sqlite.gz"],
+        [SAMPLES / "nsys" / "nsys_mem_churn.sqlite.gz"],  # CUDA memory usage events
         [SAMPLES / "kineto" / "occupancy" / "occupancy.pt.trace.json.gz",
          SAMPLES / "ncu" / "occupancy.raw.csv", SAMPLES / "ncu" / "occupancy.details.csv"],
         [snap],
@@ -170,6 +172,50 @@ def test_formats_fill_only_the_columns_declared_for_them(sample_store):
                 assert source in table.filled_by(column), (table.name, column.name, source)
     # and the samples do exercise every format's tables
     assert seen["kineto"] >= {"gpu", "host", "ranges", "collectives", "names", "memory"}
-    assert seen["nsys"] >= {"gpu", "host", "ranges", "collectives", "devices"}
+    assert seen["nsys"] >= {"gpu", "host", "ranges", "collectives", "devices", "memory"}
     assert seen["ncu"] >= {"kernel_metrics", "names", "devices"}
     assert seen["memory-snapshot"] == {"memory"}
+
+
+# -- the catalog (meta.json fields, the ``catalog`` table) -------------------------------------
+def test_the_store_catalog_table_is_the_declared_one(sample_store):
+    con = sample_store.connect()
+    try:
+        described = [(row[0], row[1]) for row in con.execute("DESCRIBE catalog").fetchall()]
+        rows = con.execute("SELECT * FROM catalog ORDER BY trace_id").fetchall()
+    finally:
+        con.close()
+    assert described == list(schema.CATALOG_COLUMNS)
+    metas = sorted((r.meta for r in sample_store.traces()), key=lambda m: m["trace_id"])
+    names = [name for name, _ in schema.CATALOG_COLUMNS]
+    assert [dict(zip(names, row, strict=True)) for row in rows] == [
+        {name: meta.get(name) for name in names} for meta in metas
+    ]
+
+
+_PY_TYPES = {"string": str, "int32": int, "int64": int, "double": (int, float), "bool": bool,
+             "list": list}  # fmt: skip
+
+
+def test_every_meta_json_field_is_declared_with_its_type(sample_store):
+    """What ingest writes into meta.json and the declared catalog agree, both ways."""
+    declared = {f.name: f for f in schema.CATALOG if not f.job}
+    for ref in sample_store.traces():
+        meta = json.loads((ref.path / "meta.json").read_text())
+        assert set(meta) == set(declared), (ref.meta["source"], set(meta) ^ set(declared))
+        for name, value in meta.items():
+            wanted = _PY_TYPES[declared[name].type]
+            assert value is None or isinstance(value, wanted), (name, value)
+
+
+def test_the_catalog_docs_are_generated_and_checked(tmp_path):
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import gen_schema_docs
+    finally:
+        sys.path.pop(0)
+    text = (REPO / "docs" / "schema.md").read_text()
+    drifted = text.replace("| span_ns | int64 | yes |", "| span_ns | int32 | yes |")
+    assert drifted != text and gen_schema_docs.render(drifted) == text
+    with pytest.raises(SystemExit, match="catalog"):
+        gen_schema_docs.render(text.replace("<!-- catalog -->", "<!-- gone -->"))

@@ -3,9 +3,10 @@
 Usage: python tools/gen_schema_docs.py [--check]
 
 Each canonical table's section in docs/schema.md holds its column table
-between ``<!-- columns: NAME -->`` and ``<!-- /columns -->``; this tool
-rewrites what is between them (the prose around them is kept), and adds
-nothing else. A table of the schema without such a block or without its
+between ``<!-- columns: NAME -->`` and ``<!-- /columns -->``, and the catalog
+section its field table between ``<!-- catalog -->`` and ``<!-- /catalog -->``
+(``stallscope.schema.CATALOG``); this tool rewrites what is between them (the
+prose around them is kept), and adds nothing else. No catalog block is an error. A table of the schema without such a block or without its
 section (``## NAME — TITLE``), or a block naming no table, is an error. ``--check`` (tests/test_schema.py) exits 1 when
 the file is not what it would write.
 """
@@ -18,11 +19,12 @@ from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "schema.md"
 BLOCK = re.compile(r"(<!-- columns: (\w+) -->\n)(.*?)(<!-- /columns -->)", re.DOTALL)
+CATALOG_BLOCK = re.compile(r"(<!-- catalog -->\n)(.*?)(<!-- /catalog -->)", re.DOTALL)
 
 
 def render(text: str) -> str:
     """``text`` (docs/schema.md) with every column block regenerated."""
-    from stallscope.schema import TABLE_NAMES, TABLES, markdown_columns
+    from stallscope.schema import TABLE_NAMES, TABLES, markdown_catalog, markdown_columns
 
     found = [m.group(2) for m in BLOCK.finditer(text)]
     unknown = sorted(set(found) - set(TABLE_NAMES))
@@ -36,6 +38,9 @@ def render(text: str) -> str:
     ]
     if headings:
         raise SystemExit(f"docs/schema.md: no section headed {headings} (the schema's titles)")
+    if len(CATALOG_BLOCK.findall(text)) != 1:
+        raise SystemExit("docs/schema.md: needs exactly one <!-- catalog --> block")
+    text = CATALOG_BLOCK.sub(lambda m: m.group(1) + markdown_catalog() + m.group(3), text)
     return BLOCK.sub(lambda m: m.group(1) + markdown_columns(m.group(2)) + m.group(4), text)
 
 
