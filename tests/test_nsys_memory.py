@@ -195,3 +195,21 @@ def test_h200_warm_allocator_has_no_churn(store):
     truth, result, _ = h200(store, "nsys_mem_train")
     assert truth["cudaMalloc_by_allocator_in_steps"] == 0
     assert set(by_key(result)) == {"summary"}
+
+
+def test_memory_chart_draws_reserved_only(store, tmp_path):
+    from stallscope.memory_charts import _thin, memory_figure, memory_frame
+
+    refs = ingest(store, known_export().write(tmp_path / "m.sqlite"))
+    result = analyze(store, refs)
+    summary = next(f for f in result.findings if f.evidence["key"] == "summary")
+    con = store.connect(refs)
+    try:
+        frame = memory_frame(con, refs[0].trace_id)
+    finally:
+        con.close()
+    assert frame["allocated"].isna().all()
+    assert list(frame["reserved"]) == [100 * M, 150 * M, 100 * M, 120 * M, 100 * M]
+    assert _thin(frame, limit=3)["reserved"].max() == 150 * M  # the peak survives thinning
+    figure = memory_figure(frame, 0, {"evidence": summary.evidence})
+    assert [t.name for t in figure.data] == ["reserved"]  # no allocated line, no allocated peak
