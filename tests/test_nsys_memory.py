@@ -213,3 +213,23 @@ def test_memory_chart_draws_reserved_only(store, tmp_path):
     assert _thin(frame, limit=3)["reserved"].max() == 150 * M  # the peak survives thinning
     figure = memory_figure(frame, 0, {"evidence": summary.evidence})
     assert [t.name for t in figure.data] == ["reserved"]  # no allocated line, no allocated peak
+
+
+def test_memory_page_on_an_nsys_job(store, tmp_path, monkeypatch):
+    import streamlit as st
+
+    from tests.test_memory import values_of
+    from tests.test_pages import page
+
+    st.cache_data.clear()
+    (res,) = ingest_paths(store, [str(known_export().write(tmp_path / "m.sqlite"))])
+    monkeypatch.setenv("STALLSCOPE_STORE", str(store.root))
+    at = page("memory", job=res.job_id)
+    assert not at.exception
+    (chart,) = at.get("plotly_chart")
+    series = {t["name"]: t for t in json.loads(chart.proto.spec)["data"]}
+    assert set(series) == {"reserved"}
+    assert values_of(series["reserved"]["y"]) == [100.0, 150.0, 100.0, 120.0, 100.0]
+    assert "MEDIUM" in " ".join(w.value for w in at.warning)  # the churn finding
+    assert "cannot be told" in " ".join(c.value for c in at.caption)
+    assert not at.dataframe  # no live-at-peak table: nsys sees no tensors
