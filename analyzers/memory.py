@@ -477,7 +477,7 @@ def _segments_summary(trace, rank, device, mem, top: Peaks, capacity, headroom, 
     after_ms = (top.reserved_peak_ns - int(mem.ts_ns[0])) / 1e6
     frees = int((np.diff(mem.reserved, prepend=0) < 0).sum())
     lines = [
-        f"The process held at most {_mb(top.reserved_peak)} of device memory from cudaMalloc, "
+        f"The process held at most {_mb(top.reserved_peak)} of device memory from the driver, "
         f"{after_ms:,.3f} ms after its first device allocation in the trace "
         f"({int(mem.ts_ns.size) - frees} allocations, {frees} frees)"
     ]

@@ -33,8 +33,8 @@ MEMORY_SCHEMA = pa.schema(
 def read_memory_usage(db: NsysDb) -> pa.Table:
     """Device-memory allocations and frees of ``CUDA_GPU_MEMORY_USAGE_EVENTS`` (``MEMORY_SCHEMA``).
 
-    Only ``memKind`` DEVICE rows (what ``cudaMalloc``/``cuMemAlloc``/``cuMemCreate`` hand
-    out: the caching allocator's segments and the CUDA libraries' own buffers) with a
+    Only ``memKind`` DEVICE rows (device memory the driver hands out, ``cudaMalloc`` and kin:
+    the caching allocator's segments and the CUDA libraries' own buffers) with a
     ``memoryOperationType`` of allocation or deallocation; statically declared ``__device__``
     variables (DEVICE_STATIC), pinned host and managed memory are left out. ``gp`` is the
     process key (``globalPid >> 24``); rows keep file order (rowid). Empty when the table is
