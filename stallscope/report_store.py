@@ -182,6 +182,9 @@ def _is_report(report: Any) -> bool:
         isinstance(report, dict)
         and report.get("schema") == REPORT_SCHEMA
         and all(isinstance(report.get(k), list) for k in ("traces", "metrics", "findings"))
+        # the typed tables (added 2026-12-01) the dashboard reads: a report stored
+        # without them is computed again rather than drawn half empty
+        and isinstance(report.get("tables"), dict)
     )
 
 
