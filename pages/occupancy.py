@@ -27,14 +27,12 @@ NCU_COLUMNS = {
 }
 
 
-def _ncu_columns(frame: pd.DataFrame) -> bool:
-    """Name the Nsight Compute columns for the table, or drop them when no kernel was profiled
-    (``ncu_bound`` is set for every profiled kernel)."""
+def _ncu_columns(frame: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """The table with the Nsight Compute columns named for the page, or without them when no
+    kernel was profiled (``ncu_bound`` is set for every profiled kernel); and whether any was."""
     if "ncu_bound" not in frame or not frame["ncu_bound"].notna().any():
-        frame.drop(columns=list(NCU_COLUMNS), errors="ignore", inplace=True)
-        return False
-    frame.rename(columns=NCU_COLUMNS, inplace=True)
-    return True
+        return frame.drop(columns=list(NCU_COLUMNS), errors="ignore"), False
+    return frame.rename(columns=NCU_COLUMNS), True
 
 
 def render() -> None:
@@ -56,7 +54,7 @@ def render() -> None:
     for f in tables:
         st.subheader(finding_text(f["title"]))
         frame = pd.DataFrame(table_of(report, "occupancy", f["trace"], f["device"]))
-        measured = _ncu_columns(frame)
+        frame, measured = _ncu_columns(frame)
         shown = [c for c in COLUMNS if c in frame.columns]
         for column, sep in (("limiter", ", "), ("block", " × "), ("grid", " × ")):
             if column in frame:
