@@ -118,23 +118,21 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
+    """Each device's metrics, then its findings in report order, each spoken from its
+    measurement (None: nothing of that kind on the device)."""
     for c in device_copies(job, Where(trace, rank)):
         result.metrics.extend(metrics(c))
         if not c.dev["start_ns"].size:
             continue
-        h2d, d2h = measure_pageable_h2d(job, c, params), measure_pageable_d2h(job, c, params)
-        bound, in_step, sync = (
-            measure_copy_bound(job, c),
-            measure_d2h_in_step(c),
-            measure_sync_copies(c),
+        measured = (
+            (measure_pageable_h2d(job, c, params), speak_pageable_h2d),
+            (measure_pageable_d2h(job, c, params), speak_pageable_d2h),
+            (measure_copy_bound(job, c), speak_copy_bound),
+            (measure_d2h_in_step(c), speak_d2h_in_step),
+            (measure_sync_copies(c), speak_sync_copies),
         )
-        for finding in (
-            speak_pageable_h2d(h2d, params) if h2d else None,
-            speak_pageable_d2h(d2h, params) if d2h else None,
-            speak_copy_bound(bound, params) if bound else None,
-            speak_d2h_in_step(in_step, params) if in_step else None,
-            speak_sync_copies(sync, params) if sync else None,
-        ):
+        for m, speak in measured:
+            finding = None if m is None else speak(m, params)
             if finding:
                 result.findings.append(finding)
 
