@@ -23,7 +23,7 @@ from typing import Any, get_args
 
 import msgspec
 
-from stallscope.report_types import FindingEntry, Metric, Severity, plain_number
+from stallscope.report_types import FindingEntry, Metric, Severity, Tables, plain_number
 
 SEVERITIES: tuple[str, ...] = get_args(Severity)  # worst first
 SEVERITY_RANK = {
@@ -109,16 +109,25 @@ class Finding(msgspec.Struct, kw_only=True):
 
 
 class AnalyzerResult(msgspec.Struct):
+    """What an analyzer returns: findings, metrics, and the rows of the report's typed
+    tables (:class:`~stallscope.report_types.Tables`) its measure functions fill."""
+
     findings: list[Finding] = []
     metrics: list[Metric] = []
+    tables: Tables = msgspec.field(default_factory=Tables)
+
+    def extend(self, other: AnalyzerResult) -> None:
+        """Append ``other``'s findings, metrics and table rows to this result."""
+        self.findings.extend(other.findings)
+        self.metrics.extend(other.metrics)
+        self.tables.extend(other.tables)
 
 
 def concatenate(results: list[AnalyzerResult]) -> AnalyzerResult:
-    """The findings and metrics of ``results``, in order."""
+    """The findings, metrics and table rows of ``results``, in order."""
     out = AnalyzerResult()
     for result in results:
-        out.findings.extend(result.findings)
-        out.metrics.extend(result.metrics)
+        out.extend(result)
     return out
 
 

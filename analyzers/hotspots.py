@@ -17,7 +17,8 @@ timeline):
   convolution) read from kernel names (:func:`precision_of`, :func:`tensor_cores_of`).
 
 One ``info`` finding per device with the tables in ``evidence``; metrics
-``gpu_time_pct_<category>`` and ``tensor_core_pct``.
+``gpu_time_pct_<category>`` and ``tensor_core_pct``; the same tables as the
+report's ``kernels``, ``kernel_categories`` and ``operators`` (typed rows).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from stallscope.analyzers.base import (
 )
 from stallscope.host_ops import enclosing_ops, name_lookup, op_stack
 from stallscope.jobdata import JobData
+from stallscope.report_types import KernelCategoryRow, KernelRow, OperatorRow, Tables
 from stallscope.scope import scope_sql
 
 THRESHOLDS = (
@@ -233,6 +235,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
     for profile in measure_trace(job, Where(trace, rank), params):
         result.metrics.extend(metrics(profile))
+        result.tables.extend(tables(profile))
         result.findings.append(speak(profile, params))
 
 
@@ -460,6 +463,17 @@ def metrics(m: DeviceProfile) -> list[Metric]:
     if m.matrix_ns:
         out.append(Metric(w.trace, w.rank, w.device, "tensor_core_pct", m.tensor_core_pct, "%"))
     return out
+
+
+def tables(m: DeviceProfile) -> Tables:
+    """The device's rows of the report's ``kernels``, ``kernel_categories`` and ``operators``
+    tables (the same rows as the finding's evidence)."""
+    w = {"trace": m.where.trace, "rank": m.where.rank, "device": m.where.device}
+    return Tables(
+        kernels=[KernelRow(**w, **row) for row in m.top_kernels],
+        kernel_categories=[KernelCategoryRow(**w, **row) for row in m.categories],
+        operators=[OperatorRow(**w, **row) for row in m.top_ops],
+    )
 
 
 def speak(m: DeviceProfile, params: dict) -> Finding:

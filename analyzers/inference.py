@@ -33,6 +33,7 @@ from stallscope.analyzers.base import (
 from stallscope.decode_periods import HOST_WORK, DecodePeriods, measure_periods
 from stallscope.iterations import Iterations, find_iterations
 from stallscope.jobdata import JobData
+from stallscope.report_types import IterationRow
 
 THRESHOLDS = (
     *graded_thresholds(
@@ -71,6 +72,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
             numbers = measure(its, periods, params)
             where = (ref.trace_id, rank, int(device))
             result.metrics.extend(_metrics(where, numbers))
+            result.tables.iterations.extend(iteration_rows(where, its, periods))
             numbers["iteration_range"] = name_regex
             result.findings.extend(_findings(where, its, periods, numbers, params))
     return result
@@ -535,6 +537,17 @@ def _iterations_finding(where, its: Iterations, periods, numbers) -> Finding:
         },
         [],
     )
+
+
+def iteration_rows(
+    where: tuple, its: Iterations, periods: DecodePeriods | None
+) -> list[IterationRow]:
+    """The device's rows of the report's ``iterations`` table (the same as the
+    ``iterations`` finding's evidence)."""
+    trace, rank, device = where
+    return [
+        IterationRow(trace=trace, rank=rank, device=device, **row) for row in _rows(its, periods)
+    ]
 
 
 def _rows(its: Iterations, periods: DecodePeriods | None) -> list[dict]:

@@ -29,8 +29,6 @@ Metrics: ``pageable_memcpy_bytes`` and ``pageable_memcpy_count`` per device
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import msgspec
 import numpy as np
 
@@ -120,41 +118,35 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
 
 
 def _trace(job: JobData, result: AnalyzerResult, trace: str, rank: int, params: dict) -> None:
+    """Each device's metrics, then its findings in report order, each spoken from its
+    measurement (None: nothing of that kind on the device)."""
     for c in device_copies(job, Where(trace, rank)):
-        dev, where = c.dev, c.where
-        host_pageable = (dev["src_kind"] == "pageable") | (dev["dst_kind"] == "pageable")
-        result.metrics.append(
-            Metric(
-                where.trace,
-                where.rank,
-                where.device,
-                "pageable_memcpy_bytes",
-                int(dev["bytes"][host_pageable].sum()),
-                "bytes",
-            )
-        )
-        result.metrics.append(
-            Metric(
-                where.trace,
-                where.rank,
-                where.device,
-                "pageable_memcpy_count",
-                int(host_pageable.sum()),
-                "count",
-            )
-        )
-        if not dev["start_ns"].size:
+        result.metrics.extend(metrics(c))
+        if not c.dev["start_ns"].size:
             continue
-        h2d, bound = measure_pageable_h2d(job, c, params), measure_copy_bound(job, c)
-        for finding in (
-            speak_pageable_h2d(h2d, params) if h2d else None,
-            _pageable_d2h(job, c, params),
-            speak_copy_bound(bound, params) if bound else None,
-            _d2h_in_step(c, params),
-            _sync_copies(c),
-        ):
+        measured = (
+            (measure_pageable_h2d(job, c, params), speak_pageable_h2d),
+            (measure_pageable_d2h(job, c, params), speak_pageable_d2h),
+            (measure_copy_bound(job, c), speak_copy_bound),
+            (measure_d2h_in_step(c), speak_d2h_in_step),
+            (measure_sync_copies(c), speak_sync_copies),
+        )
+        for m, speak in measured:
+            finding = None if m is None else speak(m, params)
             if finding:
                 result.findings.append(finding)
+
+
+def metrics(c: DeviceCopies) -> list[Metric]:
+    """``pageable_memcpy_bytes`` and ``pageable_memcpy_count`` of the device: its copies whose
+    host memory is pageable, either direction (0 without copies)."""
+    dev, w = c.dev, c.where
+    host_pageable = (dev["src_kind"] == "pageable") | (dev["dst_kind"] == "pageable")
+    return [
+        Metric(w.trace, w.rank, w.device, "pageable_memcpy_bytes",
+               int(dev["bytes"][host_pageable].sum()), "bytes"),
+        Metric(w.trace, w.rank, w.device, "pageable_memcpy_count", int(host_pageable.sum()), "count"),
+    ]  # fmt: skip
 
 
 def device_copies(job: JobData, where: Where) -> list[DeviceCopies]:
@@ -415,9 +407,9 @@ def refill_after(
     return np.minimum(gap, cap).astype(np.int64)
 
 
-@dataclass
-class PageableD2H:
-    """Pageable device-to-host copies of one device inside the steps, measured.
+class PageableD2H(msgspec.Struct, kw_only=True):
+    """Pageable device-to-host copies of one device inside the steps, measured:
+    :func:`measure_pageable_d2h`.
 
     ``exposed_ns``: copy time with no kernel beside it (the critical path: the
     host waits for the copy, and the GPU has nothing else queued while the
@@ -428,7 +420,7 @@ class PageableD2H:
     Σ max(0, exposed − pinned) + refill per copy.
     """
 
-    mask: np.ndarray
+    where: Where
     count: int
     nbytes: int
     gpu_ns: int
@@ -436,70 +428,78 @@ class PageableD2H:
     pinned_ns: int
     saving_ns: int
     refill_ns: int
-    achieved_gbps: float
-    gbps: float
-    gbps_source: str
-    span: int
-    share: float
+    gbps: float  # assumed pinned bandwidth
+    gbps_source: str  # where gbps comes from
+    span_ns: int
+    steps: int
+    call_sites: list[dict]
+    windows: list[list[int]]  # the longest copies
+
+    @property
+    def achieved_gbps(self) -> float:
+        return self.nbytes / self.gpu_ns if self.gpu_ns else 0.0
+
+    @property
+    def share_pct(self) -> float:
+        """The exposed copy time as a share of the span (unrounded)."""
+        return 100.0 * self.exposed_ns / self.span_ns if self.span_ns else 0.0
 
 
-def _measure_d2h(job: JobData, c: DeviceCopies, params: dict) -> PageableD2H | None:
-    trace, device, dev, in_step, window = c.where.trace, c.where.device, c.dev, c.in_step, c.window
-    mask = (dev["copy_kind"] == "DtoH") & (dev["dst_kind"] == "pageable") & in_step
+def measure_pageable_d2h(job: JobData, c: DeviceCopies, params: dict) -> PageableD2H | None:
+    """The device's pageable device-to-host copies inside the steps, or None when it has none."""
+    trace, device, dev, window = c.where.trace, c.where.device, c.dev, c.window
+    mask = (dev["copy_kind"] == "DtoH") & (dev["dst_kind"] == "pageable") & c.in_step
     if not mask.any():
         return None
     gbps, source = pinned_bandwidth(job, trace, device, dev, params)
-    dur = (dev["end_ns"] - dev["start_ns"])[mask]
+    dur_all = dev["end_ns"] - dev["start_ns"]
+    dur = dur_all[mask]
     kernels = kernel_union(job, trace, device)
     exposed = exposed_each(dev, kernels)[mask]
     refill = refill_after(dev["end_ns"][mask], kernels, cap=exposed)
     pinned = dev["bytes"][mask] / gbps + PINNED_LATENCY_NS
-    nbytes, gpu_ns = int(dev["bytes"][mask].sum()), int(dur.sum())
-    span = _span(job, trace, device, window)
+    count = int(mask.sum())
+    longest = np.argsort(-(dur_all * mask), kind="stable")[: min(MAX_WINDOWS, count)]
     return PageableD2H(
-        mask=mask,
-        count=int(mask.sum()),
-        nbytes=nbytes,
-        gpu_ns=gpu_ns,
+        where=c.where,
+        count=count,
+        nbytes=int(dev["bytes"][mask].sum()),
+        gpu_ns=int(dur.sum()),
         exposed_ns=int(exposed.sum()),
         pinned_ns=int(pinned.sum()),
         saving_ns=int((np.maximum(exposed - pinned, 0) + refill).sum()),
         refill_ns=int(refill.sum()),
-        achieved_gbps=nbytes / gpu_ns if gpu_ns else 0.0,
         gbps=gbps,
         gbps_source=source,
-        span=span,
-        share=100.0 * int(exposed.sum()) / span if span else 0.0,
+        span_ns=_span(job, trace, device, window),
+        steps=c.steps,
+        call_sites=_by_site(c.sites[mask], dev["bytes"][mask], dur),
+        windows=[[int(dev["start_ns"][i]), int(dev["end_ns"][i])] for i in longest],
     )
 
 
-def _pageable_d2h(job: JobData, c: DeviceCopies, params: dict) -> Finding | None:
-    """Pageable device-to-host copies: the copy's exposed time is on the critical path."""
-    trace, rank, device = c.where.trace, c.where.rank, c.where.device
-    dev, sites, n_steps = c.dev, c.sites, c.steps
-    m = _measure_d2h(job, c, params)
-    if m is None:
-        return None
-    severity = graded_severity(m.share, m.exposed_ns, params)
+def speak_pageable_d2h(m: PageableD2H, params: dict) -> Finding | None:
+    """The pageable device-to-host finding, graded by the exposed share of the span; None
+    below the ladder or under ``min_impact_ms``."""
+    severity = graded_severity(m.share_pct, m.exposed_ns, params)
     if severity is None:
         return None
+    device, n_steps, share, achieved = m.where.device, m.steps, m.share_pct, m.achieved_gbps
     per_step = f" ({_mib(m.nbytes // n_steps)} per step)" if n_steps else ""
-    dur = dev["end_ns"] - dev["start_ns"]
-    longest = np.argsort(-(dur * m.mask), kind="stable")[: min(MAX_WINDOWS, m.count)]
     return Finding(
         analyzer="memcpy",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=device,
         severity=severity,
         title=(
             f"GPU {device}: {m.count} pageable device-to-host copies, {_mib(m.nbytes)}{per_step}, at "
-            f"{m.achieved_gbps:.1f} GB/s take {m.share:.1f}% of the time"
+            f"{achieved:.1f} GB/s take {share:.1f}% of the time"
         ),
         detail=(
             f"{m.count} copies into pageable host memory moved {m.nbytes:,} bytes in {m.gpu_ns / 1e6:.2f} ms "
-            f"({m.achieved_gbps:.1f} GB/s), {m.exposed_ns / 1e6:.2f} ms of it with no kernel running "
-            f"({m.share:.1f}% of the {m.span / 1e6:.2f} ms span). A copy into pageable memory returns only "
+            f"({achieved:.1f} GB/s), {m.exposed_ns / 1e6:.2f} ms of it with no kernel running "
+            f"({share:.1f}% of the {m.span_ns / 1e6:.2f} ms span). A copy into pageable memory returns only "
             f"when it is done, so the host waits for it and the GPU gets no new work meanwhile. Into pinned "
             f"memory at {m.gbps:.1f} GB/s ({m.gbps_source}) it would take about {m.pinned_ns / 1e6:.2f} ms, and "
             f"with non_blocking=True it can overlap compute; the GPU also idled {m.refill_ns / 1e6:.2f} ms "
@@ -521,50 +521,80 @@ def _pageable_d2h(job: JobData, c: DeviceCopies, params: dict) -> Finding | None
             "exposed_ns": m.exposed_ns,
             "pinned_estimate_ns": m.pinned_ns,
             "refill_ns": m.refill_ns,
-            "achieved_gbps": round(float(m.achieved_gbps), 2),
+            "achieved_gbps": round(float(achieved), 2),
             "pinned_gbps": round(float(m.gbps), 2),
             "pinned_gbps_source": m.gbps_source,
-            "share_of_span_pct": round(float(m.share), 3),
-            "span_ns": m.span,
+            "share_of_span_pct": round(float(share), 3),
+            "span_ns": m.span_ns,
             "steps": n_steps,
-            "call_sites": _by_site(sites[m.mask], dev["bytes"][m.mask], dur[m.mask]),
+            "call_sites": m.call_sites,
         },
-        windows=[[int(dev["start_ns"][i]), int(dev["end_ns"][i])] for i in longest],
+        windows=m.windows,
     )
 
 
-def _d2h_in_step(c: DeviceCopies, params: dict) -> Finding | None:
-    trace, rank, device = c.where.trace, c.where.rank, c.where.device
-    dev, in_step, sites, n_steps = c.dev, c.in_step, c.sites, c.steps
+class D2HInStep(msgspec.Struct, kw_only=True):
+    """Device-to-host copies of one device launched inside the steps: :func:`measure_d2h_in_step`."""
+
+    where: Where
+    count: int
+    nbytes: int
+    pageable: int  # of them, into pageable memory
+    sync_api: int  # of them, through a synchronous copy call
+    steps: int
+    call_sites: list[dict]
+    windows: list[list[int]]  # launch to copy end of the longest copies
+
+    @property
+    def per_step(self) -> float:
+        return self.count / self.steps
+
+
+def measure_d2h_in_step(c: DeviceCopies) -> D2HInStep | None:
+    """The device's device-to-host copies inside the steps, or None without steps or such copies."""
+    dev, n_steps = c.dev, c.steps
     if not n_steps:
         return None
-    d2h = (dev["copy_kind"] == "DtoH") & in_step
-    per_step = d2h.sum() / n_steps
-    if not d2h.any() or per_step < params["d2h_per_step"]:
+    d2h = (dev["copy_kind"] == "DtoH") & c.in_step
+    if not d2h.any():
         return None
-    pageable = d2h & (dev["dst_kind"] == "pageable")
-    sync_api = d2h & dev["sync_api"]
     dur = dev["end_ns"] - dev["start_ns"]
-    nbytes = int(dev["bytes"][d2h].sum())
-    by_site = _by_site(sites[d2h], dev["bytes"][d2h], dur[d2h])
-    top = ", ".join(f"{s['call_site']} ×{s['count']}" for s in by_site[:3])
-    longest = np.argsort(-(dur * d2h), kind="stable")[: min(MAX_WINDOWS, int(d2h.sum()))]
+    count = int(d2h.sum())
+    longest = np.argsort(-(dur * d2h), kind="stable")[: min(MAX_WINDOWS, count)]
+    return D2HInStep(
+        where=c.where,
+        count=count,
+        nbytes=int(dev["bytes"][d2h].sum()),
+        pageable=int((d2h & (dev["dst_kind"] == "pageable")).sum()),
+        sync_api=int((d2h & dev["sync_api"]).sum()),
+        steps=n_steps,
+        call_sites=_by_site(c.sites[d2h], dev["bytes"][d2h], dur[d2h]),
+        windows=[[int(dev["host_start"][i]), int(dev["end_ns"][i])] for i in longest],
+    )
+
+
+def speak_d2h_in_step(m: D2HInStep, params: dict) -> Finding | None:
+    """The ``info`` finding when there are at least ``d2h_per_step`` copies per step."""
+    if m.per_step < params["d2h_per_step"]:
+        return None
+    device = m.where.device
+    top = ", ".join(f"{s['call_site']} ×{s['count']}" for s in m.call_sites[:3])
     return Finding(
         analyzer="memcpy",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=device,
         severity="info",
-        title=f"GPU {device}: {per_step:.1f} device-to-host copies per step inside the training step",
+        title=f"GPU {device}: {m.per_step:.1f} device-to-host copies per step inside the training step",
         detail=(
-            f"{int(d2h.sum())} device-to-host copies ({nbytes:,} bytes) were issued inside {n_steps} "
-            f"steps; {int(pageable.sum())} into pageable memory and {int(sync_api.sum())} through a "
+            f"{m.count} device-to-host copies ({m.nbytes:,} bytes) were issued inside {m.steps} "
+            f"steps; {m.pageable} into pageable memory and {m.sync_api} through a "
             f"synchronous copy call (both block the host by themselves). "
             f"Top call sites: {top}. Each copy whose result the host reads forces a sync; the GPU idle "
             f"time that costs is reported by host_sync"
             + (
                 ", and the copy time of the pageable ones by the pageable device-to-host finding."
-                if pageable.any()
+                if m.pageable
                 else "."
             )
         ),
@@ -576,44 +606,74 @@ def _d2h_in_step(c: DeviceCopies, params: dict) -> Finding | None:
         impact_ns=0,
         evidence={
             "key": "d2h_in_step",
-            "count": int(d2h.sum()),
-            "per_step": round(float(per_step), 2),
-            "bytes": nbytes,
-            "pageable": int(pageable.sum()),
-            "sync_api": int(sync_api.sum()),
-            "steps": n_steps,
-            "call_sites": by_site,
+            "count": m.count,
+            "per_step": round(float(m.per_step), 2),
+            "bytes": m.nbytes,
+            "pageable": m.pageable,
+            "sync_api": m.sync_api,
+            "steps": m.steps,
+            "call_sites": m.call_sites,
         },
-        windows=[[int(dev["host_start"][i]), int(dev["end_ns"][i])] for i in longest],
+        windows=m.windows,
     )
 
 
-def _sync_copies(c: DeviceCopies) -> Finding | None:
-    trace, rank, device = c.where.trace, c.where.rank, c.where.device
-    dev, in_step, sites = c.dev, c.in_step, c.sites
+class SyncCopies(msgspec.Struct, kw_only=True):
+    """Copies of one device issued through synchronous copy calls (host-to-device copies of
+    at most SMALL_H2D_BYTES excepted, as nsys does): :func:`measure_sync_copies`."""
+
+    where: Where
+    count: int
+    by_direction: dict[str, int]  # copy kind -> count
+    apis: list[str]  # the synchronous calls used, sorted
+    nbytes: int
+    host_ns: int  # time in the calls
+    gpu_ns: int
+    in_steps: int  # of them, launched inside the steps (all without steps)
+    call_sites: list[dict]
+    windows: list[list[int]]  # the longest calls
+
+
+def measure_sync_copies(c: DeviceCopies) -> SyncCopies | None:
+    """The device's synchronous copy calls, or None when it has none."""
+    dev = c.dev
     sync = dev["sync_api"] & ~((dev["copy_kind"] == "HtoD") & (dev["bytes"] <= SMALL_H2D_BYTES))
     if not sync.any():
         return None
     kinds, counts = np.unique(dev["copy_kind"][sync].astype(str), return_counts=True)
-    by_kind = {str(k) or "unknown": int(c) for k, c in zip(kinds, counts, strict=True)}
-    apis = np.unique(dev["api"][sync].astype(str)).tolist()
     dur = dev["end_ns"] - dev["start_ns"]
-    host_ns = int((dev["host_end"] - dev["host_start"])[sync].sum())
-    longest = np.argsort(-((dev["host_end"] - dev["host_start"]) * sync), kind="stable")[
-        : min(MAX_WINDOWS, int(sync.sum()))
-    ]
+    host = dev["host_end"] - dev["host_start"]
+    count = int(sync.sum())
+    longest = np.argsort(-(host * sync), kind="stable")[: min(MAX_WINDOWS, count)]
+    return SyncCopies(
+        where=c.where,
+        count=count,
+        by_direction={str(k) or "unknown": int(n) for k, n in zip(kinds, counts, strict=True)},
+        apis=np.unique(dev["api"][sync].astype(str)).tolist(),
+        nbytes=int(dev["bytes"][sync].sum()),
+        host_ns=int(host[sync].sum()),
+        gpu_ns=int(dur[sync].sum()),
+        in_steps=int((sync & c.in_step).sum()),
+        call_sites=_by_site(c.sites[sync], dev["bytes"][sync], dur[sync]),
+        windows=[[int(dev["host_start"][i]), int(dev["host_end"][i])] for i in longest],
+    )
+
+
+def speak_sync_copies(m: SyncCopies, params: dict) -> Finding:
+    """The ``info`` finding on the device's synchronous copy calls (no threshold)."""
+    device = m.where.device
     return Finding(
         analyzer="memcpy",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=device,
         severity="info",
-        title=f"GPU {device}: {int(sync.sum())} synchronous copy calls ({', '.join(apis)})",
+        title=f"GPU {device}: {m.count} synchronous copy calls ({', '.join(m.apis)})",
         detail=(
-            f"{int(sync.sum())} copies ({', '.join(f'{k} ×{c}' for k, c in by_kind.items())}, "
-            f"{int(dev['bytes'][sync].sum()):,} bytes) went through synchronous copy APIs, which block the "
-            f"host until the copy is done ({host_ns / 1e6:.2f} ms in the calls); "
-            f"{int((sync & in_step).sum())} of them inside the steps. The GPU idle time they cause is "
+            f"{m.count} copies ({', '.join(f'{k} ×{n}' for k, n in m.by_direction.items())}, "
+            f"{m.nbytes:,} bytes) went through synchronous copy APIs, which block the "
+            f"host until the copy is done ({m.host_ns / 1e6:.2f} ms in the calls); "
+            f"{m.in_steps} of them inside the steps. The GPU idle time they cause is "
             f"reported by host_sync."
         ),
         recommendation=(
@@ -624,16 +684,16 @@ def _sync_copies(c: DeviceCopies) -> Finding | None:
         impact_ns=0,
         evidence={
             "key": "sync_copy",
-            "count": int(sync.sum()),
-            "by_direction": by_kind,
-            "apis": apis,
-            "bytes": int(dev["bytes"][sync].sum()),
-            "host_ns": host_ns,
-            "gpu_ns": int(dur[sync].sum()),
-            "in_steps": int((sync & in_step).sum()),
-            "call_sites": _by_site(sites[sync], dev["bytes"][sync], dur[sync]),
+            "count": m.count,
+            "by_direction": m.by_direction,
+            "apis": m.apis,
+            "bytes": m.nbytes,
+            "host_ns": m.host_ns,
+            "gpu_ns": m.gpu_ns,
+            "in_steps": m.in_steps,
+            "call_sites": m.call_sites,
         },
-        windows=[[int(dev["host_start"][i]), int(dev["host_end"][i])] for i in longest],
+        windows=m.windows,
     )
 
 

@@ -54,6 +54,7 @@ from stallscope.gpu_specs import (
 from stallscope.jobdata import JobData
 from stallscope.kernel_names import kernel_base_name
 from stallscope.ncu_metrics import HOW_TO_MEASURE, Profile, profiles
+from stallscope.report_types import OccupancyRow
 
 THRESHOLDS = (
     Threshold("low_pct", 50.0, "%", "theoretical occupancy below this is low (and the target of the gain estimate)", maximum=100),
@@ -201,6 +202,37 @@ def _analyze(job, result, ref, device, rows, dev, ncu, params, *, source: str) -
         result.findings.append(_library_finding(library))
     kind = "kineto" if ref.meta.get("source") == "kineto" else source
     result.findings.append(_table_finding(trace, rank, device, table, dev, total, weighted, kind))
+    result.tables.occupancy.extend(
+        occupancy_row(trace, rank, device, row) for row in table[:TABLE_ROWS]
+    )
+
+
+OCCUPANCY_COLUMNS = (
+    "kernel", "launches", "gpu_ns", "share_pct", "is_comm", "grid", "block",
+    "registers_per_thread", "shared_mem_bytes", "theoretical_occupancy_pct", "occupancy_from",
+    "limiter", "blocks_per_sm", "waves_per_sm", "tail_idle_pct", "kineto_est_achieved_occupancy_pct",
+)  # fmt: skip
+
+
+def occupancy_row(trace: str, rank: int, device: int | None, row: dict) -> OccupancyRow:
+    """A kernel signature's row of the report's ``occupancy`` table: its table row, with
+    Nsight Compute's achieved occupancy, bound and top stall when it was profiled."""
+    ncu = row["ncu"] if isinstance(row["ncu"], dict) else {}
+    stalls = ncu.get("top_stalls")
+    top_stall = (
+        f"{stalls[0]['reason']} {stalls[0]['share_pct']}%"
+        if isinstance(stalls, list) and stalls
+        else stalls
+    )
+    return OccupancyRow(
+        trace=trace,
+        rank=rank,
+        device=device,
+        **{k: row[k] for k in OCCUPANCY_COLUMNS},
+        ncu_achieved_occupancy_pct=ncu.get("achieved_occupancy_pct"),
+        ncu_bound=ncu.get("bound"),
+        ncu_top_stall=top_stall,
+    )
 
 
 def _weighted(rows: list[dict], value) -> float | None:

@@ -42,6 +42,7 @@ from stallscope.analyzers.base import (
 )
 from stallscope.collectives import covered_length, gpu_activity, match_collectives, step_windows
 from stallscope.jobdata import JobData
+from stallscope.report_types import CommOverlapRow
 from stallscope.scope import step_scope
 
 THRESHOLDS = (
@@ -70,6 +71,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
             where = Where(trace, rank, device)
             m = measure_device(part, where, ops, waits, missing=missing, ranked=ranked)
             result.metrics.extend(metrics(m))
+            result.tables.comm_overlap.extend(comm_rows(m))
             finding = speak(m, params)
             if finding:
                 result.findings.append(finding)
@@ -208,6 +210,26 @@ def metrics(m: CommOverlap) -> list[Metric]:
         out.append(Metric(w.trace, w.rank, w.device, "memcpy_overlap_pct", hidden, "%"))
         out.append(Metric(w.trace, w.rank, w.device, "exposed_memcpy_ns", m.copy_exposed_ns, "ns"))
     return out
+
+
+def comm_rows(m: CommOverlap) -> list[CommOverlapRow]:
+    """The device's row of the report's ``comm_overlap`` table (none without communication)."""
+    if not m.comm_ns or m.collectives is None:
+        return []
+    w = m.where
+    return [
+        CommOverlapRow(
+            trace=w.trace,
+            rank=w.rank,
+            device=w.device,
+            comm_ns=m.comm_ns,
+            comm_overlap_pct=m.overlap_pct,
+            exposed_comm_ns=m.exposed_ns,
+            exposed_wait_ns=m.wait_ns,
+            memcpy_ns=m.copy_ns,
+            exposed_memcpy_ns=m.copy_exposed_ns,
+        )
+    ]
 
 
 def speak(m: CommOverlap, params: dict) -> Finding | None:

@@ -6,7 +6,8 @@ so a step's GPU window runs from its first GPU operation to the first GPU
 operation of the next step; operations without a launch record fall back to
 the host step window. Per step and device: compute, communication and copy
 time (unions clipped to the window) and idle time by cause (gaps assigned by
-where they start). Documented in docs/analyzers/step_breakdown.md.
+where they start). The per-step table is the report's ``steps`` table (typed rows)
+and the ``table`` finding's evidence. Documented in docs/analyzers/step_breakdown.md.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Met
 from stallscope.host_ops import LAUNCH_CTE
 from stallscope.idle import CAUSES, attribute_idle
 from stallscope.jobdata import JobData
+from stallscope.report_types import StepRow
 
 THRESHOLDS = (
     Threshold(
@@ -71,6 +73,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         ):
             result.metrics.append(Metric(ref.trace_id, rank, None, name, value, unit))
         table = _per_step_table(job, ref.trace_id, steps)
+        result.tables.steps.extend(step_rows(ref.trace_id, rank, table))
         jitter = _jitter_finding(ref.trace_id, rank, steps, durations, median, p90, params)
         if jitter:
             jitter.evidence["steps"] = table[:MAX_STEPS_IN_EVIDENCE]
@@ -88,6 +91,7 @@ def combine_ranks(results: list[AnalyzerResult]) -> AnalyzerResult:
     jitters = []
     for result in results:
         out.metrics.extend(result.metrics)
+        out.tables.extend(result.tables)
         for finding in result.findings:
             is_jitter = finding.evidence.get("key") == "jitter"
             (jitters if is_jitter else out.findings).append(finding)
@@ -150,6 +154,12 @@ def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
                 row[f"idle_{cause}_ns"] = int(idle[index, c])
             rows.append(row)
     return rows
+
+
+def step_rows(trace: str, rank: int, table: list[dict]) -> list[StepRow]:
+    """The report's ``steps`` rows of one trace: its per-step table (the first
+    MAX_STEPS_IN_EVIDENCE rows, as the finding's evidence)."""
+    return [StepRow(trace=trace, rank=rank, **row) for row in table[:MAX_STEPS_IN_EVIDENCE]]
 
 
 def _launch_step(dev: dict, steps: dict) -> np.ndarray:

@@ -19,7 +19,7 @@ from stallscope.pages.links import padded, timeline_link
 from stallscope.pages.state import current_overrides, get_store, report_for, selected_job
 from stallscope.pages.text import finding_text, literal
 from stallscope.rank_charts import MAX_ROWS, rank_bins, wait_distribution_figure, wait_heatmap
-from stallscope.views import findings_of, grouped_findings
+from stallscope.views import findings_of, grouped_findings, table_of
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -43,18 +43,18 @@ def _waits(job_id: str, skew_tolerance_us: float | None) -> pd.DataFrame:
 
 
 def _overlap_rows(report: dict) -> pd.DataFrame:
-    """Per rank and GPU: communication, hidden share, exposed and waiting ms (overlap findings)."""
+    """Per rank and GPU: communication, hidden share, exposed and waiting ms (the report's
+    ``comm_overlap`` table)."""
     rows = [
         {
-            "rank": f["rank"],
-            "GPU": f["device"],
-            "comm ms": f["evidence"].get("comm_ns", 0) / 1e6,
-            "hidden %": f["evidence"].get("comm_overlap_pct"),
-            "exposed ms": f["evidence"].get("exposed_comm_ns", 0) / 1e6,
-            "waiting ms": f["evidence"].get("exposed_wait_ns", 0) / 1e6,
+            "rank": r["rank"],
+            "GPU": r["device"],
+            "comm ms": r["comm_ns"] / 1e6,
+            "hidden %": r["comm_overlap_pct"],
+            "exposed ms": r["exposed_comm_ns"] / 1e6,
+            "waiting ms": r["exposed_wait_ns"] / 1e6,
         }
-        for f in findings_of(report, "overlap")
-        if "comm_ns" in f["evidence"]
+        for r in table_of(report, "comm_overlap")
     ]
     columns = ["rank", "GPU", "comm ms", "hidden %", "exposed ms", "waiting ms"]
     return pd.DataFrame(rows, columns=columns).sort_values(["rank", "GPU"]).round(2)
@@ -69,7 +69,7 @@ def render() -> None:
     job_id = job["job_id"]
     overrides = current_overrides()
     report = report_for(job_id, traces, overrides)
-    if not findings_of(report, "overlap") and not findings_of(report, "nccl_wait"):
+    if not table_of(report, "comm_overlap") and not findings_of(report, "nccl_wait"):
         st.info("No communication kernels in this job.")
         return
     trace_of = {int(t["rank"] or 0): t["id"] for t in report["traces"] if t["source"] != "ncu"}

@@ -1,8 +1,8 @@
 """Inference page: serving iterations by phase, time per output token, what each token waited for.
 
-Everything comes from the report: the ``inference`` analyzer's ``iterations``
-finding (its per-iteration table) and its other findings; the figures are
-``stallscope.inference_charts``.
+Everything comes from the report: its typed ``iterations`` table (per rank and GPU),
+the ``inference`` analyzer's ``iterations`` finding (which GPUs, and the caption) and its
+other findings; the figures are ``stallscope.inference_charts``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from stallscope.inference_charts import (
 from stallscope.job_settings import ITERATION_RANGE, check_iteration_range
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import finding_text, literal
-from stallscope.views import findings_of
+from stallscope.views import findings_of, table_of
 
 
 def render() -> None:
@@ -35,7 +35,7 @@ def render() -> None:
         overrides.setdefault(ITERATION_RANGE[0], {})[ITERATION_RANGE[1]] = regex
     report = report_for(job["job_id"], traces, overrides)
     found = findings_of(report, "inference")
-    tables = [f for f in found if f["evidence"].get("key") == "iterations"]
+    tables = findings_of(report, "inference", key="iterations")
     if not tables:
         st.info(
             "No inference iterations in this job: no engine or user ranges named for prefill/decode, "
@@ -47,7 +47,7 @@ def render() -> None:
     labels = {f"rank {f['rank']} · GPU {f['device']}": f for f in tables}
     chosen = labels[st.selectbox("GPU", list(labels))] if len(labels) > 1 else tables[0]
     st.caption(finding_text(chosen["title"]) + " · " + finding_text(chosen["detail"]))
-    frame = iteration_frame(chosen["evidence"]["iterations"])
+    frame = iteration_frame(table_of(report, "iterations", chosen["trace"], chosen["device"]))
     _headline(report, chosen, frame)
     st.plotly_chart(iteration_timeline(frame), width="stretch")
     if "period_ms" in frame:

@@ -1,4 +1,8 @@
-"""Kernels page: hotspots by GPU time, kernel categories and precision."""
+"""Kernels page: hotspots by GPU time, kernel categories and precision.
+
+Reads the report's typed tables ``kernel_categories``, ``kernels`` and ``operators``
+(the ``hotspots`` analyzer's, per rank and GPU) and the hotspots finding's title.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import streamlit as st
 from stallscope.humanize import records_table, short_kernel_names
 from stallscope.pages.state import report_for, selected_job
 from stallscope.pages.text import literal
-from stallscope.views import findings_of
+from stallscope.views import findings_of, table_of, table_places
 
 
 def render() -> None:
@@ -19,25 +23,32 @@ def render() -> None:
         return
     job, traces = picked
     report = report_for(job["job_id"], traces)
-    found = findings_of(report, "hotspots")
-    if not found:
+    places = table_places(report, "kernel_categories") or table_places(report, "kernels")
+    if not places:
         st.info("No kernels in this job.")
         return
-    labels = {f"rank {f['rank']} · GPU {f['device']}": f for f in found}
-    chosen = (
+    labels = {f"rank {rank} · GPU {device}": (trace, device) for trace, rank, device in places}
+    trace, device = (
         labels[st.selectbox("GPU", list(labels))]
         if len(labels) > 1
         else next(iter(labels.values()))
     )
-    evidence = chosen["evidence"]
-    st.caption(literal(chosen["title"]))
-    categories = pd.DataFrame(evidence.get("categories") or [])
+    title = next(
+        (
+            f["title"]
+            for f in findings_of(report, "hotspots")
+            if (f["trace"], f["device"]) == (trace, device)
+        ),
+        "",
+    )
+    st.caption(literal(title))
+    categories = pd.DataFrame(table_of(report, "kernel_categories", trace, device))
     if not categories.empty:
         categories["ms"] = categories["gpu_ns"] / 1e6
         fig = px.bar(categories, x="ms", y="category", orientation="h", height=260, text="pct")
         fig.update_traces(texttemplate="%{text:.1f}%")
         st.plotly_chart(fig, width="stretch")
-    kernels = pd.DataFrame(evidence.get("top_kernels", []))
+    kernels = pd.DataFrame(table_of(report, "kernels", trace, device))
     if not kernels.empty:
         full = kernels.pop("name")
         kernels.insert(0, "kernel", short_kernel_names(list(full)))
@@ -58,7 +69,7 @@ def render() -> None:
                 "full name": st.column_config.TextColumn("full name", width="large"),
             },
         )
-    ops = pd.DataFrame(evidence.get("top_ops", []))
+    ops = pd.DataFrame(table_of(report, "operators", trace, device))
     if not ops.empty:
         st.subheader("CPU operators by the GPU time they launched")
         table = records_table(ops.to_dict("records"))

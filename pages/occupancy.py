@@ -1,4 +1,8 @@
-"""Occupancy page: per-kernel theoretical (and, with Nsight Compute, achieved) occupancy."""
+"""Occupancy page: per-kernel theoretical (and, with Nsight Compute, achieved) occupancy.
+
+The tables are the report's typed ``occupancy`` table (per rank and GPU), titled by the
+``occupancy`` analyzer's ``table`` findings.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import streamlit as st
 
 from stallscope.pages.state import report_for, selected_job
 from stallscope.pages.text import finding_text
-from stallscope.views import findings_of
+from stallscope.views import findings_of, table_of
 
 COLUMNS = [
     "kernel", "share_pct", "launches", "theoretical_occupancy_pct", "ncu achieved %", "ncu bound",
@@ -16,20 +20,19 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def _ncu_columns(frame: pd.DataFrame) -> bool:
-    """Flatten the ``ncu`` evidence (a dict when the kernel was profiled) into columns."""
-    if "ncu" not in frame:
-        return False
-    profiled = frame["ncu"].map(lambda v: isinstance(v, dict))
-    if not profiled.any():
-        return False
-    get = lambda key: frame["ncu"].map(lambda v: v.get(key) if isinstance(v, dict) else None)  # noqa: E731
-    frame["ncu achieved %"] = get("achieved_occupancy_pct")
-    frame["ncu bound"] = get("bound")
-    frame["ncu top stall"] = get("top_stalls").map(
-        lambda v: f"{v[0]['reason']} {v[0]['share_pct']}%" if isinstance(v, list) and v else v
-    )
-    return True
+NCU_COLUMNS = {
+    "ncu_achieved_occupancy_pct": "ncu achieved %",
+    "ncu_bound": "ncu bound",
+    "ncu_top_stall": "ncu top stall",
+}
+
+
+def _ncu_columns(frame: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """The table with the Nsight Compute columns named for the page, or without them when no
+    kernel was profiled (``ncu_bound`` is set for every profiled kernel); and whether any was."""
+    if "ncu_bound" not in frame or not frame["ncu_bound"].notna().any():
+        return frame.drop(columns=list(NCU_COLUMNS), errors="ignore"), False
+    return frame.rename(columns=NCU_COLUMNS), True
 
 
 def render() -> None:
@@ -50,8 +53,8 @@ def render() -> None:
         return
     for f in tables:
         st.subheader(finding_text(f["title"]))
-        frame = pd.DataFrame(f["evidence"].get("kernels", []))
-        measured = _ncu_columns(frame)
+        frame = pd.DataFrame(table_of(report, "occupancy", f["trace"], f["device"]))
+        frame, measured = _ncu_columns(frame)
         shown = [c for c in COLUMNS if c in frame.columns]
         for column, sep in (("limiter", ", "), ("block", " × "), ("grid", " × ")):
             if column in frame:

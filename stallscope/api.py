@@ -144,6 +144,17 @@ class Job:
         """One row per metric value (docs/metrics.md); ``device`` is None for per-trace metrics."""
         return pd.DataFrame(self.report["metrics"], columns=list(METRIC_COLUMNS))
 
+    def table(self, name: str) -> pd.DataFrame:
+        """One of the report's typed tables (``kernels``, ``steps``, ...: docs/report-schema.md)
+        as a DataFrame, its columns those of the table's row type; ValueError for another name."""
+        from stallscope.report_types import Tables
+
+        if name not in Tables.__struct_fields__:
+            raise ValueError(
+                f"no table {name!r}; the report's tables: {', '.join(Tables.__struct_fields__)}"
+            )
+        return pd.DataFrame(self.report["tables"][name], columns=_table_columns(name))
+
     def metric(self, name: str, device: int | None = None) -> Any:
         """The value of one metric (first trace, ``device`` when given), else None."""
         for m in self.report["metrics"]:
@@ -175,6 +186,16 @@ class Job:
     def reanalyze(self, thresholds: dict[str, dict[str, float]] | None = None) -> Job:
         """The same traces analyzed with other thresholds (a new Job)."""
         return Job(self.store, self.refs, thresholds)
+
+
+def _table_columns(name: str) -> list[str]:
+    """The columns of table ``name``: its row type's fields, in order."""
+    import typing
+
+    from stallscope.report_types import Tables
+
+    (row,) = typing.get_args(typing.get_type_hints(Tables)[name])
+    return list(row.__struct_fields__)
 
 
 def _physical_memory_mb() -> int:

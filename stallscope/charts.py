@@ -11,6 +11,8 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from stallscope.report_types import IDLE_CAUSES
+
 CAUSE_COLORS = {
     "compute": "#2e7d32",
     "comm": "#1565c0",
@@ -24,7 +26,6 @@ CAUSE_COLORS = {
     "queued": "#78909c",
     "unknown": "#bdbdbd",
 }
-IDLE_CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
 
 
 def device_time_table(report: dict[str, Any]) -> pd.DataFrame:
@@ -481,36 +482,28 @@ def critical_path_figure(segments: pd.DataFrame) -> go.Figure:
 
 
 def step_rows(report: dict[str, Any]) -> pd.DataFrame:
-    """One row per (trace, rank, device, step) from the step_breakdown findings' evidence, in ms:
+    """One row per (trace, rank, device, step) of the report's ``steps`` table, in ms:
     ``compute_ms``; ``exposed_ms`` = busy − compute (communication and copies with no compute
     beside them); ``idle_<cause>_ms``; ``step_ms`` (the host step) and ``window_ms`` (the GPU
     work launched in the step and the idle time charged to it), which the parts sum to."""
     rows = []
-    for f in report["findings"]:
-        if f["analyzer"] != "step_breakdown":
-            continue
-        for s in f["evidence"].get("steps", []):
-            row = {
-                "trace": f["trace"],
-                "rank": f["rank"],
-                "device": s.get("device"),
-                "step": s["step"],
-            }
-            row["step_ms"] = s.get("step_ms", 0.0)
-            row["window_ms"] = s.get("window_ns", 0) / 1e6
-            row["compute_ms"] = s.get("compute_ns", 0) / 1e6
-            exposed = max(0, s.get("busy_ns", 0) - s.get("compute_ns", 0)) / 1e6
-            row["exposed_ms"] = exposed
-            row["comm_ms"] = s.get("comm_ns", 0) / 1e6
-            row["memcpy_ms"] = s.get("memcpy_ns", 0) / 1e6
-            # named apart when only one of them ran in the step; else one combined part
-            only_copies, only_comm = row["comm_ms"] == 0, row["memcpy_ms"] == 0
-            row["exposed_copies_ms"] = exposed if only_copies else 0.0
-            row["exposed_comm_ms"] = exposed if only_comm and not only_copies else 0.0
-            row["exposed_both_ms"] = exposed - row["exposed_copies_ms"] - row["exposed_comm_ms"]
-            for cause in IDLE_CAUSES:
-                row[f"idle_{cause}_ms"] = s.get(f"idle_{cause}_ns", 0) / 1e6
-            rows.append(row)
+    for s in (report.get("tables") or {}).get("steps", []):
+        row = {"trace": s["trace"], "rank": s["rank"], "device": s["device"], "step": s["step"]}
+        row["step_ms"] = s["step_ms"]
+        row["window_ms"] = s["window_ns"] / 1e6
+        row["compute_ms"] = s["compute_ns"] / 1e6
+        exposed = max(0, s["busy_ns"] - s["compute_ns"]) / 1e6
+        row["exposed_ms"] = exposed
+        row["comm_ms"] = s["comm_ns"] / 1e6
+        row["memcpy_ms"] = s["memcpy_ns"] / 1e6
+        # named apart when only one of them ran in the step; else one combined part
+        only_copies, only_comm = row["comm_ms"] == 0, row["memcpy_ms"] == 0
+        row["exposed_copies_ms"] = exposed if only_copies else 0.0
+        row["exposed_comm_ms"] = exposed if only_comm and not only_copies else 0.0
+        row["exposed_both_ms"] = exposed - row["exposed_copies_ms"] - row["exposed_comm_ms"]
+        for cause in IDLE_CAUSES:
+            row[f"idle_{cause}_ms"] = s[f"idle_{cause}_ns"] / 1e6
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

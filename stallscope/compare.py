@@ -30,12 +30,12 @@ from stallscope.analyzers.base import SEVERITY_RANK
 from stallscope.compare_inference import inference_deltas, inference_summary, inference_table
 from stallscope.host_ops import LAUNCH_CTE
 from stallscope.jobdata import JobData
+from stallscope.report_types import IDLE_CAUSES
 from stallscope.store import Store, TraceRef
 
 COMPARE_SCHEMA = "stallscope.compare/1"
 DEFAULT_MAX_REGRESSION = 0.05
 DEFAULT_NOISE_K = 2.0
-IDLE_CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
 CAUSES = (
     ("compute", "busy"), ("comm", "busy"), ("memcpy", "busy"),
     *((cause, "idle") for cause in IDLE_CAUSES),

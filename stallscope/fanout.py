@@ -252,8 +252,7 @@ def _gather_job(root, refs, ranks, cross, selection, overrides, executor, timing
             value = (spec.combine_ranks or concatenate)(by_rank[spec.id])
         else:
             value = whole[spec.id]
-        combined.findings.extend(value.findings)
-        combined.metrics.extend(value.metrics)
+        combined.extend(value)
     return part_of(refs, combined, selection)
 
 

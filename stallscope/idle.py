@@ -43,10 +43,11 @@ import numpy as np
 
 from stallscope import intervals
 from stallscope.jobdata import JobData
+from stallscope.report_types import IDLE_CAUSES
 from stallscope.scope import idle_gaps, in_scope, span_of, step_scope
 from stallscope.sync_calls import COPY_API_REGEX, SYNC_API_REGEX, api_name_sql
 
-CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
+CAUSES = IDLE_CAUSES  # declared with the report types (the idle_<cause>_ns columns)
 HOST_CAUSES = CAUSES[:5]  # labelled from host intervals, in priority order
 
 DATALOADER_REGEX = (

@@ -20,7 +20,14 @@ from stallscope.analyzers import PER_RANK, all_specs
 from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult, concatenate
 from stallscope.errors import NotFoundError
 from stallscope.jobdata import JobData
-from stallscope.report_types import REPORT_SCHEMA, DeviceEntry, RankSelection, Report, TraceEntry
+from stallscope.report_types import (
+    REPORT_SCHEMA,
+    DeviceEntry,
+    FindingEntry,
+    RankSelection,
+    Report,
+    TraceEntry,
+)
 from stallscope.store import TABLES, Store, TraceRef
 
 
@@ -58,8 +65,7 @@ def analyze_job(
             result = (spec.combine_ranks or concatenate)(by_rank.pop(spec.id))
         else:
             result = spec.run(job, params[spec.id])
-        combined.findings.extend(result.findings)
-        combined.metrics.extend(result.metrics)
+        combined.extend(result)
     return combined
 
 
@@ -132,6 +138,7 @@ def part_of(refs: list[TraceRef], result: AnalyzerResult, selection: Any = None)
         rank_selection=[]
         if selection is None
         else [msgspec.convert(selection.to_dict(job_id), RankSelection)],
+        tables=result.tables,
     )
 
 
@@ -207,13 +214,19 @@ def save_parts(
             continue
         key = report_store.report_key([r.trace_id for r in refs], overrides)
         report = part.to_dict()
-        report["findings"].sort(
-            key=lambda f: (-SEVERITY_RANK[f["severity"]], -f["impact_ns"], f["id"])
-        )
+        report["findings"].sort(key=finding_order)
         try:
             report_store.save(store, refs[0].job_id, key, report, overrides=overrides)
         except (OSError, EnvironmentProblem):
             return
+
+
+def finding_order(finding: FindingEntry | dict[str, Any]) -> tuple[int, int, str]:
+    """The report's order of findings: worst severity first, then most GPU time lost, then
+    id (for a typed entry or its JSON object alike)."""
+    keys = ("severity", "impact_ns", "id")
+    f = finding if isinstance(finding, dict) else {k: getattr(finding, k) for k in keys}
+    return (-SEVERITY_RANK[f["severity"]], -f["impact_ns"], f["id"])
 
 
 def process_pool(workers: int) -> ProcessPoolExecutor:
@@ -301,7 +314,8 @@ def build_report(
         report.metrics.extend(part.metrics)
         report.findings.extend(part.findings)
         report.rank_selection.extend(part.rank_selection)
-    report.findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], -f.impact_ns, f.id))
+        report.tables.extend(part.tables)
+    report.findings.sort(key=finding_order)
     return report.to_dict()
 
 

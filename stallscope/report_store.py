@@ -26,7 +26,8 @@ a fresh ``staging/`` folder, fsync'ed, and renamed into ``reports/<key>``
 (``reports/`` fsync'ed after). A reader sees a whole report or none. Two
 writers of one key: the first rename wins, the other's copy is dropped. A
 stored report that fails its checks (unreadable JSON, another key, a size or
-hash that does not match :func:`meta.json`'s) is never returned: it is
+hash that does not match :func:`meta.json`'s, no typed ``tables``: written
+before they existed) is never returned: it is
 treated as missing, and the next :func:`save` replaces it. Reports live in
 the job's folder, so removing the job (``stallscope rm``) removes them.
 """
@@ -182,6 +183,9 @@ def _is_report(report: Any) -> bool:
         isinstance(report, dict)
         and report.get("schema") == REPORT_SCHEMA
         and all(isinstance(report.get(k), list) for k in ("traces", "metrics", "findings"))
+        # the typed tables (added 2026-12-01) the dashboard reads: a report stored
+        # without them is computed again rather than drawn half empty
+        and isinstance(report.get("tables"), dict)
     )
 
 

@@ -4,15 +4,17 @@ One :class:`msgspec.Struct` per JSON object of the report: :class:`Report`,
 :class:`TraceEntry` (with :class:`DeviceEntry`), :class:`Metric`,
 :class:`FindingEntry`, and the cross-rank critical-path table that the
 ``nccl_wait`` summary finding carries in its evidence
-(:class:`CriticalPathStep`, :class:`CriticalPathSegment`). Field order is the
-key order of the JSON output.
+(:class:`CriticalPathStep`, :class:`CriticalPathSegment`), and the report's
+typed tables (:class:`Tables`: one row type per table, filled by the
+analyzers' measure functions, read by the dashboard and compare). Field order
+is the key order of the JSON output.
 
 The JSON Schema shipped as docs/report-schema.json is generated from these
 types (:func:`json_schema`, written by tools/gen_report_schema.py);
 :func:`decode_report` reads a report back with strict types, so an unknown
 key, a missing required key or a value of the wrong type is an error. Keys
-added to ``/1`` after its first release (``warnings``, ``saving_ns``) have
-defaults: older reports without them still decode and validate.
+added to ``/1`` after its first release (``warnings``, ``saving_ns``,
+``rank_selection``, ``tables``) have defaults: older reports without them still decode and validate.
 
 Times are integer nanoseconds on the trace's clock.
 """
@@ -165,8 +167,196 @@ class RankSelection(msgspec.Struct, forbid_unknown_fields=True):
     analyzed: list[AnalyzedRank]
 
 
+# -- typed tables -----------------------------------------------------------------------
+# The report's ``tables``: what the analyzers measured, as rows of declared types, so that
+# the dashboard and compare read typed columns instead of digging in findings' evidence.
+# Each row says where it is of (trace, rank, device). Additive to /1 (2026-12-01).
+
+IDLE_CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
+"""Causes of GPU idle time, in the order they are charted (``idle_<cause>_ns`` metrics,
+:class:`StepRow` columns; stallscope.idle labels them)."""
+
+
+class Row(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Where a table row is of: the trace (id), its rank, and the device (null: the trace
+    as a whole, or Nsight Compute kernels without a device)."""
+
+    trace: Annotated[str, Meta(description="trace id")]
+    rank: int
+    device: int | None
+
+
+class KernelRow(Row, kw_only=True):
+    """One of a device's top kernels by total GPU time (``hotspots``; ``top_n`` rows)."""
+
+    name: Annotated[str, Meta(description="kernel name as in the trace")]
+    category: Annotated[str, Meta(description="gemm, attention, conv, ... (hotspots' rules)")]
+    precision: Annotated[str, Meta(description="fp32, bf16, fp16, fp8, ... or unknown")]
+    tensor_cores: Annotated[str, Meta(description="yes, no or unknown")]
+    count: Annotated[int, Meta(description="launches")]
+    total_ns: int
+    share_pct: Annotated[float, Meta(description="% of the device's kernel time")]
+    mean_ns: int
+    median_ns: int
+    bound: Annotated[
+        str, Meta(description="Nsight Compute's bound when profiled, else how to tell")
+    ]
+
+
+class KernelCategoryRow(Row, kw_only=True):
+    """A device's GPU time in one kernel category (``hotspots``; most time first)."""
+
+    category: str
+    gpu_ns: Annotated[int, Meta(description="summed durations of kernels, memcpys, memsets")]
+    pct: Annotated[float, Meta(description="% of the device's GPU time")]
+
+
+class OperatorRow(Row, kw_only=True):
+    """A CPU operator by the GPU time it launched (``hotspots``; ``top_n`` rows)."""
+
+    name: Annotated[str, Meta(description="operator, '(no operator)' or '(no launch record)'")]
+    gpu_ns: int
+    kernels: Annotated[int | None, Meta(description="GPU operations it launched")]
+    calls: Annotated[int | None, Meta(description="operator instances")]
+    share_pct: Annotated[float, Meta(description="% of the device's GPU time")]
+
+
+class StepRow(Row, kw_only=True):
+    """One step of one device (``step_breakdown``): GPU time by category, idle by cause.
+
+    A GPU operation is in the step whose host range launched it; busy, idle and
+    window are ns inside the device's span. Rows of a device sum to its totals.
+    """
+
+    step: Annotated[int, Meta(description="the ProfilerStep number")]
+    step_ms: Annotated[float, Meta(description="the host step's duration, ms")]
+    window_ns: Annotated[int, Meta(description="busy_ns + the idle time charged to the step")]
+    busy_ns: Annotated[int, Meta(description="union of the step's kernels, copies, memsets")]
+    compute_ns: int
+    comm_ns: int
+    memcpy_ns: Annotated[int, Meta(description="copies and memsets")]
+    idle_dataloader_ns: int
+    idle_host_sync_ns: int
+    idle_memcpy_ns: int
+    idle_launch_ns: int
+    idle_cpu_ns: int
+    idle_queued_ns: int
+    idle_unknown_ns: int
+
+
+class CommOverlapRow(Row, kw_only=True):
+    """One device's communication against its compute (``overlap``; devices with
+    communication kernels), ns inside the step scope."""
+
+    comm_ns: Annotated[int, Meta(description="union of communication kernels")]
+    comm_overlap_pct: Annotated[float, Meta(description="% of comm_ns with compute beside it")]
+    exposed_comm_ns: Annotated[int, Meta(description="communication with no compute beside it")]
+    exposed_wait_ns: Annotated[
+        int, Meta(description="of exposed_comm_ns, waiting for a later rank (0 when one rank)")
+    ]
+    memcpy_ns: Annotated[int, Meta(description="union of copies and memsets")]
+    exposed_memcpy_ns: Annotated[int, Meta(description="copies with no kernel beside them")]
+
+
+class IterationRow(Row, kw_only=True, omit_defaults=True):
+    """One serving iteration of one device (``inference``; at most 2,000 per device).
+
+    Decode iterations with a measured period also carry ``period_ns``,
+    ``prefill_ns`` and ``idle_<cause>_ns`` (what the token waited for:
+    docs/analyzers/inference.md); the keys are absent on the others.
+    """
+
+    index: int
+    phase: Annotated[str, Meta(description="prefill, decode, mixed or unknown")]
+    name: Annotated[str, Meta(description="the iteration's range name (first 120 characters)")]
+    tokens: int
+    batch: int
+    host_start_ns: int
+    host_end_ns: int
+    gpu_start_ns: int
+    gpu_end_ns: int
+    gpu_busy_ns: int
+    period_ns: Annotated[
+        int | None,
+        Meta(description="GPU completion of the previous decode iteration to this one's"),
+    ] = None
+    prefill_ns: Annotated[int | None, Meta(description="prefill work inside the period")] = None
+    idle_sync_ns: int | None = None
+    idle_graph_launch_ns: int | None = None
+    idle_launch_ns: int | None = None
+    idle_issue_ns: int | None = None
+    idle_cpu_ns: int | None = None
+    idle_queued_ns: int | None = None
+    idle_unknown_ns: int | None = None
+
+
+class OccupancyRow(Row, kw_only=True):
+    """One kernel signature (name, grid, block) of a device (``occupancy``; the ones with the
+    most GPU time, at most 20), with Nsight Compute's measurements when it was profiled."""
+
+    kernel: str
+    launches: int
+    gpu_ns: int
+    share_pct: Annotated[float, Meta(description="% of the device's kernel time")]
+    is_comm: bool
+    grid: Annotated[list[int | None], Meta(description="[x, y, z]")]
+    block: Annotated[list[int | None], Meta(description="[x, y, z]")]
+    registers_per_thread: int | None
+    shared_mem_bytes: int | None
+    theoretical_occupancy_pct: float | None
+    occupancy_from: Annotated[str, Meta(description="where the theoretical occupancy comes from")]
+    limiter: Annotated[list[str] | None, Meta(description="the resources that cap it")]
+    blocks_per_sm: int | None
+    waves_per_sm: float | None
+    tail_idle_pct: float | None
+    kineto_est_achieved_occupancy_pct: Annotated[
+        float | None, Meta(description="Kineto's grid-capped estimate, not a measurement")
+    ]
+    ncu_achieved_occupancy_pct: Annotated[
+        float | None, Meta(description="Nsight Compute's measurement; null: not profiled")
+    ]
+    ncu_bound: Annotated[
+        str | None,
+        Meta(description="compute, memory, latency, or how to measure; null: not profiled"),
+    ]
+    ncu_top_stall: Annotated[
+        str | None, Meta(description="'<reason> <share>%' of the top stall; null: not profiled")
+    ]
+
+
+class Tables(msgspec.Struct, forbid_unknown_fields=True):
+    """The report's typed tables, by name: rows of every job, rank and device, in report
+    order. Empty lists where no analyzer measured that table. Added 2026-12-01 (optional)."""
+
+    kernels: Annotated[list[KernelRow], Meta(description="hotspots: top kernels per device")] = []
+    kernel_categories: Annotated[
+        list[KernelCategoryRow], Meta(description="hotspots: GPU time by kernel category")
+    ] = []
+    operators: Annotated[
+        list[OperatorRow], Meta(description="hotspots: CPU operators by the GPU time they launched")
+    ] = []
+    steps: Annotated[
+        list[StepRow], Meta(description="step_breakdown: per step and device (first 200 steps)")
+    ] = []
+    comm_overlap: Annotated[
+        list[CommOverlapRow], Meta(description="overlap: per device with communication")
+    ] = []
+    iterations: Annotated[
+        list[IterationRow], Meta(description="inference: serving iterations per device")
+    ] = []
+    occupancy: Annotated[
+        list[OccupancyRow], Meta(description="occupancy: kernel signatures per device")
+    ] = []
+
+    def extend(self, other: Tables) -> None:
+        """Append ``other``'s rows to these tables, table by table."""
+        for name in self.__struct_fields__:
+            getattr(self, name).extend(getattr(other, name))
+
+
 class Report(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """A ``stallscope.report/1`` report: traces, metrics, findings (worst first)."""
+    """A ``stallscope.report/1`` report: traces, metrics, findings (worst first), rank
+    selection, and the analyzers' typed tables."""
 
     schema: Literal["stallscope.report/1"]
     traces: list[TraceEntry]
@@ -179,6 +369,13 @@ class Report(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
             "Added 2026-12-01 (optional: present only for such jobs)"
         ),
     ] = []
+    tables: Annotated[
+        Tables,
+        Meta(
+            description="what the analyzers measured, as typed tables (every table, possibly "
+            "empty). Added 2026-12-01 (optional: older reports lack it)"
+        ),
+    ] = msgspec.field(default_factory=Tables)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-ready objects (keys in report order)."""

@@ -16,6 +16,8 @@ from stallscope.jobdata import JobData
 __all__ = [
     "findings_of",
     "grouped_findings",
+    "table_of",
+    "table_places",
     "wait_matrix",
 ]  # grouped_findings: one grouping, shared with render
 
@@ -29,6 +31,31 @@ def findings_of(
         for f in report["findings"]
         if f["analyzer"] == analyzer and (key is None or f["evidence"].get("key") == key)
     ]
+
+
+WHERE_COLUMNS = ("trace", "rank", "device")
+
+
+def table_of(
+    report: dict[str, Any], name: str, trace: str | None = None, device: int | None = None
+) -> list[dict[str, Any]]:
+    """Rows of the report's typed table ``name`` (``stallscope.report_types.Tables``; columns
+    documented in docs/report-schema.md). With ``trace``: only that trace's rows of
+    ``device`` (None: the rows without a device), without the trace, rank and device
+    columns. A report without tables (written before they were added) has no rows."""
+    rows = (report.get("tables") or {}).get(name, [])
+    if trace is None:
+        return list(rows)
+    return [
+        {k: v for k, v in row.items() if k not in WHERE_COLUMNS}
+        for row in rows
+        if row["trace"] == trace and row["device"] == device
+    ]
+
+
+def table_places(report: dict[str, Any], name: str) -> list[tuple[str, int, int | None]]:
+    """The (trace, rank, device) that table ``name`` has rows of, in report order."""
+    return list(dict.fromkeys((r["trace"], r["rank"], r["device"]) for r in table_of(report, name)))
 
 
 def wait_matrix(job: JobData) -> pd.DataFrame:

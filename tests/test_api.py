@@ -49,6 +49,18 @@ def test_load_a_file(idle_trace, tmp_path):
     assert stallscope.load(job.trace_ids[0][:6], store=store).job_id == job.job_id
 
 
+def test_typed_tables(idle_trace, tmp_path):
+    job = stallscope.load(idle_trace, store=tmp_path / "s")
+    kernels = job.table("kernels")
+    assert list(kernels.columns[:4]) == ["trace", "rank", "device", "name"]
+    assert sorted(kernels.name) == ["a", "b", "c"] and set(kernels.total_ns) == {10_000_000}
+    (step,) = job.table("steps").itertuples()
+    assert (step.step, step.compute_ns, step.idle_unknown_ns) == (1, 30_000_000, 70_000_000)
+    assert job.table("comm_overlap").empty and "exposed_wait_ns" in job.table("comm_overlap")
+    with pytest.raises(ValueError, match="no table 'nope'; the report's tables: kernels"):
+        job.table("nope")
+
+
 def test_sql_is_read_only_and_scoped_to_the_job(idle_trace, tmp_path):
     other = KinetoTrace()
     other.kernel("z", 0, 5)

@@ -181,3 +181,55 @@ def test_memcpy_copy_bound_by_hand(open_job):
     assert m.windows[0] == [10 * MS, 34 * MS]
     (finding,) = [f for f in memcpy.run(job, params).findings if f.id.endswith(":copy_bound")]
     assert memcpy.speak_copy_bound(m, params) == finding
+
+
+def test_memcpy_d2h_and_sync_measurements_by_hand(open_job):
+    """copies_trace: one pageable DtoH of 4 bytes in 1 µs inside the step (the GPU then idles
+    until the gemm at 6 ms, capped at the copy's 1 µs), three DtoH copies in the one step, and
+    one synchronous cudaMemcpy of 1 MiB in 50 µs (the 1 KiB one is exempt)."""
+    params = memcpy.SPEC.params()
+    for name in ("speak_pageable_d2h", "speak_d2h_in_step", "speak_sync_copies"):
+        assert list(inspect.signature(getattr(memcpy, name)).parameters) == ["m", "params"]
+    assert list(inspect.signature(memcpy.measure_pageable_d2h).parameters)[:2] == ["job", "c"]
+    for name in ("measure_d2h_in_step", "measure_sync_copies", "metrics"):
+        assert list(inspect.signature(getattr(memcpy, name)).parameters) == ["c"]
+
+    job = open_job(copies_trace())
+    (c,) = memcpy.device_copies(job, Where(job.traces[0].trace_id, 0))
+    d2h = memcpy.measure_pageable_d2h(job, c, params)
+    assert (d2h.count, d2h.nbytes, d2h.gpu_ns, d2h.exposed_ns) == (1, 4, 1_000, 1_000)
+    assert (d2h.refill_ns, d2h.saving_ns, d2h.span_ns, d2h.steps) == (1_000, 1_000, 10 * MS, 1)
+    assert d2h.share_pct == pytest.approx(0.01) and d2h.windows == [[4_210_000, 4_211_000]]
+    assert memcpy.speak_pageable_d2h(d2h, params) is None  # 1 µs: under min_impact_ms
+    in_step = memcpy.measure_d2h_in_step(c)
+    assert (in_step.count, in_step.nbytes, in_step.pageable, in_step.sync_api) == (3, 12, 1, 0)
+    assert in_step.per_step == 3.0
+    sync = memcpy.measure_sync_copies(c)
+    assert (sync.count, sync.by_direction, sync.apis) == (1, {"HtoD": 1}, ["cudaMemcpy"])
+    assert (sync.nbytes, sync.gpu_ns, sync.host_ns, sync.in_steps) == (MiB, 50_000, 1_000, 1)
+    result = memcpy.run(job, params)
+    by_key = {f.evidence["key"]: f for f in result.findings}
+    assert memcpy.speak_d2h_in_step(in_step, params) == by_key["d2h_in_step"]
+    assert memcpy.speak_sync_copies(sync, params) == by_key["sync_copy"]
+    assert memcpy.metrics(c) == result.metrics
+    assert memcpy.speak_d2h_in_step(in_step, memcpy.SPEC.params({"d2h_per_step": 4})) is None
+
+
+def test_memcpy_pageable_d2h_speaks_from_its_measurement(store):
+    """The train_pageable_d2h sample's finding is written from its measurement alone."""
+    from tests.conftest import SAMPLES
+
+    (res,) = ingest_paths(store, [str(SAMPLES / "kineto" / "train_pageable_d2h")])
+    job = JobData(store, store.traces(res.job_id))
+    try:
+        params = memcpy.SPEC.params()
+        found = []
+        for c in memcpy.device_copies(job, Where(job.traces[0].trace_id, 0)):
+            m = memcpy.measure_pageable_d2h(job, c, params)
+            if m is not None:
+                found.append(memcpy.speak_pageable_d2h(m, params))
+        findings = [f for f in memcpy.run(job, params).findings if f.id.endswith(":pageable_d2h")]
+        assert findings and [f for f in found if f] == findings
+        assert findings[0].saving_ns == m.saving_ns > 0
+    finally:
+        job.close()

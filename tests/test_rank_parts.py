@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import msgspec
 import pytest
 
 from stallscope.analyzers import PER_RANK, all_specs
@@ -17,6 +18,7 @@ from stallscope.analyzers.base import AnalyzerResult
 from stallscope.ingest import ingest_paths
 from stallscope.jobdata import JobData
 from stallscope.report import analyze_job
+from stallscope.report_types import plain_number
 from tests.conftest import CORPUS, REPO, SAMPLES
 from tests.kineto_builder import KinetoTrace
 
@@ -27,14 +29,14 @@ def whole_job_result(job: JobData) -> AnalyzerResult:
     """Every analyzer over the whole job's connection (no parts): the reference."""
     combined = AnalyzerResult()
     for spec in all_specs():
-        result = spec.run(job, spec.params())
-        combined.findings.extend(result.findings)
-        combined.metrics.extend(result.metrics)
+        combined.extend(spec.run(job, spec.params()))
     return combined
 
 
-def as_dicts(result: AnalyzerResult) -> tuple[list[dict], list[dict]]:
-    return [f.to_dict() for f in result.findings], [m.to_dict() for m in result.metrics]
+def as_dicts(result: AnalyzerResult) -> tuple[list[dict], list[dict], dict]:
+    """Findings, metrics and the typed tables' rows, as the report writes them."""
+    tables = msgspec.to_builtins(result.tables, enc_hook=plain_number)
+    return [f.to_dict() for f in result.findings], [m.to_dict() for m in result.metrics], tables
 
 
 def both_ways(store, job_id: str) -> tuple[tuple, tuple]:

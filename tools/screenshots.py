@@ -122,6 +122,7 @@ def main() -> int:
         other = next((v for k, v in jobs.items() if "healthy" in k), job)
         ddp = next((v for k, v in jobs.items() if "straggler" in k), job)
         occ = next((v for k, v in jobs.items() if "occupancy" in k), job)
+        decode = next((v for k, v in jobs.items() if "decode_eager" in k), job)
         pages = {
             "library": "",
             "overview": f"overview?job={job}",
@@ -131,6 +132,7 @@ def main() -> int:
             "kernels": f"kernels?job={job}",
             "distributed": f"distributed?job={ddp}",
             "occupancy": f"occupancy?job={occ}",
+            "inference": f"inference?job={decode}",
             "sql": "sql",
         }
         with sync_playwright() as p:
