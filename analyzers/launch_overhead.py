@@ -281,8 +281,8 @@ def _profiler_sentence(m: LaunchStats) -> str:
     return (
         f"Between the recorded calls inside one operator this host took {m.host_slowdown:.1f}× as long as "
         f"the calibration capture ({_us(m.inner_gap_ns)} µs at the 10th percentile): the host ran slower "
-        "while profiled (seen when the profiler records CUDA activity), or its CPU is slower; the trace "
-        f"cannot tell which. Taking the slowdown as the profiler's, beside {cost}, it explains an "
+        "while profiled (recording CUDA activity doubled every operator's time in an H200 decode loop), "
+        f"or its CPU is slower; the trace cannot tell which. Taking the slowdown as the profiler's, beside {cost}, it explains an "
         f"estimated {m.profiler_ns / 1e6:.2f} ms of that; taking only the per-call cost, the gain would be "
         f"up to {m.gain_upper_ns / 1e6:.2f} ms."
     )
