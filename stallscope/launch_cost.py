@@ -249,8 +249,8 @@ def _host_events(job: JobData, trace_id: str, threads: list[tuple[int, int]]) ->
     )
     starts = np.asarray(rows["start_ns"], dtype=np.int64)
     ends = np.asarray(rows["end_ns"], dtype=np.int64)
-    thread = np.asarray(rows["pid"], dtype=np.int64) * 1_000_003 + np.asarray(
-        rows["tid"], dtype=np.int64
-    )
+    pid, tid = np.asarray(rows["pid"], dtype=np.int64), np.asarray(rows["tid"], dtype=np.int64)
+    changes = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])  # rows are sorted by pid, tid
+    thread = np.cumsum(np.r_[True, changes])  # one number per thread (pids may be 62-bit hashes)
     sync = np.asarray(rows["sync"], dtype=bool)
     return HostEvents(starts, ends[sync], inner_gaps(thread, starts, ends))
