@@ -18,6 +18,16 @@ progress shrinks by as much of the lead as it can take; the lead it took is
 spent (the GPU then runs that much earlier too). The part of each shrink that
 falls on the gap's ``launch``/``cpu`` idle is the profiler's share.
 
+The per-event cost was fitted on one capture; some captures run far slower than it
+explains (decode_eager: about 7.7 us per recorded call, and the whole host, Python
+included, ran about twice as slow as the same loop profiled without CUDA activity).
+:func:`host_slowdown` reads the host's pace from the trace itself: the gaps between
+consecutive recorded calls inside one operator, where only C++ dispatch and the
+profiler's bookkeeping run (:func:`inner_gaps`). Where they are longer than in the
+calibration capture, the host's lead also grows by that slowdown's share of the time
+that passes, and ``upper_ns`` keeps the saving without it: the trace cannot tell a
+profiler-slowed host from a slower CPU.
+
 :func:`graph_saving` = launch-path idle − profiler share − one graph replay
 per step, capped by the idle the launches explain (cause ``launch``; the
 ``cpu`` part belongs to ``gpu_idle``). Validated in
@@ -38,10 +48,26 @@ from stallscope.sync_calls import SYNC_API_REGEX, api_name_sql
 # the train_small_eager pair (H200 host, torch 2.11), launch-bound and 8 % GPU-busy, took
 # 22.0 ms per profiled step and 14.4 ms unprofiled with 3,396 recorded host events per step.
 PROFILER_EVENT_NS = 2_200
+# The same capture's host pace: the 10th percentile of the gaps between consecutive recorded
+# events inside one operator (:func:`inner_gaps`), 0.83 us. A trace whose host takes longer
+# for these C++-only steps ran slower than the calibration host (``host_slowdown``).
+REFERENCE_INNER_GAP_NS = 830
+INNER_GAP_PERCENTILE = 10
+MIN_INNER_GAPS = 200  # fewer: the pace is not measured (slowdown 1)
+MAX_SLOWDOWN = 4.0
 HOST_KINDS = ("cpu_op", "runtime", "driver")
 # idle during which the GPU waited for the host to make progress (a faster host shortens it)
 _HOST_PROGRESS = [CAUSES.index(c) for c in ("dataloader", "launch", "cpu", "unknown")]
 _LAUNCH, _CPU = CAUSES.index("launch"), CAUSES.index("cpu")
+
+
+@dataclass(frozen=True)
+class HostEvents:
+    """The recorded host events of the launching threads, int64 ns."""
+
+    starts: np.ndarray  # every cpu_op, runtime and driver event
+    sync_ends: np.ndarray  # when their synchronize calls returned
+    inner_gaps: np.ndarray  # gaps between consecutive events inside one operator
 
 
 @dataclass(frozen=True)
@@ -50,10 +76,54 @@ class GraphSaving:
 
     launch_idle_ns: int  # idle attributed to launches (outside graph launches): the cap
     host_idle_ns: int  # launch + cpu idle of the gaps with launch time: what a replay replaces
-    profiler_ns: int  # of host_idle_ns, what the profiler's per-event cost explains
+    profiler_ns: int  # of host_idle_ns, what the profiler explains (per-event cost and slowdown)
     replay_ns: int  # the replays' own cost (graph_replay_us x steps)
     saving_ns: int  # min(host_idle - profiler, launch_idle) - replay, at least 0
     event_cost_ns: int  # the per-event profiler cost assumed
+    slowdown: float = 1.0  # the host's pace against the calibration capture (host_slowdown)
+    inner_gap_ns: int | None = None  # the trace's inner-gap percentile, None if not measured
+    upper_ns: int = 0  # the saving with the per-event cost alone (slowdown 1): the upper end
+
+
+def inner_gaps(thread: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Gaps between consecutive recorded events that lie inside one outermost event.
+
+    Rows sorted by thread, start, then end descending. Between two events inside the
+    same operator (say ``aten::linear``'s ``aten::t`` and ``aten::addmm``) only C++ runs:
+    the dispatcher and the profiler's own bookkeeping, so a low percentile of these
+    gaps is the host's pace at recording events. Gaps where an event nests in the one
+    before it (it starts before that one ends) are not transitions and are left out.
+    """
+    n = len(starts)
+    if n < 2:
+        return np.zeros(0, dtype=np.int64)
+    starts, ends = starts - starts.min(), ends - starts.min()  # small numbers: no overflow below
+    new_thread = np.r_[True, thread[1:] != thread[:-1]]
+    # the latest end among the earlier events of the same thread (each thread lifted above
+    # the one before it, so that one running maximum serves all of them)
+    offset = np.cumsum(new_thread) * (int(ends.max()) + 1)
+    reach = np.maximum.accumulate(ends + offset) - offset
+    prev_reach = np.r_[0, reach[:-1]]
+    inside = ~new_thread & (starts < prev_reach)  # an earlier event still open: not top level
+    prev_end = np.r_[0, ends[:-1]]
+    transition = inside & (starts >= prev_end)  # the previous event ended: not nested in it
+    return (starts - prev_end)[transition]
+
+
+def host_slowdown(gaps: np.ndarray) -> tuple[float, int | None]:
+    """The host's pace against the calibration capture: (factor >= 1, the gap percentile).
+
+    ``gaps``: :func:`inner_gaps`. Factor = the trace's ``INNER_GAP_PERCENTILE``-th
+    percentile over ``REFERENCE_INNER_GAP_NS``, at least 1 (a faster host keeps the
+    per-event cost), at most ``MAX_SLOWDOWN``; 1 and None with fewer than
+    ``MIN_INNER_GAPS`` gaps (no operators with recorded children) or on a clock too
+    coarse to measure it (most gaps whole microseconds: older Kineto traces).
+    """
+    gaps = np.asarray(gaps, dtype=np.int64)
+    if len(gaps) < MIN_INNER_GAPS or np.mean(gaps % 1_000 == 0) > 0.5:
+        return 1.0, None
+    pace = int(np.percentile(gaps, INNER_GAP_PERCENTILE))
+    return min(max(pace / REFERENCE_INNER_GAP_NS, 1.0), MAX_SLOWDOWN), pace
 
 
 def graph_saving(
@@ -67,20 +137,39 @@ def graph_saving(
     event_cost_ns: int = PROFILER_EVENT_NS,
 ) -> GraphSaving:
     """The saving of replaying each step as one CUDA graph (``replay_ns`` per step; one replay
-    when there are no steps), the profiler's host cost (``event_cost_ns`` per recorded host
-    event) taken out."""
+    when there are no steps), the profiler's host cost taken out: ``event_cost_ns`` per
+    recorded host event and, where the host ran slower than the calibration capture
+    (:func:`host_slowdown`), the share of its time that slowdown explains.
+    ``upper_ns`` is the saving with the per-event cost alone."""
     per_gap = attribution.per_gap
     if not per_gap.size:
         return GraphSaving(0, 0, 0, 0, 0, event_cost_ns)
     launch = per_gap[:, _LAUNCH] - attribution.graph_launch_per_gap
     waits = np.where(launch > 0, launch + per_gap[:, _CPU], 0)
     consumes = np.maximum(per_gap[:, _HOST_PROGRESS].sum(axis=1), waits)
-    events, syncs = _host_events(job, trace_id, attribution.threads)
-    profiler = profiler_share(attribution.gap_ends, waits, consumes, events, syncs, event_cost_ns)
-    launch_idle, host_idle, share = int(launch.sum()), int(waits.sum()), int(profiler.sum())
+    host = _host_events(job, trace_id, attribution.threads)
+    slowdown, pace = host_slowdown(host.inner_gaps) if event_cost_ns else (1.0, None)
+    launch_idle, host_idle = int(launch.sum()), int(waits.sum())
     replay = replay_ns * max(steps, 1)
-    saving = max(min(host_idle - share, launch_idle) - replay, 0)
-    return GraphSaving(launch_idle, host_idle, share, replay, saving, event_cost_ns)
+
+    def saving(factor: float) -> tuple[int, int]:
+        share = profiler_share(
+            attribution.gap_ends,
+            waits,
+            consumes,
+            host.starts,
+            host.sync_ends,
+            event_cost_ns,
+            slowdown=factor,
+        )
+        total = int(share.sum())
+        return total, max(min(host_idle - total, launch_idle) - replay, 0)
+
+    share, value = saving(slowdown)
+    upper = saving(1.0)[1] if slowdown > 1.0 else value
+    return GraphSaving(
+        launch_idle, host_idle, share, replay, value, event_cost_ns, round(slowdown, 2), pace, upper
+    )
 
 
 def profiler_share(
@@ -90,6 +179,8 @@ def profiler_share(
     event_starts: np.ndarray,
     sync_ends: np.ndarray,
     event_cost_ns: int,
+    *,
+    slowdown: float = 1.0,
 ) -> np.ndarray:
     """Per gap: how much of ``waits`` the host's profiler cost explains (the module docstring).
 
@@ -97,12 +188,16 @@ def profiler_share(
     shortens (at least ``waits``, the part whose shrink is counted); ``event_starts``:
     the recorded host events, each costing ``event_cost_ns``; ``sync_ends``: when the
     host's waits for the GPU returned (the lead restarts there). An event or sync at a
-    gap's end counts before the gap.
+    gap's end counts before the gap. ``slowdown`` f > 1: the host ran f times slower than
+    unprofiled, so besides the per-event cost its lead also grows by (1 - 1/f) of the
+    time that passes (from the first event or the last sync); the counted events are
+    then the calibration host's (H_profiled = f x (H_unprofiled + events x cost)).
     """
     gap_ends = np.asarray(gap_ends, dtype=np.int64)
     events = np.sort(np.asarray(event_starts, dtype=np.int64))
     syncs = np.sort(np.asarray(sync_ends, dtype=np.int64))
     out = np.zeros(len(gap_ends), dtype=np.int64)
+    pace = 1.0 - 1.0 / slowdown if slowdown > 1.0 else 0.0
     seen = np.searchsorted(events, gap_ends, side="right")  # events up to each gap's end
     last = np.searchsorted(syncs, gap_ends, side="right") - 1  # the last sync before it, or -1
     sync_at = np.where(
@@ -111,7 +206,8 @@ def profiler_share(
     after_sync = np.searchsorted(events, sync_at, side="right")  # events up to that sync
     order = np.argsort(gap_ends, kind="stable")
     order = order[np.asarray(consumes)[order] > 0]
-    lead, prev_end, prev_seen = 0, None, 0
+    first = int(events[0]) if events.size else (int(gap_ends.min()) if gap_ends.size else 0)
+    lead, prev_end, prev_seen = 0.0, None, 0
     for i, end, n_seen, sync, n_sync, want, can in zip(
         order.tolist(),
         gap_ends[order].tolist(),
@@ -123,34 +219,38 @@ def profiler_share(
         strict=True,
     ):
         if last[i] >= 0 and (prev_end is None or sync > prev_end):
-            lead = event_cost_ns * (n_seen - n_sync)  # the host waited: its lead restarts
+            # the host waited: its lead restarts
+            lead = event_cost_ns * (n_seen - n_sync) + pace * max(end - sync, 0)
         else:
-            lead += event_cost_ns * (n_seen - prev_seen)
-        taken = min(int(want), lead)
+            since = first if prev_end is None else prev_end
+            lead += event_cost_ns * (n_seen - prev_seen) + pace * max(end - since, 0)
+        taken = min(int(want), int(lead))
         out[i] = min(int(can), taken)
         lead -= taken
         prev_end, prev_seen = end, n_seen
     return out
 
 
-def _host_events(
-    job: JobData, trace_id: str, threads: list[tuple[int, int]]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Starts of the recorded host events on ``threads`` and ends of their synchronize calls."""
+def _host_events(job: JobData, trace_id: str, threads: list[tuple[int, int]]) -> HostEvents:
+    """The recorded host events on ``threads``: their starts, their synchronize calls' ends
+    and the gaps between events inside one operator (:func:`inner_gaps`)."""
     empty = np.zeros(0, dtype=np.int64)
     if not threads:
-        return empty, empty
+        return HostEvents(empty, empty, empty)
     pairs = ", ".join(f"({int(p)}, {int(t)})" for p, t in threads)
     kinds = ", ".join(f"'{k}'" for k in HOST_KINDS)
     rows = job.numpy(
-        f"""SELECT h.start_ns, h.end_ns,
+        f"""SELECT h.pid, h.tid, h.start_ns, h.end_ns,
               h.kind IN ('runtime', 'driver') AND regexp_matches({api_name_sql("n.name")}, '{SYNC_API_REGEX}') AS sync
             FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
-            WHERE h.trace_id = ? AND h.kind IN ({kinds}) AND (h.pid, h.tid) IN (VALUES {pairs})""",
+            WHERE h.trace_id = ? AND h.kind IN ({kinds}) AND (h.pid, h.tid) IN (VALUES {pairs})
+            ORDER BY h.pid, h.tid, h.start_ns, h.end_ns DESC""",
         [trace_id],
     )
+    starts = np.asarray(rows["start_ns"], dtype=np.int64)
+    ends = np.asarray(rows["end_ns"], dtype=np.int64)
+    pid, tid = np.asarray(rows["pid"], dtype=np.int64), np.asarray(rows["tid"], dtype=np.int64)
+    changes = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])  # rows are sorted by pid, tid
+    thread = np.cumsum(np.r_[True, changes])  # one number per thread (pids may be 62-bit hashes)
     sync = np.asarray(rows["sync"], dtype=bool)
-    return (
-        np.asarray(rows["start_ns"], dtype=np.int64),
-        np.asarray(rows["end_ns"], dtype=np.int64)[sync],
-    )
+    return HostEvents(starts, ends[sync], inner_gaps(thread, starts, ends))

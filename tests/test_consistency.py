@@ -4,9 +4,12 @@
   ``gpu_idle`` uses) in its lateness intervals: it never claims more idle time of a cause than
   the straggler's trace holds there.
 * A fix never says there is nothing to fix when the title reports a loss.
+* The per-step rows of ``step_breakdown`` sum to the device's idle totals by cause within 1 %
+  (every idle nanosecond of the step scope in exactly one step's row).
 * No finding blames a window outside the capture: its windows lie in the trace's recorded
   time, and a wait that comes from before the straggler's capture is not blamed on its host.
-* ``--fail-on medium`` passes on the control captures (healthy, ddp_overlap).
+* ``--fail-on medium`` passes on the control captures (healthy, ddp_overlap) and on the
+  CUDA-graph fixes of the launch-bound samples.
 
 The checks are generic over analyzers (each finding's fields), so they hold for analyzers
 changed elsewhere too. Corpus jobs are skipped when ../shared/corpus is absent.
@@ -22,6 +25,7 @@ import pytest
 
 from stallscope.analyzers.base import SEVERITY_RANK
 from stallscope.analyzers.nccl_wait import MAX_INTERVALS
+from stallscope.analyzers.step_breakdown import MAX_STEPS_IN_EVIDENCE
 from stallscope.collectives import covered_length
 from stallscope.errors import InputError
 from stallscope.idle import CAUSES, attribute_idle
@@ -65,7 +69,12 @@ def _corpus_jobs() -> dict[str, list[Path]]:
 
 SAMPLE_JOBS = _sample_jobs()
 CORPUS_JOBS = _corpus_jobs()
-CONTROLS = ("kineto/healthy", "kineto/ddp_overlap", "nsys/healthy.sqlite.gz", "nsys/ddp_overlap.sqlite.gz")  # fmt: skip
+# the captures without their fault: the clean references, and the CUDA-graph fixes of the
+# launch-bound ones (a graph replay must not read as a fault, issue 18 class 6)
+CONTROLS = (
+    "kineto/healthy", "kineto/ddp_overlap", "nsys/healthy.sqlite.gz", "nsys/ddp_overlap.sqlite.gz",
+    "kineto/cuda_graph", "kineto/train_cuda_graph", "kineto/train_small_graph", "kineto/decode_graph",
+)  # fmt: skip
 NOTHING_TO_FIX = re.compile(
     r"nothing to (fix|do|change)|no (action|change|fix) (is )?(needed|required)|is (fine|healthy) as is",
     re.IGNORECASE,
@@ -105,6 +114,8 @@ def _check_job(job: JobData, findings) -> None:
         _check_windows_inside_capture(job, by_trace, f)
         if f.analyzer == "nccl_wait" and f.severity != "info":
             _check_straggler_causes(job, f)
+        if f.analyzer == "step_breakdown" and f.evidence.get("key") == "table":
+            _check_step_rows_sum_to_totals(job, f)
 
 
 def _check_fix_matches_title(f) -> None:
@@ -118,6 +129,19 @@ def _check_launch_saving_within_its_idle(f) -> None:
     if f.analyzer == "launch_overhead" and f.saving_ns is not None:
         assert 0 <= f.saving_ns <= f.impact_ns, (f.id, f.saving_ns, f.impact_ns)
         assert f.evidence["profiler_overhead_ns"] <= f.evidence["host_idle_ns"], f.id
+
+
+def _check_step_rows_sum_to_totals(job: JobData, f) -> None:
+    """Each device's step rows hold its idle time by cause: their sums match the totals."""
+    rows = f.evidence["steps"]
+    if len(rows) >= MAX_STEPS_IN_EVIDENCE:
+        return  # the table is cut: its rows cannot sum to the totals
+    for device in sorted({r["device"] for r in rows}):
+        mine = [r for r in rows if r["device"] == device]
+        totals = attribute_idle(job, f.trace, device).totals
+        for cause, total in totals.items():
+            got = sum(r[f"idle_{cause}_ns"] for r in mine)
+            assert abs(got - total) <= 0.01 * total + 1_000, (f.id, device, cause, got, total)
 
 
 def _capture_range(job: JobData, trace_id: str) -> tuple[int, int]:

@@ -10,18 +10,24 @@ from stallscope.jobdata import JobData
 from tests.kineto_builder import KinetoTrace
 
 
-def tiny_kernel_loop(n: int = 100, driver_every: int = 4) -> KinetoTrace:
+def tiny_kernel_loop(
+    n: int = 100, driver_every: int = 4, inner_gap: int | None = None
+) -> KinetoTrace:
     """Op i (launching) at [10i, 10i+8) µs; its launch call [10i+2, 10i+7); kernel [10i+7.5, 10i+9.5).
 
     Gaps between kernels: 8 µs each (99 gaps). In each, the host is in unrecorded
     Python for 0.5 µs ([10i+9.5, 10i+10): a sliver, counted as launch time) and then
     inside the next launching op for 7.5 µs: the whole gap waits for the launch.
     Every 4th launch goes through the driver API (cuLaunchKernelEx, as Triton does).
+    ``inner_gap`` (ns): each op also records an ``aten::empty`` child that ends that long
+    before its launch call starts (the host's pace between recorded calls inside an op).
     """
     t = KinetoTrace()
     for i in range(n):
         base = 10_000 * i
         t.cpu_op("aten::mul", base, 8_000, args={"External id": 1000 + i})
+        if inner_gap is not None:
+            t.cpu_op("aten::empty", base + 100, 1_900 - inner_gap, args={"External id": 1000 + i})
         driver = i % driver_every == 0
         t.runtime(
             "cuLaunchKernelEx" if driver else "cudaLaunchKernel",
@@ -31,8 +37,9 @@ def tiny_kernel_loop(n: int = 100, driver_every: int = 4) -> KinetoTrace:
     return t
 
 
-def run(store, tmp_path, **params):
-    (res,) = ingest_paths(store, [str(tiny_kernel_loop().write(tmp_path / "tiny.json"))])
+def run(store, tmp_path, loop: KinetoTrace | None = None, **params):
+    loop = loop or tiny_kernel_loop()
+    (res,) = ingest_paths(store, [str(loop.write(tmp_path / "tiny.json"))])
     job = JobData(store, store.traces(res.job_id))
     result = launch_overhead.run(job, launch_overhead.SPEC.params(params))
     job.close()
@@ -64,6 +71,9 @@ def test_finding_with_gain_estimate(store, tmp_path):
     assert f.evidence["profiler_overhead_ns"] == 440_000
     assert f.evidence["estimated_gain_ns"] == f.saving_ns == 342_000
     assert "0.44 ms" in f.detail
+    # no operator has recorded children: the host's pace is not measured, no slowdown
+    assert f.evidence["host_slowdown"] == 1.0 and f.evidence["inner_gap_ns"] is None
+    assert f.evidence["saving_upper_ns"] == f.saving_ns and "up to" not in f.recommendation
     assert len(f.windows) == 20 and all(b - a == 8_000 for a, b in f.windows)
 
 
@@ -90,6 +100,70 @@ def test_profiler_share_by_hand():
         event_cost_ns=10,
     )
     assert got.tolist() == [15, 10, 0, 5]
+
+
+def test_profiler_share_of_a_slowed_host_by_hand():
+    """Slowdown 2: besides 10 ns per event, the lead grows by half the time that passes.
+    Gap A (end 100): 2 events (20) + (100 - 0) / 2 = 70, wanted 100: takes 70. Gap B (end 200):
+    no event, (200 - 100) / 2 = 50. After the sync ending at 250, gap C (end 300) has the event
+    at 260 (10) + (300 - 250) / 2 = 35."""
+    from stallscope.launch_cost import profiler_share
+
+    kwargs = dict(
+        gap_ends=np.array([100, 200, 300]),
+        waits=np.array([100, 100, 100]),
+        consumes=np.array([100, 100, 100]),
+        event_starts=np.array([0, 5, 260]),
+        sync_ends=np.array([250]),
+        event_cost_ns=10,
+    )
+    assert profiler_share(**kwargs, slowdown=2.0).tolist() == [70, 50, 35]
+    assert profiler_share(**kwargs).tolist() == [20, 0, 10]  # slowdown 1: the events alone
+
+
+def test_inner_gaps_and_host_slowdown_by_hand():
+    """Thread 1: op A [0, 100) holds B [10, 30), C [40, 60) (D [45, 50) nested in C) and E [70, 80);
+    F [120, 130) is top level. Transitions inside A: B->C 10, D->E 20 (E starts 20 after the
+    last event ended). Thread 2: G [0, 50) holds H [5, 15) (a first child: no transition)."""
+    from stallscope.launch_cost import (
+        MIN_INNER_GAPS,
+        REFERENCE_INNER_GAP_NS,
+        host_slowdown,
+        inner_gaps,
+    )
+
+    rows = [(1, 0, 100), (1, 10, 30), (1, 40, 60), (1, 45, 50), (1, 70, 80), (1, 120, 130), (2, 0, 50), (2, 5, 15)]  # fmt: skip
+    thread, starts, ends = (np.array(c, dtype=np.int64) for c in zip(*rows, strict=True))
+    assert sorted(inner_gaps(thread, starts, ends).tolist()) == [10, 20]
+    assert host_slowdown(np.full(MIN_INNER_GAPS - 1, 10 * REFERENCE_INNER_GAP_NS)) == (1.0, None)
+    slow = np.full(MIN_INNER_GAPS, 2 * REFERENCE_INNER_GAP_NS)
+    assert host_slowdown(slow) == (2.0, 2 * REFERENCE_INNER_GAP_NS)
+    assert host_slowdown(slow // 4)[0] == 1.0  # a faster host keeps the per-event cost
+    # a microsecond clock (older Kineto traces) cannot measure a pace under a microsecond
+    assert host_slowdown(np.full(MIN_INNER_GAPS, 2_000)) == (1.0, None)
+
+
+def test_a_slowed_host_lowers_the_gain_and_says_what_the_trace_cannot_tell(store, tmp_path):
+    """300 iterations; each op records an aten::empty child ending 1,245 ns before its launch call
+    (1.5 x the calibration pace): slowdown 1.5. Cost 1 µs per event (3 per iteration).
+    Slowdown 1: gap 0 takes the 6 µs of the first two iterations' events, each later gap 3 µs:
+    900 µs of the 2,392 µs wait (299 gaps of 8 µs), gain 2392 - 900 - 10 = 1,482 µs (the upper end).
+    Slowdown 1.5: the lead also grows by a third of the time that passes: 6 + 17.5 / 3 then
+    3 + 10 / 3 per gap; the first three gaps take their 8 µs, the fourth 6.83, the other 295
+    6.33: 1,899.2 µs, gain 2392 - 1899.2 - 10 = 482.8 µs."""
+    from stallscope.launch_cost import REFERENCE_INNER_GAP_NS
+
+    gap = REFERENCE_INNER_GAP_NS * 3 // 2
+    result = run(
+        store, tmp_path, tiny_kernel_loop(300, inner_gap=gap), min_impact_ms=0, profiler_event_us=1
+    )
+    (f,) = result.findings
+    e = f.evidence
+    assert e["host_slowdown"] == 1.5 and e["inner_gap_ns"] == gap
+    assert f.impact_ns == 2_392_000 and e["saving_upper_ns"] == 1_482_000
+    assert abs(f.saving_ns - 482_833) <= 2
+    assert "1.5× as long as the calibration capture" in f.detail and "cannot tell which" in f.detail
+    assert "up to 1.48 ms" in f.recommendation
 
 
 def test_default_min_impact_keeps_tiny_traces_quiet(store, tmp_path):
