@@ -270,6 +270,7 @@ def ingest_rank(store_root: str, staging: str, job_id: str, digest: str, item: R
         return Failed("input", str(exc))
     from stallscope.ingest.job import ingest_source
 
+    _use_worker_threads()
     store = Store(store_root)
     own = store.new_staging()
     try:
@@ -284,6 +285,27 @@ def ingest_rank(store_root: str, staging: str, job_id: str, digest: str, item: R
     finally:
         store.discard(own)
     return metas
+
+
+def _use_worker_threads() -> None:
+    """Size this task's DuckDB and Arrow threads to its Dask worker's (``--nthreads``).
+
+    Without this, each of W workers on a host would run its ingest's SQL and
+    Arrow work on every CPU of the host: W times as many threads as cores.
+    """
+    import pyarrow as pa
+
+    from stallscope.ingest.startup import set_thread_budget
+
+    try:
+        from distributed import get_worker
+
+        threads = int(get_worker().state.nthreads)
+    except (ImportError, ValueError, AttributeError, TypeError):
+        return  # not on a Dask worker (a test calling the task directly)
+    set_thread_budget(threads)
+    if pa.cpu_count() != threads:
+        pa.set_cpu_count(threads)
 
 
 def _move_in(folder: Path, target: Path) -> None:
