@@ -39,7 +39,7 @@ from stallscope.ingest.limits import (
 from stallscope.ingest.reader import Source
 from stallscope.ingest.registry import BY_NAME, FORMATS, companion_file, is_companion, provides
 from stallscope.ingest.sniff import sniff
-from stallscope.ingest.startup import skip_pandas_probe
+from stallscope.ingest.startup import skip_pandas_probe, thread_budget
 from stallscope.store import Store, current_user, new_upload, write_json, write_upload
 
 Progress = Callable[[str, int, int], None]
@@ -387,7 +387,7 @@ def _write_tables(folder: Path, tables: dict[str, Any]) -> None:
             compression_level=1,
         )
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=min(4, thread_budget() or 4)) as pool:
         list(pool.map(write, tables.items()))
 
 

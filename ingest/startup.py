@@ -85,12 +85,42 @@ def worker_processes(worth_it: bool) -> int:
     return min(cpus, MAX_WORKERS) if cpus >= MIN_CPUS else 1
 
 
+_THREAD_BUDGET: int | None = None
+
+
+def set_thread_budget(threads: int | None) -> None:
+    """Limit the threads one ingest in this process uses (None: no limit, the machine's CPUs).
+
+    A Dask task sets it to its worker's thread count (``stallscope.cluster``): W
+    workers on one host each running DuckDB and Arrow with every CPU would put
+    W times too many threads on its cores.
+    """
+    global _THREAD_BUDGET
+    _THREAD_BUDGET = threads if threads and threads > 0 else None
+
+
+def thread_budget() -> int | None:
+    """Threads one ingest may use: :func:`set_thread_budget`, else ``$STALLSCOPE_THREADS``,
+    else None (as many as the machine has, within each stage's own cap)."""
+    if _THREAD_BUDGET is not None:
+        return _THREAD_BUDGET
+    try:
+        value = int(os.environ.get("STALLSCOPE_THREADS", "") or 0)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
 def duckdb_threads() -> int:
-    """DuckDB threads for the parsers' SQL: the usable CPUs, 2 to 8.
+    """DuckDB threads for the parsers' SQL: the usable CPUs, 2 to 8, or the
+    :func:`thread_budget` when one is set (at most 8).
 
     Results never depend on it (file order breaks every tie); 8 keeps the
     memory of parallel sorts in check on big machines.
     """
+    budget = thread_budget()
+    if budget is not None:
+        return min(8, budget)
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -43,6 +43,7 @@ import shutil
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -714,14 +715,28 @@ class Lease:
 
 
 def sync_tree(folder: Path) -> None:
-    """fsync every file and folder below ``folder`` (and itself): durable before it is published."""
-    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-        elif path.is_dir():
-            _fsync_dir(path)
+    """fsync every file and folder below ``folder`` (and itself): durable before it is published.
+
+    The files are synced by a few threads at once (``fsync`` waits on the disk without the
+    GIL: a job of 1,000 ranks has ~15,000 files), then the folders, deepest first.
+    """
+    paths = list(folder.rglob("*"))
+    files = [path for path in paths if path.is_file()]
+    if len(files) > 8:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(_fsync_file, files))
+    else:
+        for path in files:
+            _fsync_file(path)
+    folders = [path for path in paths if path.is_dir()]
+    for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        _fsync_dir(path)
     _fsync_dir(folder)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -86,3 +86,27 @@ def test_a_zip_member_travels_as_its_bytes(tmp_path):
     item = RankFile.of(source)
     assert item.path is None and item.data == (SAMPLE / "rank0.pt.trace.json.gz").read_bytes()
     assert item.source().file_hash == source.file_hash
+
+
+def test_a_task_uses_its_workers_threads(monkeypatch):
+    """On a Dask worker of N threads, an ingest task's DuckDB and Arrow use N threads."""
+    import pyarrow as pa
+
+    from stallscope import cluster
+    from stallscope.ingest import startup
+
+    class Worker:
+        class state:  # noqa: N801 (the attribute path of distributed.Worker)
+            nthreads = 1
+
+    import distributed
+
+    monkeypatch.setattr(distributed, "get_worker", lambda: Worker())
+    cpus = pa.cpu_count()
+    try:
+        cluster._use_worker_threads()
+        assert startup.duckdb_threads() == 1
+        assert pa.cpu_count() == 1
+    finally:
+        startup.set_thread_budget(None)
+        pa.set_cpu_count(cpus)

@@ -143,3 +143,26 @@ def test_events_array_found_by_search_matches_a_full_parse(small_pieces, monkeyp
         assert fast.events.equals(parsed.events)
         assert fast.gpu_args.equals(parsed.gpu_args)
         assert fast.warnings == parsed.warnings == []
+
+
+def test_thread_budget(monkeypatch):
+    """A Dask task's budget (its worker's threads) or $STALLSCOPE_THREADS caps DuckDB's threads."""
+    monkeypatch.delenv("STALLSCOPE_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    try:
+        startup.set_thread_budget(None)
+        assert startup.thread_budget() is None
+        if sys.platform == "linux":
+            assert startup.duckdb_threads() == 8  # 16 CPUs, capped
+        startup.set_thread_budget(1)
+        assert startup.duckdb_threads() == 1
+        startup.set_thread_budget(32)
+        assert startup.duckdb_threads() == 8  # never more than the cap
+        startup.set_thread_budget(None)
+        monkeypatch.setenv("STALLSCOPE_THREADS", "3")
+        assert startup.thread_budget() == 3
+        assert startup.duckdb_threads() == 3
+        monkeypatch.setenv("STALLSCOPE_THREADS", "nonsense")
+        assert startup.thread_budget() is None
+    finally:
+        startup.set_thread_budget(None)

@@ -42,7 +42,9 @@ exports are cached, see docs/formats/nsys.md), `STALLSCOPE_DECODE_WORKERS`
 (processes that decode a big Kineto trace or read a big Nsight Systems table;
 default: one per CPU, at most 8, on Linux machines with 4 or more CPUs, for
 Kineto traces of 128 MB or more and nsys tables of 400,000 rows or more; `1`
-turns them off; see docs/benchmarks.md), `STALLSCOPE_ITERATION_RANGE` (the
+turns them off; see docs/benchmarks.md), `STALLSCOPE_THREADS` (threads one ingest's
+SQL and Arrow work may use; default: the machine's CPUs, DuckDB's at most 8; an
+ingest task on a Dask worker uses the worker's thread count), `STALLSCOPE_ITERATION_RANGE` (the
 inference iteration ranges when `analyze --iteration-range` is not given, see
 docs/analyzers/inference.md).
 """

@@ -8,23 +8,30 @@ reads the ``[memory]`` allocator events. Formats: docs/schema.md.
 
 from __future__ import annotations
 
+import re
+
 from stallscope.errors import InputError
 from stallscope.ingest.formats import Format, ParseContext, ParsedTrace, Payload
 from stallscope.ingest.reader import Source
 
 _WHITESPACE = (b" ", b"\t", b"\r", b"\n")
 _BOM = b"\xef\xbb\xbf"
+_BLANKS = re.compile(rb"[ \t\r\n]*")
+_OBJECT_HEAD = 1 << 16  # where the distinguishing keys of a JSON object are looked for
 
 
 def looks_like_kineto(name: str, data: bytes) -> bool:
     """A JSON object or array of objects: worth handing to the Kineto parser (which gives the
-    definitive answer). JSON that is known to be something else is refused here."""
-    body = data[len(_BOM) :] if data.startswith(_BOM) else data
-    text = body.lstrip(b" \t\r\n")[:4096]
+    definitive answer). JSON that is known to be something else is refused here.
+
+    Reads a few KiB after the leading blanks, found by a match, never by a stripped copy
+    of the whole file (which was a second copy of the trace at the ingest's peak)."""
+    start = _BLANKS.match(data, len(_BOM) if data.startswith(_BOM) else 0).end()
+    text = data[start : start + 4096]
     if text[:1] == b"[":
         return _array(name, text)
     if text[:1] == b"{":
-        return _object(name, body.lstrip(b" \t\r\n"))
+        return _object(name, data[start : start + _OBJECT_HEAD])
     return False
 
 
@@ -42,7 +49,7 @@ def _array(name: str, text: bytes) -> bool:
 def _object(name: str, data: bytes) -> bool:
     # The distinguishing keys sit near the top in every producer we know;
     # a full parse later gives the definitive answer.
-    head = data[: 1 << 16]
+    head = data[:_OBJECT_HEAD]
     if b'"traceEvents"' in head or b'"schemaVersion"' in head or b'"deviceProperties"' in head:
         return True
     if b'"nodes"' in head and (b'"schema"' in head or b'"pid"' in head):

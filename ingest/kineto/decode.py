@@ -327,9 +327,13 @@ def _strip_bounds(data: bytes) -> tuple[int, int]:
     return start, end
 
 
+_ASCII_BLANKS = re.compile(rb"[ \t\n\r\x0b\x0c]*")  # what bytes.lstrip() strips, found not copied
+
+
 def _split_top(data: bytes) -> tuple[list[msgspec.Raw] | None, dict[str, Any]]:
     """Top level -> (raw events, header). Raises msgspec.DecodeError on bad JSON."""
-    first = data.lstrip()[:1]
+    start = _ASCII_BLANKS.match(data).end()
+    first = data[start : start + 1]
     if first == b"[":
         return _RAW_LIST.decode(data), {}
     if first != b"{":

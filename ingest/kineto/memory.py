@@ -19,6 +19,7 @@ costs nothing on traces without them) and decodes each event object alone.
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
@@ -28,6 +29,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from msgspec.structs import astuple
 
 from stallscope.ingest.canonical import _as_int
 from stallscope.schema import arrow_schema, empty_table
@@ -153,45 +155,42 @@ _TYPED_LIST_DECODER = msgspec.json.Decoder(list[_TypedMemEvent])
 _NO_TYPED_ARGS = _TypedMemArgs()
 
 
+_TYPED_BATCH = 16_384  # events decoded at a time: bounds the Python objects alive at once
+
+
 def _typed_rows(chunks: list[bytes], trace_id: str) -> pa.Table | None:
     """The rows :func:`_append_row` would make, built column by column; None if any value is odd.
 
     Applies when every event decodes with integer (or absent) ids, sizes and
     totals in the int64 range: what PyTorch writes. Anything else (a string
     or float value, a bad event) returns None and the caller goes row by row,
-    so the result is the same either way.
+    so the result is the same either way. The events are decoded
+    :data:`_TYPED_BATCH` at a time (one batch's objects alive at once, not
+    every event's: ~330 MB less at the peak of a 486 MB trace).
     """
+    parts = []
+    was_enabled = gc.isenabled()
+    gc.disable()  # a tuple per event (astuple): the GC would only walk them again and again
     try:
-        events = _TYPED_LIST_DECODER.decode(b"[" + b",".join(chunks) + b"]")
-        args = [e.args or _NO_TYPED_ARGS for e in events]
-        ints = {
-            "pid": pa.array([e.pid for e in events], pa.int64()),
-            "tid": pa.array([e.tid for e in events], pa.int64()),
-            "device_type": pa.array([a.device_type for a in args], pa.int64()),
-            "device_id": pa.array([a.device_id for a in args], pa.int64()),
-            "addr": pa.array([a.addr for a in args], pa.int64()),
-            "bytes": pa.array([a.nbytes for a in args], pa.int64()),
-            "total_allocated": pa.array([a.total_allocated for a in args], pa.int64()),
-            "total_reserved": pa.array([a.total_reserved for a in args], pa.int64()),
-            "external_id": pa.array([a.external_id for a in args], pa.int64()),
-        }
-    except (msgspec.DecodeError, msgspec.ValidationError, pa.ArrowException, OverflowError):
+        for start in range(0, len(chunks), _TYPED_BATCH):
+            part = _typed_batch(chunks[start : start + _TYPED_BATCH])
+            if part is None:
+                return None
+            parts.append(part)
+    finally:
+        if was_enabled:
+            gc.enable()
+    kept = pa.Table.from_batches(parts) if parts else None
+    if kept is None:
         return None
-    ts_ns = _ts_column([e.ts for e in events])
-    memory_events = pa.array([e.name == "[memory]" and e.ph == "i" for e in events], pa.bool_())
-    keep = pc.and_(
-        pc.and_(memory_events, pc.is_valid(ts_ns)),
-        pc.and_(pc.equal(ints["device_type"], 1), pc.greater_equal(ints["device_id"], 0)),
-    ).fill_null(False)
-    kept = {key: value.filter(keep) for key, value in ints.items()}
-    n = len(kept["pid"])
+    n = kept.num_rows
     device = kept["device_id"]
-    nbytes = kept["bytes"]
+    nbytes = kept["nbytes"]
     return pa.table(
         {
             "trace_id": pa.array([trace_id] * n, pa.string()),
             "device": pc.if_else(pc.less(device, 1 << 31), device, None).cast(pa.int32()),
-            "ts_ns": ts_ns.filter(keep),
+            "ts_ns": kept["ts_ns"],
             "bytes": nbytes,
             "total_allocated": kept["total_allocated"],
             "total_reserved": kept["total_reserved"],
@@ -207,6 +206,36 @@ def _typed_rows(chunks: list[bytes], trace_id: str) -> pa.Table | None:
             "stack": pa.nulls(n, pa.string()),
         },
         schema=arrow_schema("memory"),
+    )
+
+
+_ARG_NAMES = _TypedMemArgs.__struct_fields__
+_INT_COLUMNS = ("pid", "tid", *_ARG_NAMES)
+
+
+def _typed_batch(chunks: list[bytes]) -> pa.RecordBatch | None:
+    """The kept rows of some events (integer columns and ``ts_ns``); None if any value is odd."""
+    try:
+        events = _TYPED_LIST_DECODER.decode(b"[" + b",".join(chunks) + b"]")
+        ph, name, pid, tid, ts, args = zip(*map(astuple, events), strict=True)
+        filled = [a or _NO_TYPED_ARGS for a in args]
+        arg_columns = zip(*map(astuple, filled), strict=True)
+        ints = {
+            key: pa.array(values, pa.int64())
+            for key, values in zip(_INT_COLUMNS, (pid, tid, *arg_columns), strict=True)
+        }
+    except (msgspec.DecodeError, msgspec.ValidationError, pa.ArrowException, OverflowError):
+        return None
+    ts_ns = _ts_column(list(ts))
+    memory_events = pa.array(
+        [n == "[memory]" and p == "i" for n, p in zip(name, ph, strict=True)], pa.bool_()
+    )
+    keep = pc.and_(
+        pc.and_(memory_events, pc.is_valid(ts_ns)),
+        pc.and_(pc.equal(ints["device_type"], 1), pc.greater_equal(ints["device_id"], 0)),
+    ).fill_null(False)
+    return pa.RecordBatch.from_pydict(
+        {"ts_ns": ts_ns.filter(keep), **{key: value.filter(keep) for key, value in ints.items()}}
     )
 
 

@@ -9,6 +9,7 @@ kernels and is not a rank of its own (docs/schema.md, kernel_metrics).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from stallscope.ingest.reader import Source
 
 REPORT_MAGIC = b"NVR\x00"
 _REPORT_HEADERS = (REPORT_MAGIC, b"NVIDIA Nsight Compute")
+_LEADING = re.compile(rb"[\xef\xbb\xbf \t\r\n]*")  # what a CSV page may start with
 
 
 def looks_like_ncu(name: str, head: bytes) -> bool:
@@ -25,9 +27,11 @@ def looks_like_ncu(name: str, head: bytes) -> bool:
     ncu's ``==PROF==`` log lines."""
     if head.startswith(_REPORT_HEADERS) or name.lower().endswith(".ncu-rep"):
         return True
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    start = _LEADING.match(head).end()  # (an offset: no stripped copy of a whole trace)
     marker = HEADER_START.encode()  # the first cells of every CSV page
-    return text.startswith(marker) or (text.startswith(b"==PROF==") and b"\n" + marker in text)
+    return head.startswith(marker, start) or (
+        head.startswith(b"==PROF==", start) and head.find(b"\n" + marker, start) >= 0
+    )
 
 
 def _parse(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
