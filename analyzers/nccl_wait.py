@@ -46,7 +46,7 @@ from stallscope.collectives import (
     match_collectives,
     step_windows,
 )
-from stallscope.idle import CAUSES, attribute_idle, launch_threads, top_host_ops
+from stallscope.idle import CAUSES, launch_threads, top_host_ops
 from stallscope.jobdata import JobData
 from stallscope.lateness import (
     CAUSE_TEXT,
@@ -54,6 +54,7 @@ from stallscope.lateness import (
     explain,
     host_ranges,
     lateness,
+    rank_idle,
     saving_if_on_time,
     timeline,
 )
@@ -327,9 +328,10 @@ def _activity(job, trace: str, device: int, windows: list[list[int]]) -> dict:
     window = int((union[1] - union[0]).sum())
     if window == 0:
         return {"window_ns": 0}
+    own = job.part_of(trace)  # this rank's files only
     busy = covered_length(_union(ops, slice(None)), *union).sum()
     comp = covered_length(_union(ops, ops["is_kernel"] & ~ops["is_comm"]), *union).sum()
-    idle = attribute_idle(job, trace, device)
+    idle = rank_idle(job, trace, device)
     by_cause = {}
     if idle.per_gap.size:
         gap_len = np.maximum(idle.gap_ends - idle.gap_starts, 1)
@@ -343,7 +345,7 @@ def _activity(job, trace: str, device: int, windows: list[list[int]]) -> dict:
         "gpu_busy_pct": round(100.0 * busy / window, 1),
         "compute_pct": round(100.0 * comp / window, 1),
         "idle_by_cause_ns": by_cause,
-        "top_host_ops": top_host_ops(job, trace, launch_threads(job, trace, device), merged),
+        "top_host_ops": top_host_ops(own, trace, launch_threads(own, trace, device), merged),
     }
 
 

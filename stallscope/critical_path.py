@@ -294,10 +294,12 @@ def step_times(ops: pd.DataFrame, start: str = "start_ns", end: str = "end_ns") 
 def saving(ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression]) -> dict:
     """Step times before and after ``cuts``: ``{before_ns, after_ns, saving_ns, steps}``.
 
+    ``ops``: the ops, or their :func:`dependencies` table (reused as it is).
+
     ``saving_ns`` = Σ steps (before − after), never negative; ``steps`` lists
     ``{step, before_ns, after_ns}``.
     """
-    g = dependencies(ops)
+    g = ops if "binding" in ops else dependencies(ops)
     what_if = replay(g, syncs, cuts)
     before = step_times(g)  # replaying without cuts reproduces the observed times
     after = step_times(what_if, "new_start_ns", "new_end_ns")
