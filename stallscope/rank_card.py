@@ -1,0 +1,214 @@
+"""Rank cards: a small per-rank summary for the cross-rank step (issue #15).
+
+Each rank's ingest worker (the local process pool and a Dask worker alike:
+``ingest.job._ingest_source``) writes ``rank_card.parquet`` next to the
+rank's canonical tables, computed from that rank's files alone. Its columns
+are declared in :data:`stallscope.schema.RANK_CARD`; one row per
+
+* ``device``: the GPU's step scope (:func:`stallscope.scope.step_scope`),
+  its compute and communication kernel time and first/last kernel (ns), and
+  whether the trace shows DistributedDataParallel;
+* ``step``: each step range (pid, step, start, end; ns);
+* ``collective``: each communication kernel (device, op, start, end, bytes);
+* ``kernel``: the rank's top :data:`TOP_KERNELS` kernels by summed time.
+
+The cross-rank step reads the cards of all ranks with one query
+(:func:`job_cards`) instead of querying each rank's files: two-tier triage
+(:func:`stallscope.rank_triage.screen`) and the per-device collective
+summary of ``overlap`` (:func:`collective_summaries`). A rank stored before
+cards existed gets its card computed on demand from its files (in memory,
+not written: published jobs are immutable), so old jobs analyze the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from stallscope.schema import RANK_CARD, TYPES
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from stallscope.jobdata import JobData
+
+CARD_FILE = "rank_card.parquet"
+TOP_KERNELS = 10  # kernels listed per rank, by summed time
+
+_DEVICES_SQL = """
+SELECT device,
+  sum(end_ns - start_ns) FILTER (WHERE kind = 'kernel' AND NOT is_comm) AS compute_ns,
+  sum(end_ns - start_ns) FILTER (WHERE kind = 'kernel' AND is_comm) AS comm_ns,
+  min(start_ns) FILTER (WHERE kind = 'kernel') AS first_ns,
+  max(end_ns) FILTER (WHERE kind = 'kernel') AS last_ns
+FROM gpu WHERE trace_id = $trace AND device IS NOT NULL AND kind IN ('kernel', 'memcpy', 'memset')
+GROUP BY device ORDER BY device
+"""
+_DDP_SQL = """
+SELECT EXISTS (SELECT 1 FROM names WHERE trace_id = $trace AND (starts_with(name,
+  'DistributedDataParallel') OR contains(name, 'c10d::Reducer')))
+"""
+_STEPS_SQL = """
+SELECT pid, step, start_ns, end_ns FROM ranges WHERE trace_id = $trace AND kind = 'step'
+ORDER BY start_ns, pid
+"""
+_COLLECTIVES_SQL = """
+SELECT device, op, start_ns, end_ns, coalesce(in_bytes, out_bytes) AS bytes
+FROM collectives WHERE trace_id = $trace ORDER BY device, start_ns
+"""
+_KERNELS_SQL = """
+SELECT g.device, coalesce(n.name, '?') AS name, count(*) AS count, sum(g.end_ns - g.start_ns) AS total
+FROM gpu g LEFT JOIN names n ON n.trace_id = g.trace_id AND n.name_id = g.name_id
+WHERE g.trace_id = $trace AND g.kind = 'kernel' GROUP BY ALL ORDER BY total DESC, name LIMIT $top
+"""
+
+
+def card_schema() -> pa.Schema:
+    """The Arrow schema of a card (:data:`stallscope.schema.RANK_CARD`)."""
+    import pyarrow as pa
+
+    types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_()}
+    assert all(c.type in types and c.type in TYPES for c in RANK_CARD.columns)
+    return pa.schema([pa.field(c.name, types[c.type]) for c in RANK_CARD.columns])
+
+
+def build_card(rank: JobData, trace_id: str) -> pa.Table:
+    """The card of ``trace_id`` from ``rank`` (a JobData over that rank's files)."""
+    import pyarrow as pa
+
+    from stallscope.scope import step_scope
+
+    con, arg = rank.con, {"trace": trace_id}
+    rows: list[dict[str, Any]] = []
+    ddp = bool(con.execute(_DDP_SQL, arg).fetchone()[0])
+    for device, compute, comm, first, last in con.execute(_DEVICES_SQL, arg).fetchall():
+        scope = step_scope(rank, trace_id, int(device))
+        rows.append(
+            {"kind": "device", "device": int(device), "compute_ns": compute, "comm_ns": comm,
+             "first_ns": first, "last_ns": last, "flag": ddp,
+             "start_ns": None if scope is None else scope[0],
+             "end_ns": None if scope is None else scope[1]}
+        )  # fmt: skip
+    for pid, step, start, end in con.execute(_STEPS_SQL, arg).fetchall():
+        rows.append(
+            {"kind": "step", "pid": pid, "step": step, "start_ns": start, "end_ns": end}
+        )
+    for device, op, start, end, nbytes in con.execute(_COLLECTIVES_SQL, arg).fetchall():
+        rows.append(
+            {"kind": "collective", "device": device, "name": op, "start_ns": start,
+             "end_ns": end, "bytes": nbytes}
+        )  # fmt: skip
+    for device, name, count, total in con.execute(_KERNELS_SQL, {**arg, "top": TOP_KERNELS}).fetchall():
+        rows.append(
+            {"kind": "kernel", "device": device, "name": name, "count": count, "compute_ns": total}
+        )
+    schema = card_schema()
+    columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
+    columns["trace_id"] = [trace_id] * len(rows)
+    return pa.table(columns, schema=schema)
+
+
+def write_card(folder: Path, trace_id: str) -> None:
+    """Compute and write the card of the trace whose canonical tables are in ``folder``
+    (called by the ingest worker, right after it wrote them)."""
+    import pyarrow.parquet as pq
+
+    from stallscope.jobdata import JobData
+    from stallscope.store import Store, TraceRef
+
+    rank = JobData(Store(folder.parent), [TraceRef(trace_id, "", folder, {"rank": 0})])
+    try:
+        table = build_card(rank, trace_id)
+    finally:
+        rank.close()
+    pq.write_table(table, folder / CARD_FILE, compression="zstd", compression_level=1)
+
+
+def job_cards(job: JobData) -> pa.Table:
+    """The cards of every timeline trace of ``job`` (cached): the stored ones read in one
+    query, the missing ones (ranks stored before cards) computed from their files."""
+    if "rank_cards" not in job.cache:
+        import pyarrow as pa
+
+        stored = [r for r in job.traces if (r.path / CARD_FILE).is_file()]
+        tables = []
+        if stored:
+            listing = ", ".join("'" + str(r.path / CARD_FILE).replace("'", "''") + "'" for r in stored)
+            tables.append(
+                job.con.sql(f"SELECT * FROM read_parquet([{listing}])").to_arrow_table().cast(card_schema())
+            )
+        have = {r.trace_id for r in stored}
+        for ref in job.traces:
+            if ref.trace_id not in have and ref.meta.get("source") in RANK_CARD.formats:
+                tables.append(build_card(job.part_of(ref.trace_id), ref.trace_id))
+        job.cache["rank_cards"] = (
+            pa.concat_tables(tables) if tables else card_schema().empty_table()
+        )
+    return job.cache["rank_cards"]
+
+
+def card_rows(job: JobData, kind: str) -> dict[str, np.ndarray]:
+    """The ``kind`` rows of all cards (:func:`job_cards`), columnar (numpy; NULL ints as −1)."""
+    import pyarrow.compute as pc
+
+    table = job_cards(job)
+    table = table.filter(pc.equal(table["kind"], kind))
+    out: dict[str, np.ndarray] = {}
+    for field in table.schema:
+        col = table[field.name]
+        if field.type == "int64":
+            out[field.name] = col.fill_null(-1).to_numpy().astype(np.int64)
+            out[field.name + "_null"] = col.is_null().to_numpy(zero_copy_only=False)
+        elif field.type == "bool":
+            out[field.name] = col.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+        else:
+            out[field.name] = np.asarray(col.to_pylist(), dtype=object)
+    return out
+
+
+def collective_summaries(job: JobData) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (trace, device), from the cards of all ranks in two queries: ``scope`` (its step
+    scope or None), ``ops`` ({op: count} of the collectives starting in the scope, most
+    first, ties by name), ``median_bytes`` (their median size, None unknown; float) and
+    ``uses_ddp``. Cached on ``job``."""
+    if "collective_summaries" not in job.cache:
+        cards = job_cards(job)
+        con = job.con
+        con.register("_cards", cards)
+        try:
+            where = (
+                "FROM _cards c JOIN (SELECT trace_id, device, start_ns AS lo, end_ns AS hi "
+                "FROM _cards WHERE kind = 'device') d USING (trace_id, device) "
+                "WHERE c.kind = 'collective' AND (d.lo IS NULL OR "
+                "(c.start_ns >= d.lo AND c.start_ns < d.hi))"
+            )
+            by_op = con.execute(
+                f"SELECT c.trace_id, c.device, c.name, count(*) {where} GROUP BY ALL "
+                "ORDER BY 1, 2, 4 DESC, 3"
+            ).fetchall()
+            sizes = con.execute(
+                f"SELECT c.trace_id, c.device, median(c.bytes) {where} GROUP BY ALL"
+            ).fetchall()
+            devices = con.execute(
+                "SELECT trace_id, device, start_ns, end_ns, flag FROM _cards WHERE kind = 'device'"
+            ).fetchall()
+        finally:
+            con.unregister("_cards")
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for trace, device, lo, hi, ddp in devices:
+            out[(trace, int(device))] = {
+                "scope": None if lo is None else (int(lo), int(hi)),
+                "ops": {},
+                "median_bytes": None,
+                "uses_ddp": bool(ddp),
+            }
+        for trace, device, op, n in by_op:
+            if (trace, int(device)) in out:
+                out[(trace, int(device))]["ops"][str(op)] = int(n)
+        for trace, device, median in sizes:
+            if (trace, int(device)) in out:
+                out[(trace, int(device))]["median_bytes"] = median
+        job.cache["collective_summaries"] = out
+    return job.cache["collective_summaries"]
