@@ -257,10 +257,13 @@ def _part_of(tl, trace: str, device: int) -> int:
 def _wait_outside(job, match: CollectiveMatch, trace: str, device: int) -> int:
     """The part of this rank's in-step wait due to stragglers whose first captured step started later."""
     tl, late = _lateness_of(job, match)
-    mine = late[late["part"] == _part_of(tl, trace, device)]
-    if (mine["step"] >= 0).any():
-        mine = mine[mine["step"] >= 0]
-    return int(mine["wait_outside_ns"].sum())
+    key = ("wait_outside", id(match))
+    if key not in job.cache:  # per participant at once: its in-step rows when it has any
+        in_step = late["step"] >= 0
+        has_steps = in_step.groupby(late["part"]).transform("any")
+        counted = late["wait_outside_ns"].where(in_step | ~has_steps, 0)
+        job.cache[key] = counted.groupby(late["part"]).sum().to_dict()
+    return int(job.cache[key].get(_part_of(tl, trace, device), 0))
 
 
 def _straggler_story(

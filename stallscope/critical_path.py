@@ -184,10 +184,30 @@ def replay(
     new_start, new_end = _sweep(
         kinds[order].tolist(),
         index[order].tolist(),
-        ops=_OpLists(part, start, end, c_start, c_end, launch, c_launch, inst, transfer,
-                     prev, dep, binding, gap, members),  # fmt: skip
-        syncs=(sync_part.tolist(), s_a.tolist(), s_b.tolist(), c_sa.tolist(), c_sb.tolist(),
-               awaited.tolist()),  # fmt: skip
+        ops=_OpLists(
+            part,
+            start,
+            end,
+            c_start,
+            c_end,
+            launch,
+            c_launch,
+            inst,
+            transfer,
+            prev,
+            dep,
+            binding,
+            gap,
+            members,
+        ),  # fmt: skip
+        syncs=(
+            sync_part.tolist(),
+            s_a.tolist(),
+            s_b.tolist(),
+            c_sa.tolist(),
+            c_sb.tolist(),
+            awaited.tolist(),
+        ),  # fmt: skip
     )
     out = g.copy()
     out["new_start_ns"] = new_start
@@ -203,7 +223,11 @@ class _OpLists:
                  prev, dep, binding, gap, members):  # fmt: skip
         self.part, self.end = part.tolist(), end.tolist()
         self.dur = (c_end - c_start).tolist()
-        self.c_start, self.launch, self.c_launch = c_start.tolist(), launch.tolist(), c_launch.tolist()
+        self.c_start, self.launch, self.c_launch = (
+            c_start.tolist(),
+            launch.tolist(),
+            c_launch.tolist(),
+        )
         self.inst, self.transfer = inst.tolist(), transfer.tolist()
         self.prev, self.dep = prev.tolist(), dep.tolist()
         binding = np.asarray(binding)
@@ -235,7 +259,11 @@ def _sweep(kinds: list[int], index: list[int], ops: _OpLists, syncs: tuple) -> t
             p = sync_part[i]
             a_new = host(p, s_a[i], c_sa[i])
             w = awaited[i]
-            b_new = max(a_new, new_end[w] + s_b[i] - ops.end[w]) if w >= 0 else a_new + c_sb[i] - c_sa[i]
+            b_new = (
+                max(a_new, new_end[w] + s_b[i] - ops.end[w])
+                if w >= 0
+                else a_new + c_sb[i] - c_sa[i]
+            )
             sync_ends.setdefault(p, []).append(s_b[i])
             sync_offsets.setdefault(p, []).append(b_new - c_sb[i])
             continue

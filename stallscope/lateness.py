@@ -95,7 +95,9 @@ class Timeline:
     first_step: dict[int, int]
     skew: dict[int, int]
     kernel_names: list[str] = field(default_factory=list)
-    kernels: dict = field(default_factory=dict)  # (part, step) -> sorted kernel arrays, "graph" (cache)
+    kernels: dict = field(
+        default_factory=dict
+    )  # (part, step) -> sorted kernel arrays, "graph" (cache)
 
 
 def timeline(job: JobData, match: CollectiveMatch) -> Timeline:
@@ -167,9 +169,7 @@ def _participant_ops(job: JobData, parts: list[tuple[int, str, int]], skew: dict
             "launch_ns": np.where(launch >= 0, launch - shift, -1),
             "step": allops["step"][take],
             "part": part,
-            "rank": np.array([r for r, _, _ in parts], dtype=np.int64)[part]
-            if parts
-            else part,
+            "rank": np.array([r for r, _, _ in parts], dtype=np.int64)[part] if parts else part,
             "name_code": allops["name_code"][take],
             "name": allops["names"][allops["name_code"][take]],
             "own_start": allops["start_ns"][take],
@@ -178,36 +178,50 @@ def _participant_ops(job: JobData, parts: list[tuple[int, str, int]], skew: dict
     )
 
 
+def _own_process_rows(rows: pd.DataFrame, parts, pids, only_if_any: bool) -> pd.DataFrame:
+    """``rows`` (with ``trace_id`` and ``pid``) given to each participant of their trace, kept
+    when on one of its launching processes (all of them when it has none; with
+    ``only_if_any``, also when none of its rows is on one). Adds ``part``; in participant
+    order, each participant's rows in their order in ``rows``. Columnar, no per-rank loop."""
+    owners = pd.DataFrame(
+        {"part": np.arange(len(parts), dtype=np.int64), "trace_id": [t for _, t, _ in parts]}
+    )
+    rows = rows.reset_index(drop=True).rename_axis("_row").reset_index()
+    mine = owners.merge(rows, on="trace_id", how="inner")
+    launching = {(p, pid) for p, ps in pids.items() for pid in ps}
+    on_launcher = np.array(
+        [(p, pid) in launching for p, pid in zip(mine["part"].tolist(), mine["pid"].tolist(), strict=True)],
+        dtype=bool,
+    )  # fmt: skip
+    has_pids = mine["part"].map(lambda p: bool(pids[p])).to_numpy(bool)
+    keep = ~has_pids | on_launcher
+    if only_if_any:
+        any_on = pd.Series(on_launcher).groupby(mine["part"].to_numpy()).transform("any")
+        keep |= ~any_on.to_numpy(bool)
+    return mine[keep].sort_values(["part", "_row"], kind="stable")
+
+
 def _participant_syncs(job, parts, pids, skew) -> pd.DataFrame:
     """Blocking host calls of each participant's launching processes (all of its trace's
     when none is known), on the common clock: ``part, start_ns, end_ns``."""
-    sy = job.sql(_SYNCS_SQL).df()
-    frames = []
-    for p, (_, t, _) in enumerate(parts):
-        mine = sy[sy["trace_id"] == t]
-        if pids[p]:
-            mine = mine[mine["pid"].isin(pids[p])]
-        frames.append(
-            pd.DataFrame(
-                {"part": p, "start_ns": mine["start_ns"] - skew[p], "end_ns": mine["end_ns"] - skew[p]}
-            )
-        )
-    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["part", "start_ns", "end_ns"])
-    return out.astype(np.int64)
+    sy = _own_process_rows(job.sql(_SYNCS_SQL + " ORDER BY trace_id, start_ns, end_ns, pid").df(),
+                           parts, pids, only_if_any=False)  # fmt: skip
+    shift = sy["part"].map(skew).to_numpy(np.int64)
+    return pd.DataFrame(
+        {
+            "part": sy["part"].to_numpy(np.int64),
+            "start_ns": sy["start_ns"].to_numpy(np.int64) - shift,
+            "end_ns": sy["end_ns"].to_numpy(np.int64) - shift,
+        }
+    )
 
 
 def _step_starts(job, parts, pids, skew) -> dict[tuple[int, int], int]:
     """{(participant, step): the step's host start}, from the launching processes' step
     ranges when they have any (else every process's), on the common clock."""
-    st = job.sql(_STEPS_SQL).df()
-    out: dict[tuple[int, int], int] = {}
-    for p, (_, t, _) in enumerate(parts):
-        mine = st[st["trace_id"] == t]
-        if pids[p] and mine["pid"].isin(pids[p]).any():
-            mine = mine[mine["pid"].isin(pids[p])]
-        for step, start in mine.groupby("step")["start_ns"].min().items():
-            out[(p, int(step))] = int(start) - skew[p]
-    return out
+    st = _own_process_rows(job.sql(_STEPS_SQL).df(), parts, pids, only_if_any=True)
+    first = st.groupby(["part", "step"])["start_ns"].min()
+    return {(int(p), int(step)): int(start) - skew[int(p)] for (p, step), start in first.items()}
 
 
 def _tag_collectives(ops: pd.DataFrame, rows: dict, parts: list) -> pd.DataFrame:

@@ -92,15 +92,15 @@ def build_card(rank: JobData, trace_id: str) -> pa.Table:
              "end_ns": None if scope is None else scope[1]}
         )  # fmt: skip
     for pid, step, start, end in con.execute(_STEPS_SQL, arg).fetchall():
-        rows.append(
-            {"kind": "step", "pid": pid, "step": step, "start_ns": start, "end_ns": end}
-        )
+        rows.append({"kind": "step", "pid": pid, "step": step, "start_ns": start, "end_ns": end})
     for device, op, start, end, nbytes in con.execute(_COLLECTIVES_SQL, arg).fetchall():
         rows.append(
             {"kind": "collective", "device": device, "name": op, "start_ns": start,
              "end_ns": end, "bytes": nbytes}
         )  # fmt: skip
-    for device, name, count, total in con.execute(_KERNELS_SQL, {**arg, "top": TOP_KERNELS}).fetchall():
+    for device, name, count, total in con.execute(
+        _KERNELS_SQL, {**arg, "top": TOP_KERNELS}
+    ).fetchall():
         rows.append(
             {"kind": "kernel", "device": device, "name": name, "count": count, "compute_ns": total}
         )
@@ -135,16 +135,20 @@ def job_cards(job: JobData) -> pa.Table:
         stored = [r for r in job.traces if (r.path / CARD_FILE).is_file()]
         tables = []
         if stored:
-            listing = ", ".join("'" + str(r.path / CARD_FILE).replace("'", "''") + "'" for r in stored)
+            listing = ", ".join(
+                "'" + str(r.path / CARD_FILE).replace("'", "''") + "'" for r in stored
+            )
             tables.append(
-                job.con.sql(f"SELECT * FROM read_parquet([{listing}])").to_arrow_table().cast(card_schema())
+                job.con.sql(f"SELECT * FROM read_parquet([{listing}])")
+                .to_arrow_table()
+                .cast(card_schema())
             )
         have = {r.trace_id for r in stored}
         for ref in job.traces:
             if ref.trace_id not in have and ref.meta.get("source") in RANK_CARD.formats:
                 tables.append(build_card(job.part_of(ref.trace_id), ref.trace_id))
         job.cache["rank_cards"] = (
-            pa.concat_tables(tables) if tables else card_schema().empty_table()
+            pa.concat_tables(tables).combine_chunks() if tables else card_schema().empty_table()
         )
     return job.cache["rank_cards"]
 
@@ -157,14 +161,14 @@ def card_rows(job: JobData, kind: str) -> dict[str, np.ndarray]:
     table = table.filter(pc.equal(table["kind"], kind))
     out: dict[str, np.ndarray] = {}
     for field in table.schema:
-        col = table[field.name]
+        col = table[field.name].combine_chunks()
         if field.type == "int64":
-            out[field.name] = col.fill_null(-1).to_numpy().astype(np.int64)
-            out[field.name + "_null"] = col.is_null().to_numpy(zero_copy_only=False)
+            out[field.name + "_null"] = np.asarray(col.is_null(), dtype=bool)
+            out[field.name] = np.asarray(col.fill_null(-1), dtype=np.int64)
         elif field.type == "bool":
-            out[field.name] = col.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+            out[field.name] = np.asarray(col.fill_null(False), dtype=bool)
         else:
-            out[field.name] = np.asarray(col.to_pylist(), dtype=object)
+            out[field.name] = np.asarray(col.to_numpy(zero_copy_only=False), dtype=object)
     return out
 
 
