@@ -239,17 +239,21 @@ def _match(job: JobData, tolerance: int) -> CollectiveMatch | None:
 
 
 def _steps_of(job, trace, device, start, new) -> np.ndarray:
-    """Step of each collective kernel: that of the GPU operation starting when it starts."""
-    step = np.full(start.size, -1, dtype=np.int64)
-    bounds = np.r_[np.flatnonzero(new), start.size]
-    activity = gpu_activity(job)
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):  # per participant
-        ops = activity.get((str(trace[lo]), int(device[lo])))
-        if ops is None:
-            continue
-        idx = np.minimum(np.searchsorted(ops["start_ns"], start[lo:hi]), ops["start_ns"].size - 1)
-        step[lo:hi] = np.where(ops["start_ns"][idx] == start[lo:hi], ops["step"][idx], -1)
-    return step
+    """Step of each collective kernel: that of the GPU operation starting when it starts,
+    read from the rank cards (:mod:`stallscope.rank_card`, written at ingest: no rank's
+    GPU timeline is read here)."""
+    import pandas as pd
+
+    from stallscope.rank_card import card_rows
+
+    cards = card_rows(job, "collective")
+    known = pd.DataFrame(
+        {"trace": cards["trace_id"].astype(str), "device": cards["device"],
+         "start": cards["start_ns"], "step": cards["step"]}
+    ).drop_duplicates(["trace", "device", "start"])  # fmt: skip
+    asked = pd.DataFrame({"trace": trace, "device": device, "start": start})
+    found = asked.merge(known, on=["trace", "device", "start"], how="left")["step"]
+    return found.fillna(-1).to_numpy(np.int64)
 
 
 def _by_time(inst: np.ndarray, start: np.ndarray) -> np.ndarray:

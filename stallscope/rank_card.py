@@ -93,10 +93,12 @@ def build_card(rank: JobData, trace_id: str) -> pa.Table:
         )  # fmt: skip
     for pid, step, start, end in con.execute(_STEPS_SQL, arg).fetchall():
         rows.append({"kind": "step", "pid": pid, "step": step, "start_ns": start, "end_ns": end})
-    for device, op, start, end, nbytes in con.execute(_COLLECTIVES_SQL, arg).fetchall():
+    coll = con.execute(_COLLECTIVES_SQL, arg).fetchall()
+    steps = collective_steps(rank, trace_id, [c[0] for c in coll], [c[2] for c in coll])
+    for (device, op, start, end, nbytes), step in zip(coll, steps, strict=True):
         rows.append(
             {"kind": "collective", "device": device, "name": op, "start_ns": start,
-             "end_ns": end, "bytes": nbytes}
+             "end_ns": end, "bytes": nbytes, "step": step}
         )  # fmt: skip
     for device, name, count, total in con.execute(
         _KERNELS_SQL, {**arg, "top": TOP_KERNELS}
@@ -108,6 +110,24 @@ def build_card(rank: JobData, trace_id: str) -> pa.Table:
     columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
     columns["trace_id"] = [trace_id] * len(rows)
     return pa.table(columns, schema=schema)
+
+
+def collective_steps(rank: JobData, trace_id: str, devices: list, starts: list) -> list[int]:
+    """The step of each communication kernel (device, start): that of the GPU operation of
+    its device starting when it starts (:func:`stallscope.collectives.gpu_activity`; −1
+    when none or launched outside every step)."""
+    from stallscope.collectives import gpu_activity
+
+    activity = gpu_activity(rank)
+    out = []
+    for device, start in zip(devices, starts, strict=True):
+        ops = activity.get((trace_id, int(device)))
+        if ops is None or device is None or start is None:
+            out.append(-1)
+            continue
+        i = min(int(np.searchsorted(ops["start_ns"], start)), ops["start_ns"].size - 1)
+        out.append(int(ops["step"][i]) if int(ops["start_ns"][i]) == int(start) else -1)
+    return out
 
 
 def write_card(folder: Path, trace_id: str) -> None:

@@ -264,7 +264,7 @@ RANK_CARD = Table("rank_card", "one rank's summary for the cross-rank step (deri
     _TRACE,
     _c("kind", "string", "`device` (one per GPU), `step` (one per step range), `collective` (one per communication kernel) or `kernel` (the top kernels by time)"),
     _c("device", "int64", "the GPU (`device`, `collective`, `kernel` rows)"),
-    _c("step", "int64", "the step number (`step` rows)"),
+    _c("step", "int64", "the step number (`step` rows); the step of the GPU operation starting with the kernel (`collective` rows; −1 none)"),
     _c("pid", "int64", "the process of the step range (`step` rows)"),
     _c("name", "string", "the collective op (`collective`) or kernel name (`kernel`)"),
     _c("start_ns", "int64", "`device`: start of its step scope (stallscope.scope; NULL without steps); `step`: the range's start; `collective`: the kernel's start"),
