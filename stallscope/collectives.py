@@ -94,17 +94,19 @@ def job_ops(job: JobData) -> dict[str, np.ndarray]:
 
         table = job.con.sql(JOB_OPS_SQL).to_arrow_table()
         cols = {c: table[c].to_numpy().astype(np.int64) for c in OPS_INT_COLUMNS}
-        cols["trace_id"] = table["trace_id"].to_numpy(zero_copy_only=False).astype(str)
         for c in ("is_kernel", "is_comm"):
             cols[c] = table[c].fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
         codes = pc.dictionary_encode(table["name"]).combine_chunks()
         cols["name_code"] = codes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         cols["names"] = np.asarray(codes.dictionary.to_pylist(), dtype=object)
-        trace, device = cols["trace_id"], cols["device"]
+        traces = pc.dictionary_encode(table["trace_id"]).combine_chunks()
+        trace = traces.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        trace_ids = traces.dictionary.to_pylist()
+        device = cols["device"]
         new = np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])]
         cut = np.r_[np.flatnonzero(new), trace.size] if trace.size else np.zeros(1, np.int64)
         cols["bounds"] = {
-            (str(trace[lo]), int(device[lo])): (int(lo), int(hi))
+            (trace_ids[trace[lo]], int(device[lo])): (int(lo), int(hi))
             for lo, hi in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True)
         }
         job.cache["job_ops"] = cols

@@ -1,8 +1,9 @@
 """Rank cards: a small per-rank summary for the cross-rank step (issue #15).
 
 Each rank's ingest worker (the local process pool and a Dask worker alike:
-``ingest.job._ingest_source``) writes ``rank_card.parquet`` next to the
-rank's canonical tables, computed from that rank's files alone. Its columns
+``ingest.job._ingest_source``) writes ``rank_card-1.parquet`` next to the
+rank's canonical tables, computed from that rank's files alone (the name
+carries :data:`CARD_VERSION`). Its columns
 are declared in :data:`stallscope.schema.RANK_CARD`; one row per
 
 * ``device``: the GPU's step scope (:func:`stallscope.scope.step_scope`),
@@ -15,13 +16,16 @@ are declared in :data:`stallscope.schema.RANK_CARD`; one row per
 The cross-rank step reads the cards of all ranks with one query
 (:func:`job_cards`) instead of querying each rank's files: two-tier triage
 (:func:`stallscope.rank_triage.screen`) and the per-device collective
-summary of ``overlap`` (:func:`collective_summaries`). A rank stored before
-cards existed gets its card computed on demand from its files (in memory,
-not written: published jobs are immutable), so old jobs analyze the same.
+summary of ``overlap`` (:func:`collective_summaries`) and the step of each
+collective (``stallscope.collectives``). A rank stored before cards existed
+(or with a card of another :data:`CARD_VERSION`) gets its card computed on
+demand from its files and stored beside them (once; not on a read-only
+store), so old jobs analyze the same.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +38,8 @@ if TYPE_CHECKING:
 
     from stallscope.jobdata import JobData
 
-CARD_FILE = "rank_card.parquet"
+CARD_VERSION = 1  # bump when a card's columns or meaning change: older cards are then ignored
+CARD_FILE = f"rank_card-{CARD_VERSION}.parquet"  # (and computed on demand, as for old jobs)
 TOP_KERNELS = 10  # kernels listed per rank, by summed time
 
 _DEVICES_SQL = """
@@ -146,9 +151,24 @@ def write_card(folder: Path, trace_id: str) -> None:
     pq.write_table(table, folder / CARD_FILE, compression="zstd", compression_level=1)
 
 
+def _keep(card: pa.Table, folder: Path) -> None:
+    """Store a card computed on demand beside its rank's tables (written whole, then renamed
+    into place), so a job stored before cards pays for them once; a read-only or full
+    store keeps none (the card still serves this analysis)."""
+    import pyarrow.parquet as pq
+
+    tmp = folder / f".{CARD_FILE}.{os.getpid()}.tmp"
+    try:
+        pq.write_table(card, tmp, compression="zstd", compression_level=1)
+        os.replace(tmp, folder / CARD_FILE)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
 def job_cards(job: JobData) -> pa.Table:
     """The cards of every timeline trace of ``job`` (cached): the stored ones read in one
-    query, the missing ones (ranks stored before cards) computed from their files."""
+    query, the missing ones (ranks stored before cards) computed from their files and
+    stored beside them."""
     if "rank_cards" not in job.cache:
         import pyarrow as pa
 
@@ -167,6 +187,7 @@ def job_cards(job: JobData) -> pa.Table:
         for ref in job.traces:
             if ref.trace_id not in have and ref.meta.get("source") in RANK_CARD.formats:
                 tables.append(build_card(job.part_of(ref.trace_id), ref.trace_id))
+                _keep(tables[-1], ref.path)
         job.cache["rank_cards"] = (
             pa.concat_tables(tables).combine_chunks() if tables else card_schema().empty_table()
         )
