@@ -1,7 +1,7 @@
 """Cross-rank analysis after ingest, 8 to 1,024 ranks, on a local Dask cluster (issue #15).
 
     python benchmarks/bench_crossrank.py [--ranks 8,64,256,1024] [--workers 16]
-        [--ingest-workers 1,4] [--ingest-scaling-at 256] [--keep DIR] [--json FILE]
+        [--ingest-workers 1,4] [--ingest-scaling-at 64] [--keep DIR] [--json FILE]
 
 Needs stallscope and dask.distributed, run from a checkout (it reads
 ``sample_traces/``). Each N-rank job is grown from the real 2-rank sample
@@ -179,21 +179,20 @@ def analyze(cmd: list[str], store: Path, job_id: str, extra: list[str]) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "peak_mb": mb}
 
 
-def measure(cmd: list[str], world: int, work: Path, args) -> dict:
+def measure(cmd: list[str], world: int, work: Path, args, row: dict, save) -> dict:
+    """Fill ``row`` for one N step by step, calling ``save()`` after each (a run cut short
+    keeps what it measured)."""
     job = work / f"job{world}"
     t = time.perf_counter()
     if not job.is_dir():
         build_job(world, job)
-    row: dict = {"ranks": world, "build_s": time.perf_counter() - t}
+    row.update(ranks=world, build_s=time.perf_counter() - t)
     store = work / f"store{world}"
     row["ingest"] = [ingest(cmd, job, store, args.workers)]
-    if world == args.ingest_scaling_at:
-        for w in args.ingest_workers:
-            row["ingest"].append(ingest(cmd, job, work / f"store{world}w{w}", w))
-            shutil.rmtree(work / f"store{world}w{w}", ignore_errors=True)
+    save()
     (job_id,) = [p.name for p in (store / "jobs").iterdir() if p.is_dir()]
     row["phases"], _, row["phases_cpu_s"] = child_json(PHASES, str(store), job_id)
-    row["analyze_jobs1"] = analyze(cmd, store, job_id, ["--recompute", "--jobs", "1"])
+    save()
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
@@ -201,8 +200,17 @@ def measure(cmd: list[str], world: int, work: Path, args) -> dict:
         row["analyze_dask"] = analyze(
             cmd, store, job_id, ["--scheduler", cluster.scheduler_address]
         )
-    if world == max(args.ranks):
+    save()
+    if world == max(args.ranks):  # the report is stored now: the page reads it
         row["page"], row["page_wall_s"], _ = child_json(PAGE, str(store), job_id)
+        save()
+    row["analyze_jobs1"] = analyze(cmd, store, job_id, ["--recompute", "--jobs", "1"])
+    save()
+    if world == args.ingest_scaling_at:
+        for w in args.ingest_workers:
+            row["ingest"].append(ingest(cmd, job, work / f"store{world}w{w}", w))
+            shutil.rmtree(work / f"store{world}w{w}", ignore_errors=True)
+            save()
     print(json.dumps(row), flush=True)
     return row
 
@@ -221,7 +229,7 @@ def main() -> int:
     parser.add_argument("--ranks", type=numbers, default=[8, 64, 256, 1024])
     parser.add_argument("--workers", type=int, default=16, help="Dask workers (default 16)")
     parser.add_argument("--ingest-workers", type=numbers, default=[], help="more ingests at one N")
-    parser.add_argument("--ingest-scaling-at", type=int, default=256)
+    parser.add_argument("--ingest-scaling-at", type=int, default=64)
     parser.add_argument("--stallscope", help="command that runs stallscope (default: this venv's)")
     parser.add_argument("--keep", metavar="DIR")
     parser.add_argument("--json", metavar="FILE", help="write the rows here too")
@@ -231,10 +239,14 @@ def main() -> int:
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_crossrank_"))
     rows = []
     try:
-        for world in sorted(args.ranks):
-            rows.append(measure(cmd, world, work, args))
+
+        def save() -> None:
             if args.json:
                 Path(args.json).write_text(json.dumps(rows, indent=1))
+
+        for world in sorted(args.ranks):
+            rows.append({})
+            measure(cmd, world, work, args, rows[-1], save)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
