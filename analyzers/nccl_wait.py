@@ -92,7 +92,9 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     min_wait = int(params["min_wait_us"] * 1000)
     activity: dict[tuple[str, int], dict] = {}
     for rank, trace, device in parts:
-        mine = _in_steps(rows, (rows["trace_id"] == trace) & (rows["device"] == device))
+        own = np.zeros(rows["inst"].size, dtype=bool)
+        own[match.rows_of(trace, device)] = True  # its rows: one slice, no scan of all rows
+        mine = _in_steps(rows, own)
         result.metrics.append(
             Metric(trace, rank, device, "collective_count", int(mine.sum()), "count")
         )
@@ -251,7 +253,10 @@ def _lateness_of(job, match: CollectiveMatch):
 
 
 def _part_of(tl, trace: str, device: int) -> int:
-    return next(p for p, (_, t, d) in enumerate(tl.parts) if t == trace and d == device)
+    """The participant index of (trace, device) in the timeline (a dict built once)."""
+    if "part_index" not in tl.kernels:
+        tl.kernels["part_index"] = {(t, d): p for p, (_, t, d) in enumerate(tl.parts)}
+    return tl.kernels["part_index"][(trace, device)]
 
 
 def _wait_outside(job, match: CollectiveMatch, trace: str, device: int) -> int:
@@ -499,11 +504,13 @@ def _summary(job, match: CollectiveMatch, parts, min_wait: int) -> Finding:
     n = inst["op"].size
     material = inst["max_wait_ns"] >= min_wait
     tally = {str(r): int((inst["straggler_rank"][material] == r).sum()) for r, _, _ in parts}
-    caused = {str(r): 0 for r, _, _ in parts}
     ok = rows["inst"] >= 0
     culprit = inst["straggler_rank"][rows["inst"][ok]] if n else np.zeros(0, dtype=np.int64)
-    for r in caused:
-        caused[r] = int(rows["wait_ns"][ok][culprit == int(r)].sum())
+    ranks, at = np.unique(culprit, return_inverse=True)  # the wait each rank caused, at once
+    sums = dict(
+        zip(ranks.tolist(), np.bincount(at, rows["wait_ns"][ok], ranks.size).tolist(), strict=True)
+    )
+    caused = {str(r): int(sums.get(int(r), 0)) for r, _, _ in parts}
     ops = _op_table(inst)
     skew = {str(r): match.skew_ns.get((t, d), 0) for r, t, d in parts}
     corrected = [r for r, t, d in parts if match.skew_corrected.get((t, d))]

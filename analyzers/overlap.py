@@ -57,9 +57,13 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     activity = gpu_activity(job)
     match, ranked = None, False
     missing = _missing_ranks(job)
+    devices_of: dict[str, list[int]] = {}  # trace -> its devices, in activity order
+    for trace, device in activity:
+        devices_of.setdefault(trace, []).append(device)
     for ref in job.traces:
-        for (trace, device), ops in activity.items():
-            if trace != ref.trace_id or not (ops["is_comm"].any() or (~ops["is_kernel"]).any()):
+        for trace, device in ((ref.trace_id, d) for d in devices_of.get(ref.trace_id, [])):
+            ops = activity[(trace, device)]
+            if not (ops["is_comm"].any() or (~ops["is_kernel"]).any()):
                 continue
             if match is None and ops["is_comm"].any():
                 match = match_collectives(job)

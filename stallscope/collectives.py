@@ -169,11 +169,26 @@ class CollectiveMatch:
     methods: dict[str, str] = field(default_factory=dict)  # group -> 'seq' | 'order'
     warnings: list[str] = field(default_factory=list)
 
+    def rows_of(self, trace_id: str, device: int) -> slice:
+        """The rows of one participant: ``rows`` are sorted by (rank, trace, device), so each
+        participant's rows are one slice (empty when it has none). Found by a dict built once,
+        not a comparison over every row per participant."""
+        if not hasattr(self, "_slices"):
+            r = self.rows
+            traces, devices = r["trace_id"], r["device"]
+            new = np.r_[True, (traces[1:] != traces[:-1]) | (devices[1:] != devices[:-1])]
+            cut = np.r_[np.flatnonzero(new), traces.size] if traces.size else np.zeros(1, np.int64)
+            self._slices = {
+                (str(traces[lo]), int(devices[lo])): slice(int(lo), int(hi))
+                for lo, hi in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True)
+            }
+        return self._slices.get((trace_id, int(device)), slice(0, 0))
+
     def waits_of(self, trace_id: str, device: int) -> tuple[np.ndarray, np.ndarray]:
         """Wait intervals [start, start + wait) of one participant, on its own clock."""
-        r = self.rows
-        mask = (r["trace_id"] == trace_id) & (r["device"] == device) & (r["wait_ns"] > 0)
-        return r["start_ns"][mask], r["start_ns"][mask] + r["wait_ns"][mask]
+        mine = self.rows_of(trace_id, device)
+        start, wait = self.rows["start_ns"][mine], self.rows["wait_ns"][mine]
+        return start[wait > 0], start[wait > 0] + wait[wait > 0]
 
 
 def match_collectives(job: JobData, skew_tolerance_ns: int | None = None) -> CollectiveMatch | None:

@@ -597,9 +597,11 @@ def critical_path_table(job: JobData, tl: Timeline) -> list[CriticalPathStep]:
     """
     g = graph(tl)
     times = step_times(g)
+    first_step_start: dict[int, int] = {}  # per part, its earliest step start (one pass)
+    for (q, _), v in tl.step_start.items():
+        first_step_start[q] = min(v, first_step_start.get(q, v))
     capture_start = {
-        p: min([v for (q, _), v in tl.step_start.items() if q == p] or [int(t)])
-        for p, t in g.groupby("part")["start_ns"].min().items()
+        p: first_step_start.get(p, int(t)) for p, t in g.groupby("part")["start_ns"].min().items()
     }
 
     def label(part: int, a: int, b: int) -> str:
