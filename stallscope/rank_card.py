@@ -11,7 +11,8 @@ are declared in :data:`stallscope.schema.RANK_CARD`; one row per
   whether the trace shows DistributedDataParallel;
 * ``step``: each step range (pid, step, start, end; ns);
 * ``collective``: each communication kernel (device, op, start, end, bytes);
-* ``kernel``: the rank's top :data:`TOP_KERNELS` kernels by summed time.
+* ``kernel``: the rank's top :data:`TOP_KERNELS` compute (non-communication) kernels
+  by summed time.
 
 The cross-rank step reads the cards of all ranks with one query
 (:func:`job_cards`) instead of querying each rank's files: two-tier triage
@@ -66,7 +67,8 @@ FROM collectives WHERE trace_id = $trace ORDER BY device, start_ns
 _KERNELS_SQL = """
 SELECT g.device, coalesce(n.name, '?') AS name, count(*) AS count, sum(g.end_ns - g.start_ns) AS total
 FROM gpu g LEFT JOIN names n ON n.trace_id = g.trace_id AND n.name_id = g.name_id
-WHERE g.trace_id = $trace AND g.kind = 'kernel' GROUP BY ALL ORDER BY total DESC, name LIMIT $top
+WHERE g.trace_id = $trace AND g.kind = 'kernel' AND NOT g.is_comm
+GROUP BY ALL ORDER BY total DESC, name LIMIT $top
 """
 
 

@@ -262,7 +262,7 @@ BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 # worker that ingests the rank; read by the cross-rank step (stallscope.rank_card).
 RANK_CARD = Table("rank_card", "one rank's summary for the cross-rank step (derived)", TIMELINE, (
     _TRACE,
-    _c("kind", "string", "`device` (one per GPU), `step` (one per step range), `collective` (one per communication kernel) or `kernel` (the top kernels by time)"),
+    _c("kind", "string", "`device` (one per GPU), `step` (one per step range), `collective` (one per communication kernel) or `kernel` (the top compute kernels by summed time)"),
     _c("device", "int64", "the GPU (`device`, `collective`, `kernel` rows)"),
     _c("step", "int64", "the step number (`step` rows); the step of the GPU operation starting with the kernel (`collective` rows; −1 none)"),
     _c("pid", "int64", "the process of the step range (`step` rows)"),
