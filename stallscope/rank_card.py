@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stallscope.schema import RANK_CARD, TYPES
+from stallscope.schema import RANK_CARD
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -77,7 +77,6 @@ def card_schema() -> pa.Schema:
     import pyarrow as pa
 
     types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_()}
-    assert all(c.type in types and c.type in TYPES for c in RANK_CARD.columns)
     return pa.schema([pa.field(c.name, types[c.type]) for c in RANK_CARD.columns])
 
 
@@ -85,12 +84,27 @@ def build_card(rank: JobData, trace_id: str) -> pa.Table:
     """The card of ``trace_id`` from ``rank`` (a JobData over that rank's files)."""
     import pyarrow as pa
 
+    rows = [
+        *_device_rows(rank, trace_id),
+        *_step_rows(rank, trace_id),
+        *_collective_rows(rank, trace_id),
+        *_kernel_rows(rank, trace_id),
+    ]
+    schema = card_schema()
+    columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
+    columns["trace_id"] = [trace_id] * len(rows)
+    return pa.table(columns, schema=schema)
+
+
+def _device_rows(rank: JobData, trace_id: str) -> list[dict[str, Any]]:
+    """Per GPU: its step scope, compute and communication kernel time, first and last
+    kernel (ns), and whether the trace shows DistributedDataParallel."""
     from stallscope.scope import step_scope
 
-    con, arg = rank.con, {"trace": trace_id}
-    rows: list[dict[str, Any]] = []
-    ddp = bool(con.execute(_DDP_SQL, arg).fetchone()[0])
-    for device, compute, comm, first, last in con.execute(_DEVICES_SQL, arg).fetchall():
+    arg = {"trace": trace_id}
+    ddp = bool(rank.con.execute(_DDP_SQL, arg).fetchone()[0])
+    rows = []
+    for device, compute, comm, first, last in rank.con.execute(_DEVICES_SQL, arg).fetchall():
         scope = step_scope(rank, trace_id, int(device))
         rows.append(
             {"kind": "device", "device": int(device), "compute_ns": compute, "comm_ns": comm,
@@ -98,25 +112,36 @@ def build_card(rank: JobData, trace_id: str) -> pa.Table:
              "start_ns": None if scope is None else scope[0],
              "end_ns": None if scope is None else scope[1]}
         )  # fmt: skip
-    for pid, step, start, end in con.execute(_STEPS_SQL, arg).fetchall():
-        rows.append({"kind": "step", "pid": pid, "step": step, "start_ns": start, "end_ns": end})
-    coll = con.execute(_COLLECTIVES_SQL, arg).fetchall()
+    return rows
+
+
+def _step_rows(rank: JobData, trace_id: str) -> list[dict[str, Any]]:
+    """Each step range: pid, step, start and end (ns)."""
+    found = rank.con.execute(_STEPS_SQL, {"trace": trace_id}).fetchall()
+    return [
+        {"kind": "step", "pid": pid, "step": step, "start_ns": start, "end_ns": end}
+        for pid, step, start, end in found
+    ]
+
+
+def _collective_rows(rank: JobData, trace_id: str) -> list[dict[str, Any]]:
+    """Each communication kernel: device, op, start, end (ns), size (bytes) and step."""
+    coll = rank.con.execute(_COLLECTIVES_SQL, {"trace": trace_id}).fetchall()
     steps = collective_steps(rank, trace_id, [c[0] for c in coll], [c[2] for c in coll])
-    for (device, op, start, end, nbytes), step in zip(coll, steps, strict=True):
-        rows.append(
-            {"kind": "collective", "device": device, "name": op, "start_ns": start,
-             "end_ns": end, "bytes": nbytes, "step": step}
-        )  # fmt: skip
-    for device, name, count, total in con.execute(
-        _KERNELS_SQL, {**arg, "top": TOP_KERNELS}
-    ).fetchall():
-        rows.append(
-            {"kind": "kernel", "device": device, "name": name, "count": count, "compute_ns": total}
-        )
-    schema = card_schema()
-    columns = {f.name: [r.get(f.name) for r in rows] for f in schema}
-    columns["trace_id"] = [trace_id] * len(rows)
-    return pa.table(columns, schema=schema)
+    return [
+        {"kind": "collective", "device": device, "name": op, "start_ns": start,
+         "end_ns": end, "bytes": nbytes, "step": step}
+        for (device, op, start, end, nbytes), step in zip(coll, steps, strict=True)
+    ]  # fmt: skip
+
+
+def _kernel_rows(rank: JobData, trace_id: str) -> list[dict[str, Any]]:
+    """The top :data:`TOP_KERNELS` compute kernels: name, launches, summed time (ns)."""
+    found = rank.con.execute(_KERNELS_SQL, {"trace": trace_id, "top": TOP_KERNELS}).fetchall()
+    return [
+        {"kind": "kernel", "device": device, "name": name, "count": count, "compute_ns": total}
+        for device, name, count, total in found
+    ]
 
 
 def collective_steps(rank: JobData, trace_id: str, devices: list, starts: list) -> list[int]:
@@ -128,8 +153,8 @@ def collective_steps(rank: JobData, trace_id: str, devices: list, starts: list) 
     activity = gpu_activity(rank)
     out = []
     for device, start in zip(devices, starts, strict=True):
-        ops = activity.get((trace_id, int(device)))
-        if ops is None or device is None or start is None:
+        ops = None if device is None or start is None else activity.get((trace_id, int(device)))
+        if ops is None:
             out.append(-1)
             continue
         i = min(int(np.searchsorted(ops["start_ns"], start)), ops["start_ns"].size - 1)
