@@ -164,7 +164,9 @@ def collective_steps(rank: JobData, trace_id: str, devices: list, starts: list) 
 
 def write_card(folder: Path, trace_id: str) -> None:
     """Compute and write the card of the trace whose canonical tables are in ``folder``
-    (called by the ingest worker, right after it wrote them)."""
+    (called by the ingest worker, right after it wrote them). A card that cannot be built
+    is not written (never an ingest failure): the analysis then builds it on demand."""
+    import duckdb
     import pyarrow.parquet as pq
 
     from stallscope.jobdata import JobData
@@ -173,6 +175,8 @@ def write_card(folder: Path, trace_id: str) -> None:
     rank = JobData(Store(folder.parent), [TraceRef(trace_id, "", folder, {"rank": 0})])
     try:
         table = build_card(rank, trace_id)
+    except (duckdb.Error, ValueError, TypeError):
+        return  # a trace the card cannot summarize: the analysis computes it or fails itself
     finally:
         rank.close()
     pq.write_table(table, folder / CARD_FILE, compression="zstd", compression_level=1)
