@@ -51,29 +51,10 @@ from stallscope.critical_path import (
 )
 from stallscope.idle import CAUSES, DATALOADER_REGEX, attribute_idle
 from stallscope.jobdata import JobData
+from stallscope.rank_card import card_rows
 from stallscope.report_types import CriticalPathSegment, CriticalPathStep
-from stallscope.sync_calls import API_SQL, SYNC_API_REGEX
-
-_SYNCS_SQL = f"""
-SELECT h.trace_id, h.pid, h.start_ns, h.end_ns
-FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
-WHERE h.kind IN ('runtime', 'driver')
-  AND (regexp_matches({API_SQL}, '{SYNC_API_REGEX}')
-       OR regexp_matches(n.name, '^(cudaMemcpy|hipMemcpy|cuMemcpyDtoH)$'))
-"""  # every trace's blocking host calls, one query over all ranks
 
 STEP_NAME_REGEX = r"^(ProfilerStep#[0-9]+|[Ss]tep[ _#]?[0-9]+)$"
-
-_STEPS_SQL = """
-SELECT trace_id, pid, step, min(start_ns) AS start_ns FROM ranges WHERE kind = 'step' GROUP BY ALL
-"""
-
-# (trace, device, pid) of the host processes whose API calls put work on each device
-_LAUNCH_PIDS_SQL = """
-SELECT DISTINCT h.trace_id, g.device, h.pid FROM host h
-JOIN gpu g ON g.trace_id = h.trace_id AND g.correlation = h.correlation
-WHERE h.kind IN ('runtime', 'driver') AND g.device IS NOT NULL
-"""
 
 
 @dataclass
@@ -109,8 +90,10 @@ def timeline(job: JobData, match: CollectiveMatch) -> Timeline:
 
 
 def _timeline(job: JobData, match: CollectiveMatch) -> Timeline:
-    """The job's :class:`Timeline`: four queries over all ranks at once (GPU operations,
-    blocking host calls, step starts, launching processes), then columnar work."""
+    """The job's :class:`Timeline`: every rank's GPU operations in one query
+    (:func:`~stallscope.collectives.job_ops`), their blocking host calls, step starts and
+    launching processes from the rank cards (:mod:`stallscope.rank_card`), then columnar
+    work: no query per rank."""
     rows = match.rows
     trace, device = rows["trace_id"], rows["device"]
     first = np.flatnonzero(np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])])
@@ -139,9 +122,12 @@ def _timeline(job: JobData, match: CollectiveMatch) -> Timeline:
 
 def _launch_pids(job: JobData, parts: list[tuple[int, str, int]]) -> dict[int, list[int]]:
     """Per participant: the host processes whose API calls launched work on its device."""
+    rows = card_rows(job, "launcher")  # from the rank cards: no join of every rank's host rows
     found: dict[tuple[str, int], set[int]] = {}
-    for trace, device, pid in job.sql(_LAUNCH_PIDS_SQL).fetchall():
-        found.setdefault((trace, int(device)), set()).add(int(pid))
+    for trace, device, pid in zip(
+        rows["trace_id"], rows["device"].tolist(), rows["pid"].tolist(), strict=True
+    ):
+        found.setdefault((str(trace), int(device)), set()).add(int(pid))
     return {p: sorted(found.get((t, d), ())) for p, (_, t, d) in enumerate(parts)}
 
 
@@ -178,6 +164,16 @@ def _participant_ops(job: JobData, parts: list[tuple[int, str, int]], skew: dict
     )
 
 
+def _card_frame(job: JobData, kind: str) -> pd.DataFrame:
+    """The rank cards' ``kind`` rows (``trace_id, pid, step, start_ns, end_ns``), by trace
+    then start, end and pid."""
+    rows = card_rows(job, kind)
+    frame = pd.DataFrame(
+        {c: rows[c] for c in ("trace_id", "pid", "step", "start_ns", "end_ns")}
+    ).astype({"trace_id": str})
+    return frame.sort_values(["trace_id", "start_ns", "end_ns", "pid"], kind="stable")
+
+
 def _own_process_rows(rows: pd.DataFrame, parts, pids, only_if_any: bool) -> pd.DataFrame:
     """``rows`` (with ``trace_id`` and ``pid``) given to each participant of their trace, kept
     when on one of its launching processes (all of them when it has none; with
@@ -204,8 +200,7 @@ def _own_process_rows(rows: pd.DataFrame, parts, pids, only_if_any: bool) -> pd.
 def _participant_syncs(job, parts, pids, skew) -> pd.DataFrame:
     """Blocking host calls of each participant's launching processes (all of its trace's
     when none is known), on the common clock: ``part, start_ns, end_ns``."""
-    sy = _own_process_rows(job.sql(_SYNCS_SQL + " ORDER BY trace_id, start_ns, end_ns, pid").df(),
-                           parts, pids, only_if_any=False)  # fmt: skip
+    sy = _own_process_rows(_card_frame(job, "sync"), parts, pids, only_if_any=False)
     shift = sy["part"].map(skew).to_numpy(np.int64)
     return pd.DataFrame(
         {
@@ -219,7 +214,7 @@ def _participant_syncs(job, parts, pids, skew) -> pd.DataFrame:
 def _step_starts(job, parts, pids, skew) -> dict[tuple[int, int], int]:
     """{(participant, step): the step's host start}, from the launching processes' step
     ranges when they have any (else every process's), on the common clock."""
-    st = _own_process_rows(job.sql(_STEPS_SQL).df(), parts, pids, only_if_any=True)
+    st = _own_process_rows(_card_frame(job, "step"), parts, pids, only_if_any=True)
     first = st.groupby(["part", "step"])["start_ns"].min()
     return {(int(p), int(step)): int(start) - skew[int(p)] for (p, step), start in first.items()}
 

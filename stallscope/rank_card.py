@@ -1,7 +1,7 @@
 """Rank cards: a small per-rank summary for the cross-rank step (issue #15).
 
 Each rank's ingest worker (the local process pool and a Dask worker alike:
-``ingest.job._ingest_source``) writes ``rank_card-1.parquet`` next to the
+``ingest.job._ingest_source``) writes ``rank_card-2.parquet`` next to the
 rank's canonical tables, computed from that rank's files alone (the name
 carries :data:`CARD_VERSION`). Its columns
 are declared in :data:`stallscope.schema.RANK_CARD`; one row per
@@ -11,6 +11,9 @@ are declared in :data:`stallscope.schema.RANK_CARD`; one row per
   whether the trace shows DistributedDataParallel;
 * ``step``: each step range (pid, step, start, end; ns);
 * ``collective``: each communication kernel (device, op, start, end, bytes);
+* ``launcher``: each (GPU, host process) whose API calls launched work on it;
+* ``sync``: each blocking host call (``cudaStreamSynchronize``, a blocking
+  copy: pid, start, end), which the what-if replays;
 * ``kernel``: the rank's top :data:`TOP_KERNELS` compute (non-communication) kernels
   by summed time.
 
@@ -33,13 +36,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stallscope.schema import RANK_CARD
+from stallscope.sync_calls import API_SQL, SYNC_API_REGEX
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from stallscope.jobdata import JobData
 
-CARD_VERSION = 1  # bump when a card's columns or meaning change: older cards are then ignored
+CARD_VERSION = 2  # bump when a card's columns or meaning change: older cards are then ignored
 CARD_FILE = f"rank_card-{CARD_VERSION}.parquet"  # (and computed on demand, as for old jobs)
 TOP_KERNELS = 10  # kernels listed per rank, by summed time
 
@@ -63,6 +67,20 @@ ORDER BY start_ns, pid
 _COLLECTIVES_SQL = """
 SELECT device, op, start_ns, end_ns, coalesce(in_bytes, out_bytes) AS bytes
 FROM collectives WHERE trace_id = $trace ORDER BY device, start_ns
+"""
+_LAUNCHERS_SQL = """
+SELECT DISTINCT g.device, h.pid FROM host h
+JOIN gpu g ON g.trace_id = h.trace_id AND g.correlation = h.correlation
+WHERE h.trace_id = $trace AND h.kind IN ('runtime', 'driver') AND g.device IS NOT NULL
+ORDER BY 1, 2
+"""
+_SYNCS_SQL = f"""
+SELECT h.pid, h.start_ns, h.end_ns
+FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
+WHERE h.trace_id = $trace AND h.kind IN ('runtime', 'driver')
+  AND (regexp_matches({API_SQL}, '{SYNC_API_REGEX}')
+       OR regexp_matches(n.name, '^(cudaMemcpy|hipMemcpy|cuMemcpyDtoH)$'))
+ORDER BY h.start_ns, h.end_ns, h.pid
 """
 _KERNELS_SQL = """
 SELECT g.device, coalesce(n.name, '?') AS name, count(*) AS count, sum(g.end_ns - g.start_ns) AS total
@@ -88,6 +106,7 @@ def build_card(rank: JobData, trace_id: str) -> pa.Table:
         *_device_rows(rank, trace_id),
         *_step_rows(rank, trace_id),
         *_collective_rows(rank, trace_id),
+        *_host_rows(rank, trace_id),
         *_kernel_rows(rank, trace_id),
     ]
     schema = card_schema()
@@ -133,6 +152,16 @@ def _collective_rows(rank: JobData, trace_id: str) -> list[dict[str, Any]]:
          "end_ns": end, "bytes": nbytes, "step": step}
         for (device, op, start, end, nbytes), step in zip(coll, steps, strict=True)
     ]  # fmt: skip
+
+
+def _host_rows(rank: JobData, trace_id: str) -> list[dict[str, Any]]:
+    """The launching processes of each GPU, and each blocking host call (pid, start, end)."""
+    arg = {"trace": trace_id}
+    launchers = rank.con.execute(_LAUNCHERS_SQL, arg).fetchall()
+    syncs = rank.con.execute(_SYNCS_SQL, arg).fetchall()
+    return [{"kind": "launcher", "device": d, "pid": pid} for d, pid in launchers] + [
+        {"kind": "sync", "pid": pid, "start_ns": a, "end_ns": b} for pid, a, b in syncs
+    ]
 
 
 def _kernel_rows(rank: JobData, trace_id: str) -> list[dict[str, Any]]:
