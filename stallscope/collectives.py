@@ -86,31 +86,46 @@ FROM collectives c LEFT JOIN names n ON n.trace_id = c.trace_id AND n.name_id = 
 
 
 def job_ops(job: JobData) -> dict[str, np.ndarray]:
-    """Every GPU operation of the job (:data:`JOB_OPS_SQL`), columnar, sorted by (trace,
-    device, start, end); cached. ``name_code`` indexes ``names`` (one code per distinct
+    """Every GPU operation of the job (:data:`JOB_OPS_SQL`), columnar, each (trace, device)
+    one run sorted by (start, end); cached. Read from the ranks' stored operations
+    (``rank_card.OPS_FILE``, written at ingest) when every rank has them. ``name_code`` indexes ``names`` (one code per distinct
     name across the ranks); ``bounds``: the rows of each (trace, device), ``{key: (lo, hi)}``."""
     if "job_ops" not in job.cache:
-        import pyarrow.compute as pc
+        from stallscope.rank_card import stored_ops
 
-        table = job.con.sql(JOB_OPS_SQL).to_arrow_table()
-        cols = {c: table[c].to_numpy().astype(np.int64) for c in OPS_INT_COLUMNS}
-        for c in ("is_kernel", "is_comm"):
-            cols[c] = table[c].fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
-        codes = pc.dictionary_encode(table["name"]).combine_chunks()
-        cols["name_code"] = codes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        cols["names"] = np.asarray(codes.dictionary.to_pylist(), dtype=object)
-        traces = pc.dictionary_encode(table["trace_id"]).combine_chunks()
-        trace = traces.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        trace_ids = traces.dictionary.to_pylist()
-        device = cols["device"]
-        new = np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])]
-        cut = np.r_[np.flatnonzero(new), trace.size] if trace.size else np.zeros(1, np.int64)
-        cols["bounds"] = {
-            (trace_ids[trace[lo]], int(device[lo])): (int(lo), int(hi))
-            for lo, hi in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True)
-        }
+        cols = _ops_columns(stored_ops(job))
+        if cols is None:  # a rank stored without them: the query over every rank's files
+            cols = _ops_columns(job.con.sql(JOB_OPS_SQL).to_arrow_table())
         job.cache["job_ops"] = cols
     return job.cache["job_ops"]
+
+
+def _ops_columns(table) -> dict[str, np.ndarray] | None:
+    """:func:`job_ops`'s columns from an Arrow table of :data:`JOB_OPS_SQL`'s rows, or None
+    when ``table`` is None or its (trace, device) runs are not contiguous."""
+    if table is None:
+        return None
+    import pyarrow.compute as pc
+
+    cols = {c: table[c].to_numpy().astype(np.int64) for c in OPS_INT_COLUMNS}
+    for c in ("is_kernel", "is_comm"):
+        cols[c] = table[c].fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    codes = pc.dictionary_encode(table["name"]).combine_chunks()
+    cols["name_code"] = codes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    cols["names"] = np.asarray(codes.dictionary.to_pylist(), dtype=object)
+    traces = pc.dictionary_encode(table["trace_id"]).combine_chunks()
+    trace = traces.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    trace_ids = traces.dictionary.to_pylist()
+    device = cols["device"]
+    new = np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])]
+    cut = np.r_[np.flatnonzero(new), trace.size] if trace.size else np.zeros(1, np.int64)
+    cols["bounds"] = {
+        (trace_ids[trace[lo]], int(device[lo])): (int(lo), int(hi))
+        for lo, hi in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True)
+    }
+    if len(cols["bounds"]) != cut.size - 1:  # a (trace, device) in two runs
+        return None
+    return cols
 
 
 def gpu_activity(job: JobData) -> dict[tuple[str, int], dict[str, np.ndarray]]:

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 CARD_VERSION = 2  # bump when a card's columns or meaning change: older cards are then ignored
 CARD_FILE = f"rank_card-{CARD_VERSION}.parquet"  # (and computed on demand, as for old jobs)
+# The rank's GPU operations as the job's timeline reads them (collectives.JOB_OPS_SQL on this
+# rank alone: launch time, step, name), so the cross-rank step joins nothing per rank.
+OPS_FILE = f"rank_ops-{CARD_VERSION}.parquet"
 TOP_KERNELS = 10  # kernels listed per rank, by summed time
 
 _DEVICES_SQL = """
@@ -192,22 +195,26 @@ def collective_steps(rank: JobData, trace_id: str, devices: list, starts: list) 
 
 
 def write_card(folder: Path, trace_id: str) -> None:
-    """Compute and write the card of the trace whose canonical tables are in ``folder``
-    (called by the ingest worker, right after it wrote them). A card that cannot be built
+    """Compute and write the card of the trace whose canonical tables are in ``folder``, and
+    its GPU operations as the job's timeline reads them (:data:`OPS_FILE`), called by the
+    ingest worker right after it wrote the tables. A card that cannot be built
     is not written (never an ingest failure): the analysis then builds it on demand."""
     import duckdb
     import pyarrow.parquet as pq
 
+    from stallscope.collectives import JOB_OPS_SQL
     from stallscope.jobdata import JobData
     from stallscope.store import Store, TraceRef
 
     rank = JobData(Store(folder.parent), [TraceRef(trace_id, "", folder, {"rank": 0})])
     try:
         table = build_card(rank, trace_id)
+        ops = rank.con.sql(JOB_OPS_SQL).to_arrow_table()
     except (duckdb.Error, ValueError, TypeError):
         return  # a trace the card cannot summarize: the analysis computes it or fails itself
     finally:
         rank.close()
+    pq.write_table(ops, folder / OPS_FILE, compression="zstd", compression_level=1)
     pq.write_table(table, folder / CARD_FILE, compression="zstd", compression_level=1)
 
 
@@ -223,6 +230,16 @@ def _keep(card: pa.Table, folder: Path) -> None:
         os.replace(tmp, folder / CARD_FILE)
     except OSError:
         tmp.unlink(missing_ok=True)
+
+
+def stored_ops(job: JobData) -> pa.Table | None:
+    """Every timeline trace's stored GPU operations (:data:`OPS_FILE`, in the job's trace
+    order), read in one query; None when a trace has none (stored before them)."""
+    refs = [r for r in job.traces if r.meta.get("source") in RANK_CARD.formats]
+    if not refs or not all((r.path / OPS_FILE).is_file() for r in refs):
+        return None
+    listing = ", ".join("'" + str(r.path / OPS_FILE).replace("'", "''") + "'" for r in refs)
+    return job.con.sql(f"SELECT * FROM read_parquet([{listing}])").to_arrow_table()
 
 
 def job_cards(job: JobData) -> pa.Table:
