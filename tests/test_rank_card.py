@@ -104,3 +104,21 @@ def test_a_rank_stored_without_a_card_gets_one_on_demand(job):
         fresh.close()
     assert sorted(map(repr, again.to_pylist())) == sorted(map(repr, before.to_pylist()))
     assert all((ref.path / CARD_FILE).is_file() for ref in job.traces)  # stored for next time
+
+
+def test_stored_operations_read_as_the_query_over_every_rank(job):
+    from stallscope.collectives import JOB_OPS_SQL, _ops_columns
+    from stallscope.rank_card import OPS_FILE, stored_ops
+
+    assert all((ref.path / OPS_FILE).is_file() for ref in job.traces)
+    stored = _ops_columns(stored_ops(job))
+    queried = _ops_columns(job.con.sql(JOB_OPS_SQL).to_arrow_table())
+    assert stored["bounds"].keys() == queried["bounds"].keys()
+    for key, (lo, hi) in stored["bounds"].items():
+        qlo, qhi = queried["bounds"][key]
+        for column in ("stream", "start_ns", "end_ns", "launch_ns", "step", "grid", "is_comm"):
+            assert stored[column][lo:hi].tolist() == queried[column][qlo:qhi].tolist()
+        names = stored["names"][stored["name_code"][lo:hi]]
+        assert names.tolist() == queried["names"][queried["name_code"][qlo:qhi]].tolist()
+    (job.traces[0].path / OPS_FILE).unlink()  # one rank without: the query serves the job
+    assert stored_ops(job) is None
