@@ -436,9 +436,12 @@ def _complete(inst, part, gcode, r, group, warnings) -> np.ndarray:
 
 def _listed_ranks(r: dict, group: np.ndarray) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
-    text = _strs(r["pg_ranks"])
-    for g, i in zip(*_first_index(group), strict=True):
-        body = text[i].strip("[] ")
+    raw = r["pg_ranks"]  # one text per row, thousands of characters in a large job:
+    for g, i in zip(*_first_index(group), strict=True):  # read only each group's first
+        value = raw[i]
+        if value is None or value is np.ma.masked:
+            continue
+        body = str(value).strip("[] ")
         if body and "..." not in body:
             try:
                 out[str(g)] = {int(x) for x in body.split(",")}

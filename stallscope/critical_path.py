@@ -253,6 +253,9 @@ def _sweep(kinds: list[int], index: list[int], ops: _OpLists, syncs: tuple) -> t
 
     new_start, new_end = [0] * ops.n, [0] * ops.n
     members, arrived = ops.members, dict.fromkeys(ops.members, 0)
+    prev, dep, part, launch, c_launch = ops.prev, ops.dep, ops.part, ops.launch, ops.c_launch
+    gap, stream_gap, launch_gap = ops.gap, ops.stream_gap, ops.launch_gap
+    c_start, dur = ops.c_start, ops.dur  # locals: an attribute lookup per use costs more
     floor = -(1 << 62)
     for kind, i in zip(kinds, index, strict=True):
         if kind == 0:  # a sync returns
@@ -268,16 +271,20 @@ def _sweep(kinds: list[int], index: list[int], ops: _OpLists, syncs: tuple) -> t
             sync_offsets.setdefault(p, []).append(b_new - c_sb[i])
             continue
         t = floor
-        if ops.prev[i] >= 0:
-            t = max(t, new_end[ops.prev[i]] + ops.stream_gap[i])
-        if ops.launch[i] >= 0:
-            t = max(t, host(ops.part[i], ops.launch[i], ops.c_launch[i]) + ops.launch_gap[i])
-        if ops.dep[i] >= 0:
-            t = max(t, new_end[ops.dep[i]] + ops.gap[i])
+        if prev[i] >= 0:
+            t = max(t, new_end[prev[i]] + stream_gap[i])
+        if launch[i] >= 0:  # host(part, launch, c_launch), inlined: one step per op
+            p = part[i]
+            ends = sync_ends.get(p)
+            k = bisect.bisect_right(ends, launch[i]) - 1 if ends else -1
+            shift = sync_offsets[p][k] if k >= 0 else 0
+            t = max(t, c_launch[i] + shift + launch_gap[i])
+        if dep[i] >= 0:
+            t = max(t, new_end[dep[i]] + gap[i])
         if t == floor:  # nothing recorded before it: where the cuts put it
-            t = ops.c_start[i]
+            t = c_start[i]
         new_start[i] = t
-        new_end[i] = t + ops.dur[i]
+        new_end[i] = t + dur[i]
         if kind == 1:  # a communication kernel
             k = ops.inst[i]
             arrived[k] += 1
