@@ -46,7 +46,7 @@ from stallscope.collectives import (
     match_collectives,
     step_windows,
 )
-from stallscope.idle import CAUSES, attribute_idle, launch_threads, top_host_ops
+from stallscope.idle import CAUSES, launch_threads, top_host_ops
 from stallscope.jobdata import JobData
 from stallscope.lateness import (
     CAUSE_TEXT,
@@ -54,6 +54,7 @@ from stallscope.lateness import (
     explain,
     host_ranges,
     lateness,
+    rank_idle,
     saving_if_on_time,
     timeline,
 )
@@ -91,7 +92,9 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     min_wait = int(params["min_wait_us"] * 1000)
     activity: dict[tuple[str, int], dict] = {}
     for rank, trace, device in parts:
-        mine = _in_steps(rows, (rows["trace_id"] == trace) & (rows["device"] == device))
+        own = np.zeros(rows["inst"].size, dtype=bool)
+        own[match.rows_of(trace, device)] = True  # its rows: one slice, no scan of all rows
+        mine = _in_steps(rows, own)
         result.metrics.append(
             Metric(trace, rank, device, "collective_count", int(mine.sum()), "count")
         )
@@ -250,16 +253,22 @@ def _lateness_of(job, match: CollectiveMatch):
 
 
 def _part_of(tl, trace: str, device: int) -> int:
-    return next(p for p, (_, t, d) in enumerate(tl.parts) if t == trace and d == device)
+    """The participant index of (trace, device) in the timeline (a dict built once)."""
+    if "part_index" not in tl.kernels:
+        tl.kernels["part_index"] = {(t, d): p for p, (_, t, d) in enumerate(tl.parts)}
+    return tl.kernels["part_index"][(trace, device)]
 
 
 def _wait_outside(job, match: CollectiveMatch, trace: str, device: int) -> int:
     """The part of this rank's in-step wait due to stragglers whose first captured step started later."""
     tl, late = _lateness_of(job, match)
-    mine = late[late["part"] == _part_of(tl, trace, device)]
-    if (mine["step"] >= 0).any():
-        mine = mine[mine["step"] >= 0]
-    return int(mine["wait_outside_ns"].sum())
+    key = ("wait_outside", id(match))
+    if key not in job.cache:  # per participant at once: its in-step rows when it has any
+        in_step = late["step"] >= 0
+        has_steps = in_step.groupby(late["part"]).transform("any")
+        counted = late["wait_outside_ns"].where(in_step | ~has_steps, 0)
+        job.cache[key] = counted.groupby(late["part"]).sum().to_dict()
+    return int(job.cache[key].get(_part_of(tl, trace, device), 0))
 
 
 def _straggler_story(
@@ -327,9 +336,10 @@ def _activity(job, trace: str, device: int, windows: list[list[int]]) -> dict:
     window = int((union[1] - union[0]).sum())
     if window == 0:
         return {"window_ns": 0}
+    own = job.part_of(trace)  # this rank's files only
     busy = covered_length(_union(ops, slice(None)), *union).sum()
     comp = covered_length(_union(ops, ops["is_kernel"] & ~ops["is_comm"]), *union).sum()
-    idle = attribute_idle(job, trace, device)
+    idle = rank_idle(job, trace, device)
     by_cause = {}
     if idle.per_gap.size:
         gap_len = np.maximum(idle.gap_ends - idle.gap_starts, 1)
@@ -343,7 +353,7 @@ def _activity(job, trace: str, device: int, windows: list[list[int]]) -> dict:
         "gpu_busy_pct": round(100.0 * busy / window, 1),
         "compute_pct": round(100.0 * comp / window, 1),
         "idle_by_cause_ns": by_cause,
-        "top_host_ops": top_host_ops(job, trace, launch_threads(job, trace, device), merged),
+        "top_host_ops": top_host_ops(own, trace, launch_threads(own, trace, device), merged),
     }
 
 
@@ -494,11 +504,13 @@ def _summary(job, match: CollectiveMatch, parts, min_wait: int) -> Finding:
     n = inst["op"].size
     material = inst["max_wait_ns"] >= min_wait
     tally = {str(r): int((inst["straggler_rank"][material] == r).sum()) for r, _, _ in parts}
-    caused = {str(r): 0 for r, _, _ in parts}
     ok = rows["inst"] >= 0
     culprit = inst["straggler_rank"][rows["inst"][ok]] if n else np.zeros(0, dtype=np.int64)
-    for r in caused:
-        caused[r] = int(rows["wait_ns"][ok][culprit == int(r)].sum())
+    ranks, at = np.unique(culprit, return_inverse=True)  # the wait each rank caused, at once
+    sums = dict(
+        zip(ranks.tolist(), np.bincount(at, rows["wait_ns"][ok], ranks.size).tolist(), strict=True)
+    )
+    caused = {str(r): int(sums.get(int(r), 0)) for r, _, _ in parts}
     ops = _op_table(inst)
     skew = {str(r): match.skew_ns.get((t, d), 0) for r, t, d in parts}
     corrected = [r for r, t, d in parts if match.skew_corrected.get((t, d))]

@@ -42,8 +42,8 @@ from stallscope.analyzers.base import (
 )
 from stallscope.collectives import covered_length, gpu_activity, match_collectives, step_windows
 from stallscope.jobdata import JobData
+from stallscope.rank_card import collective_summaries
 from stallscope.report_types import CommOverlapRow
-from stallscope.scope import step_scope
 
 THRESHOLDS = (
     *graded_thresholds('exposed transfer / span', 'exposed transfer below which nothing is reported'),
@@ -58,33 +58,26 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     activity = gpu_activity(job)
     match, ranked = None, False
     missing = _missing_ranks(job)
+    devices_of: dict[str, list[int]] = {}  # trace -> its devices, in activity order
+    for trace, device in activity:
+        devices_of.setdefault(trace, []).append(device)
     for ref in job.traces:
-        for (trace, device), ops in activity.items():
-            if trace != ref.trace_id or not (ops["is_comm"].any() or (~ops["is_kernel"]).any()):
+        for trace, device in ((ref.trace_id, d) for d in devices_of.get(ref.trace_id, [])):
+            ops = activity[(trace, device)]
+            if not (ops["is_comm"].any() or (~ops["is_kernel"]).any()):
                 continue
             if match is None and ops["is_comm"].any():
                 match = match_collectives(job)
                 ranked = match is not None and _participants(match) > 1
             waits = match.waits_of(trace, device) if match else (np.zeros(0, np.int64),) * 2
-            rank = int(ref.meta.get("rank", 0))
-            part = job.part_of(trace)  # per-trace queries read this rank's files only
-            where = Where(trace, rank, device)
-            m = measure_device(part, where, ops, waits, missing=missing, ranked=ranked)
+            where = Where(trace, int(ref.meta.get("rank", 0)), device)
+            m = measure_device(job, where, ops, waits, missing=missing, ranked=ranked)
             result.metrics.extend(metrics(m))
             result.tables.comm_overlap.extend(comm_rows(m))
             finding = speak(m, params)
             if finding:
                 result.findings.append(finding)
     return result
-
-
-def _uses_ddp(job: JobData, trace: str) -> bool:
-    """Whether the trace shows DistributedDataParallel (its forward range, or its reducer)."""
-    return job.sql(
-        "SELECT EXISTS (SELECT 1 FROM names WHERE trace_id = ? AND (starts_with(name, "
-        "'DistributedDataParallel') OR contains(name, 'c10d::Reducer')))",
-        [trace],
-    ).fetchone()[0]
 
 
 def _missing_ranks(job: JobData) -> tuple[int, int] | None:
@@ -358,33 +351,25 @@ def measure_collectives(
     job: JobData, where: Where, ops: dict, comm_mask: np.ndarray, comp_mask: np.ndarray
 ) -> Collectives:
     """The device's collectives in the step scope (set-up broadcasts of a whole-run
-    capture are out), their streams and sizes."""
-    trace, device = where.trace, where.device
+    capture are out), their streams and sizes. The scope, op counts, sizes and DDP come
+    from the rank cards (:func:`stallscope.rank_card.collective_summaries`: two queries over
+    all ranks' cards, not a query per rank)."""
     comm_streams = sorted(set(ops["stream"][comm_mask].tolist()))
     shared = sorted(set(comm_streams) & set(ops["stream"][comp_mask].tolist()))
-    scope = step_scope(job, trace, device)
-    condition = "trace_id = ? AND device = ?" + (
-        f" AND start_ns >= {scope[0]} AND start_ns < {scope[1]}" if scope else ""
-    )
-    rows = job.sql(
-        f"SELECT op, count(*), median(coalesce(in_bytes, out_bytes)) FROM collectives "
-        f"WHERE {condition} GROUP BY 1 ORDER BY 2 DESC",
-        [trace, device],
-    ).fetchall()
-    sizes = job.sql(
-        f"SELECT median(coalesce(in_bytes, out_bytes)) FROM collectives WHERE {condition}",
-        [trace, device],
-    ).fetchone()[0]
+    summary = collective_summaries(job).get((where.trace, where.device)) or {
+        "ops": {}, "median_bytes": None, "uses_ddp": False
+    }  # fmt: skip
     in_step = ops["step"] >= 0
     steps = np.unique(ops["step"][in_step]).size
+    main = next(iter(summary["ops"]), None)
     return Collectives(
         comm_kernels=int(comm_mask.sum()),
         comm_streams=comm_streams,
         shared_streams=shared,
-        ops={str(op): int(n) for op, n, _ in rows},
+        ops=dict(summary["ops"]),
         per_step=round(int((comm_mask & in_step).sum()) / steps, 1) if steps else None,
-        median_bytes=sizes,
-        uses_ddp=bool(rows) and rows[0][0] == "allreduce" and _uses_ddp(job, trace),
+        median_bytes=summary["median_bytes"],
+        uses_ddp=main == "allreduce" and summary["uses_ddp"],
     )
 
 

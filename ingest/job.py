@@ -40,6 +40,8 @@ from stallscope.ingest.reader import Source
 from stallscope.ingest.registry import BY_NAME, FORMATS, companion_file, is_companion, provides
 from stallscope.ingest.sniff import sniff
 from stallscope.ingest.startup import skip_pandas_probe, thread_budget
+from stallscope.rank_card import write_card
+from stallscope.schema import RANK_CARD
 from stallscope.store import Store, current_user, new_upload, write_json, write_upload
 
 Progress = Callable[[str, int, int], None]
@@ -317,6 +319,8 @@ def _ingest_source(
         folder = staging / trace_id
         folder.mkdir()
         _write_tables(folder, trace.canonical.tables())
+        if trace.source in RANK_CARD.formats:  # the cross-rank step's summary (#15)
+            write_card(folder, trace_id)
         meta = _trace_meta(source, digest, trace_id, trace, single=single)
         meta["ingest_seconds"] = round(time.perf_counter() - started, 3)
         metas.append(meta)

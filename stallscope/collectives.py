@@ -42,28 +42,38 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stallscope import job_settings
-from stallscope.host_ops import LAUNCH_CTE
 from stallscope.jobdata import JobData
 
 SKEW_TOLERANCE_NS = job_settings.JobSettings().skew_tolerance_ns  # the default
 MAX_ALIGN_OFFSET = 64
 ALGO_REGEX = r"_(RING|TREE|NVLS_TREE|NVLS|COLLNET_DIRECT|COLLNET_CHAIN|PAT)_(LL128|LL|SIMPLE)"
 
-# One trace's GPU operations, each with the step whose host ProfilerStep range
-# holds its launch call (else its own start). Per trace: integer keys only.
-ACTIVITY_SQL = f"""
-WITH {LAUNCH_CTE}, steps AS (
-  SELECT step, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE trace_id = $trace AND kind = 'step'
+# Every trace's GPU operations in one query (set-wise over all ranks: a query per rank
+# binds and prunes every rank's files), each with the step whose host ProfilerStep range
+# holds its launch call (else its own start; -1 outside every step), its launch time
+# (-1 unknown), name and launch grid.
+JOB_OPS_SQL = """
+WITH launch AS (
+  SELECT trace_id, correlation, min(start_ns) AS launch_ns FROM host
+  WHERE kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1, 2
+), steps AS (
+  SELECT trace_id, step, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE kind = 'step'
 ), ops AS (
-  SELECT g.device, g.stream, g.kind = 'kernel' AS is_kernel, g.is_comm, g.start_ns, g.end_ns,
-         coalesce(l.launch_ns, g.start_ns) AS anchor_ns
-  FROM gpu g LEFT JOIN launch l USING (correlation)
-  WHERE g.trace_id = $trace AND g.kind IN ('kernel', 'memcpy', 'memset')
+  SELECT g.trace_id, g.device, g.stream, g.kind = 'kernel' AS is_kernel, g.is_comm, g.start_ns,
+         g.end_ns, coalesce(n.name, g.kind) AS name,
+         coalesce(g.grid_x, 0)::BIGINT * 1000000 + coalesce(g.grid_y, 0)::BIGINT * 1000
+           + coalesce(g.grid_z, 0) AS grid,
+         coalesce(l.launch_ns, -1) AS launch_ns, coalesce(l.launch_ns, g.start_ns) AS anchor_ns
+  FROM gpu g LEFT JOIN launch l ON l.trace_id = g.trace_id AND l.correlation = g.correlation
+  LEFT JOIN names n ON n.trace_id = g.trace_id AND n.name_id = g.name_id
+  WHERE g.kind IN ('kernel', 'memcpy', 'memset') AND g.device IS NOT NULL
 )
-SELECT ops.* EXCLUDE (anchor_ns), CASE WHEN ops.anchor_ns < s.step_end THEN s.step END AS step
-FROM ops ASOF LEFT JOIN steps s ON ops.anchor_ns >= s.step_start
-ORDER BY device, start_ns, end_ns
+SELECT ops.* EXCLUDE (anchor_ns),
+       coalesce(CASE WHEN ops.anchor_ns < s.step_end THEN s.step END, -1) AS step
+FROM ops ASOF LEFT JOIN steps s ON ops.trace_id = s.trace_id AND ops.anchor_ns >= s.step_start
+ORDER BY trace_id, device, start_ns, end_ns
 """
+OPS_INT_COLUMNS = ("device", "stream", "start_ns", "end_ns", "grid", "launch_ns", "step")
 
 _ROWS_SQL = """
 SELECT c.trace_id, c.rank, c.device, c.stream, c.pg_name, c.pg_ranks, c.group_size, c.seq, c.op,
@@ -75,32 +85,62 @@ FROM collectives c LEFT JOIN names n ON n.trace_id = c.trace_id AND n.name_id = 
 """
 
 
+def job_ops(job: JobData) -> dict[str, np.ndarray]:
+    """Every GPU operation of the job (:data:`JOB_OPS_SQL`), columnar, each (trace, device)
+    one run sorted by (start, end); cached. Read from the ranks' stored operations
+    (``rank_card.OPS_FILE``, written at ingest) when every rank has them. ``name_code`` indexes ``names`` (one code per distinct
+    name across the ranks); ``bounds``: the rows of each (trace, device), ``{key: (lo, hi)}``."""
+    if "job_ops" not in job.cache:
+        from stallscope.rank_card import stored_ops
+
+        cols = _ops_columns(stored_ops(job))
+        if cols is None:  # a rank stored without them: the query over every rank's files
+            cols = _ops_columns(job.con.sql(JOB_OPS_SQL).to_arrow_table())
+        job.cache["job_ops"] = cols
+    return job.cache["job_ops"]
+
+
+def _ops_columns(table) -> dict[str, np.ndarray] | None:
+    """:func:`job_ops`'s columns from an Arrow table of :data:`JOB_OPS_SQL`'s rows, or None
+    when ``table`` is None or its (trace, device) runs are not contiguous."""
+    if table is None:
+        return None
+    import pyarrow.compute as pc
+
+    cols = {c: table[c].to_numpy().astype(np.int64) for c in OPS_INT_COLUMNS}
+    for c in ("is_kernel", "is_comm"):
+        cols[c] = table[c].fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    codes = pc.dictionary_encode(table["name"]).combine_chunks()
+    cols["name_code"] = codes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    cols["names"] = np.asarray(codes.dictionary.to_pylist(), dtype=object)
+    traces = pc.dictionary_encode(table["trace_id"]).combine_chunks()
+    trace = traces.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    trace_ids = traces.dictionary.to_pylist()
+    device = cols["device"]
+    new = np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])]
+    cut = np.r_[np.flatnonzero(new), trace.size] if trace.size else np.zeros(1, np.int64)
+    cols["bounds"] = {
+        (trace_ids[trace[lo]], int(device[lo])): (int(lo), int(hi))
+        for lo, hi in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True)
+    }
+    if len(cols["bounds"]) != cut.size - 1:  # a (trace, device) in two runs
+        return None
+    return cols
+
+
 def gpu_activity(job: JobData) -> dict[tuple[str, int], dict[str, np.ndarray]]:
     """Kernels, memcpys and memsets of every (trace, device), sorted by start (cached).
 
     Columns: ``stream``, ``is_kernel`` (else a memcpy or memset), ``is_comm``,
     ``start_ns``, ``end_ns``, ``step`` (−1 when launched outside every ``ProfilerStep#N``).
+    Views of :func:`job_ops` (one query over all ranks).
     """
     if "gpu_activity" not in job.cache:
-        out = {}
-        for ref in job.traces:  # one query per trace, on its rank's files: small joins
-            part = job.part_of(ref.trace_id)
-            cols = part.con.execute(ACTIVITY_SQL, {"trace": ref.trace_id}).fetchnumpy()
-            device = cols["device"].astype(np.int64)
-            if not device.size:  # CPU-only or Nsight Compute traces: no GPU timeline
-                continue
-            bounds = np.flatnonzero(np.r_[True, device[1:] != device[:-1], True])
-            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-                part = slice(lo, hi)
-                out[(ref.trace_id, int(device[lo]))] = {
-                    "stream": cols["stream"][part].astype(np.int64),
-                    "is_kernel": np.asarray(cols["is_kernel"][part], dtype=bool),
-                    "is_comm": np.asarray(cols["is_comm"][part], dtype=bool),
-                    "start_ns": cols["start_ns"][part].astype(np.int64),
-                    "end_ns": cols["end_ns"][part].astype(np.int64),
-                    "step": _masked_int(cols["step"][part]),
-                }
-        job.cache["gpu_activity"] = out
+        ops = job_ops(job)
+        job.cache["gpu_activity"] = {
+            key: {c: ops[c][lo:hi] for c in ("stream", "is_kernel", "is_comm", "start_ns", "end_ns", "step")}
+            for key, (lo, hi) in ops["bounds"].items()
+        }  # fmt: skip
     return job.cache["gpu_activity"]
 
 
@@ -144,11 +184,26 @@ class CollectiveMatch:
     methods: dict[str, str] = field(default_factory=dict)  # group -> 'seq' | 'order'
     warnings: list[str] = field(default_factory=list)
 
+    def rows_of(self, trace_id: str, device: int) -> slice:
+        """The rows of one participant: ``rows`` are sorted by (rank, trace, device), so each
+        participant's rows are one slice (empty when it has none). Found by a dict built once,
+        not a comparison over every row per participant."""
+        if not hasattr(self, "_slices"):
+            r = self.rows
+            traces, devices = r["trace_id"], r["device"]
+            new = np.r_[True, (traces[1:] != traces[:-1]) | (devices[1:] != devices[:-1])]
+            cut = np.r_[np.flatnonzero(new), traces.size] if traces.size else np.zeros(1, np.int64)
+            self._slices = {
+                (str(traces[lo]), int(devices[lo])): slice(int(lo), int(hi))
+                for lo, hi in zip(cut[:-1].tolist(), cut[1:].tolist(), strict=True)
+            }
+        return self._slices.get((trace_id, int(device)), slice(0, 0))
+
     def waits_of(self, trace_id: str, device: int) -> tuple[np.ndarray, np.ndarray]:
         """Wait intervals [start, start + wait) of one participant, on its own clock."""
-        r = self.rows
-        mask = (r["trace_id"] == trace_id) & (r["device"] == device) & (r["wait_ns"] > 0)
-        return r["start_ns"][mask], r["start_ns"][mask] + r["wait_ns"][mask]
+        mine = self.rows_of(trace_id, device)
+        start, wait = self.rows["start_ns"][mine], self.rows["wait_ns"][mine]
+        return start[wait > 0], start[wait > 0] + wait[wait > 0]
 
 
 def match_collectives(job: JobData, skew_tolerance_ns: int | None = None) -> CollectiveMatch | None:
@@ -216,17 +271,21 @@ def _match(job: JobData, tolerance: int) -> CollectiveMatch | None:
 
 
 def _steps_of(job, trace, device, start, new) -> np.ndarray:
-    """Step of each collective kernel: that of the GPU operation starting when it starts."""
-    step = np.full(start.size, -1, dtype=np.int64)
-    bounds = np.r_[np.flatnonzero(new), start.size]
-    activity = gpu_activity(job)
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):  # per participant
-        ops = activity.get((str(trace[lo]), int(device[lo])))
-        if ops is None:
-            continue
-        idx = np.minimum(np.searchsorted(ops["start_ns"], start[lo:hi]), ops["start_ns"].size - 1)
-        step[lo:hi] = np.where(ops["start_ns"][idx] == start[lo:hi], ops["step"][idx], -1)
-    return step
+    """Step of each collective kernel: that of the GPU operation starting when it starts,
+    read from the rank cards (:mod:`stallscope.rank_card`, written at ingest: no rank's
+    GPU timeline is read here)."""
+    import pandas as pd
+
+    from stallscope.rank_card import card_rows
+
+    cards = card_rows(job, "collective")
+    known = pd.DataFrame(
+        {"trace": cards["trace_id"].astype(str), "device": cards["device"],
+         "start": cards["start_ns"], "step": cards["step"]}
+    ).drop_duplicates(["trace", "device", "start"])  # fmt: skip
+    asked = pd.DataFrame({"trace": trace, "device": device, "start": start})
+    found = asked.merge(known, on=["trace", "device", "start"], how="left")["step"]
+    return found.fillna(-1).to_numpy(np.int64)
 
 
 def _by_time(inst: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -377,9 +436,12 @@ def _complete(inst, part, gcode, r, group, warnings) -> np.ndarray:
 
 def _listed_ranks(r: dict, group: np.ndarray) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
-    text = _strs(r["pg_ranks"])
-    for g, i in zip(*_first_index(group), strict=True):
-        body = text[i].strip("[] ")
+    raw = r["pg_ranks"]  # one text per row, thousands of characters in a large job:
+    for g, i in zip(*_first_index(group), strict=True):  # read only each group's first
+        value = raw[i]
+        if value is None or value is np.ma.masked:
+            continue
+        body = str(value).strip("[] ")
         if body and "..." not in body:
             try:
                 out[str(g)] = {int(x) for x in body.split(",")}

@@ -106,14 +106,27 @@ def dependencies(ops: pd.DataFrame) -> pd.DataFrame:
 
 
 def _latest_end_before(part: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per op: index of the same participant's op with the latest end <= its start (−1)."""
-    out = np.full(part.size, -1, dtype=np.int64)
-    for p in np.unique(part):  # per participant
-        idx = np.flatnonzero(part == p)
-        by_end = idx[np.argsort(end[idx], kind="stable")]
-        pos = np.searchsorted(end[by_end], start[idx], side="right") - 1
-        out[idx] = np.where(pos >= 0, by_end[np.maximum(pos, 0)], -1)
-    return out
+    """Per op: index of the same participant's op with the latest end <= its start (−1).
+
+    One sort of all ops by (participant, end) and one ``searchsorted`` on a key that
+    lays the participants end to end: no per-participant loop.
+    """
+    if part.size == 0:
+        return np.full(0, -1, dtype=np.int64)
+    by_end = np.lexsort((np.arange(part.size), end, part))  # stable within (part, end)
+    key_end, key_start = _part_axis(part, end, start)
+    pos = np.searchsorted(key_end[by_end], key_start, side="right") - 1
+    cand = by_end[np.maximum(pos, 0)]
+    return np.where((pos >= 0) & (part[cand] == part), cand, -1)
+
+
+def _part_axis(part: np.ndarray, *times: np.ndarray) -> list[np.ndarray]:
+    """``times`` moved onto one increasing axis where each participant has its own block
+    (``part`` × span + offset), so one sorted search serves every participant."""
+    lo = min(int(t.min()) for t in times)
+    width = max(int(t.max()) for t in times) - lo + 1
+    base = part.astype(np.int64) * width
+    return [base + (t.astype(np.int64) - lo) for t in times]
 
 
 def compress_times(times: np.ndarray, parts: np.ndarray, cuts: list[Compression]) -> np.ndarray:
@@ -158,17 +171,78 @@ def replay(
     binding, gap = g["binding"].to_numpy(), g["gap_ns"].to_numpy(np.int64)
     comm = inst >= 0
     members: dict[int, list[int]] = {}
-    for i in np.flatnonzero(comm).tolist():
-        members.setdefault(int(inst[i]), []).append(i)
-    arrived = dict.fromkeys(members, 0)
-
+    for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
+        members.setdefault(k, []).append(i)
     sync_part = syncs["part"].to_numpy(np.int64)
     s_a, s_b = syncs["start_ns"].to_numpy(np.int64), syncs["end_ns"].to_numpy(np.int64)
     c_sa, c_sb = compress_times(s_a, sync_part, cuts), compress_times(s_b, sync_part, cuts)
     awaited = _awaited_ops(part, end, sync_part, s_a, s_b)
-    # per participant: sorted sync return times (observed) and the host offset after each
-    sync_ends: dict[int, list[int]] = {}
-    sync_offsets: dict[int, list[int]] = {}
+    times = np.r_[s_b, start]
+    kinds = np.r_[np.zeros(s_b.size, dtype=np.int64), np.where(comm, 1, 2)]
+    index = np.r_[np.arange(s_b.size), np.arange(n)]
+    order = np.lexsort((index, kinds, times))
+    new_start, new_end = _sweep(
+        kinds[order].tolist(),
+        index[order].tolist(),
+        ops=_OpLists(
+            part,
+            start,
+            end,
+            c_start,
+            c_end,
+            launch,
+            c_launch,
+            inst,
+            transfer,
+            prev,
+            dep,
+            binding,
+            gap,
+            members,
+        ),  # fmt: skip
+        syncs=(
+            sync_part.tolist(),
+            s_a.tolist(),
+            s_b.tolist(),
+            c_sa.tolist(),
+            c_sb.tolist(),
+            awaited.tolist(),
+        ),  # fmt: skip
+    )
+    out = g.copy()
+    out["new_start_ns"] = new_start
+    out["new_end_ns"] = new_end
+    return out
+
+
+class _OpLists:
+    """The replay's per-op columns as Python lists (a list index costs a fraction of a numpy
+    element's: the sweep takes one Python step per op)."""
+
+    def __init__(self, part, start, end, c_start, c_end, launch, c_launch, inst, transfer,
+                 prev, dep, binding, gap, members):  # fmt: skip
+        self.part, self.end = part.tolist(), end.tolist()
+        self.dur = (c_end - c_start).tolist()
+        self.c_start, self.launch, self.c_launch = (
+            c_start.tolist(),
+            launch.tolist(),
+            c_launch.tolist(),
+        )
+        self.inst, self.transfer = inst.tolist(), transfer.tolist()
+        self.prev, self.dep = prev.tolist(), dep.tolist()
+        binding = np.asarray(binding)
+        self.stream_gap = np.where(binding == STREAM, gap, 0).tolist()
+        self.launch_gap = np.where(binding == LAUNCH, gap, 0).tolist()
+        self.gap = np.asarray(gap).tolist()
+        self.members = members
+        self.n = len(self.part)
+
+
+def _sweep(kinds: list[int], index: list[int], ops: _OpLists, syncs: tuple) -> tuple:
+    """The replay's sweep (see :func:`replay`): new (start, end) of every op, int64 arrays."""
+    sync_part, s_a, s_b, c_sa, c_sb, awaited = syncs
+    sync_ends: dict[int, list[int]] = {}  # per participant: observed sync returns, sorted
+    sync_offsets: dict[int, list[int]] = {}  # and the host offset after each
 
     def host(p: int, t: int, ct: int) -> int:
         ends = sync_ends.get(p)
@@ -177,69 +251,63 @@ def replay(
         k = bisect.bisect_right(ends, t) - 1
         return ct if k < 0 else ct + sync_offsets[p][k]
 
-    new_start = np.zeros(n, dtype=np.int64)
-    new_end = np.zeros(n, dtype=np.int64)
-    times = np.r_[s_b, start]
-    kinds = np.r_[np.zeros(s_b.size, dtype=np.int64), np.where(comm, 1, 2)]
-    index = np.r_[np.arange(s_b.size), np.arange(n)]
-    order = np.lexsort((index, kinds, times))
-    for kind, i in zip(kinds[order].tolist(), index[order].tolist(), strict=True):
+    new_start, new_end = [0] * ops.n, [0] * ops.n
+    members, arrived = ops.members, dict.fromkeys(ops.members, 0)
+    prev, dep, part, launch, c_launch = ops.prev, ops.dep, ops.part, ops.launch, ops.c_launch
+    gap, stream_gap, launch_gap = ops.gap, ops.stream_gap, ops.launch_gap
+    c_start, dur = ops.c_start, ops.dur  # locals: an attribute lookup per use costs more
+    floor = -(1 << 62)
+    for kind, i in zip(kinds, index, strict=True):
         if kind == 0:  # a sync returns
-            p = int(sync_part[i])
-            a_new = host(p, int(s_a[i]), int(c_sa[i]))
+            p = sync_part[i]
+            a_new = host(p, s_a[i], c_sa[i])
             w = awaited[i]
             b_new = (
-                max(a_new, int(new_end[w]) + int(s_b[i] - end[w]))
+                max(a_new, new_end[w] + s_b[i] - ops.end[w])
                 if w >= 0
-                else a_new + int(c_sb[i] - c_sa[i])
+                else a_new + c_sb[i] - c_sa[i]
             )
-            sync_ends.setdefault(p, []).append(int(s_b[i]))
-            sync_offsets.setdefault(p, []).append(b_new - int(c_sb[i]))
+            sync_ends.setdefault(p, []).append(s_b[i])
+            sync_offsets.setdefault(p, []).append(b_new - c_sb[i])
             continue
-        p = int(part[i])
-        t = -(1 << 62)
+        t = floor
         if prev[i] >= 0:
-            t = max(t, int(new_end[prev[i]]) + (int(gap[i]) if binding[i] == STREAM else 0))
-        if launch[i] >= 0:
-            t = max(
-                t,
-                host(p, int(launch[i]), int(c_launch[i]))
-                + (int(gap[i]) if binding[i] == LAUNCH else 0),
-            )
+            t = max(t, new_end[prev[i]] + stream_gap[i])
+        if launch[i] >= 0:  # host(part, launch, c_launch), inlined: one step per op
+            p = part[i]
+            ends = sync_ends.get(p)
+            k = bisect.bisect_right(ends, launch[i]) - 1 if ends else -1
+            shift = sync_offsets[p][k] if k >= 0 else 0
+            t = max(t, c_launch[i] + shift + launch_gap[i])
         if dep[i] >= 0:
-            t = max(t, int(new_end[dep[i]]) + int(gap[i]))
-        if t == -(1 << 62):  # nothing recorded before it: where the cuts put it
-            t = int(c_start[i])
+            t = max(t, new_end[dep[i]] + gap[i])
+        if t == floor:  # nothing recorded before it: where the cuts put it
+            t = c_start[i]
         new_start[i] = t
-        new_end[i] = t + int(c_end[i] - c_start[i])
-        if comm[i]:
-            k = int(inst[i])
+        new_end[i] = t + dur[i]
+        if kind == 1:  # a communication kernel
+            k = ops.inst[i]
             arrived[k] += 1
             if arrived[k] == len(members[k]):  # last arrival: every rank's end is known
-                last = max(int(new_start[j]) for j in members[k])
+                last = max(new_start[j] for j in members[k])
                 for j in members[k]:
-                    new_end[j] = max(int(new_start[j]), last) + int(transfer[j])
-    out = g.copy()
-    out["new_start_ns"] = new_start
-    out["new_end_ns"] = new_end
-    return out
+                    new_end[j] = max(new_start[j], last) + ops.transfer[j]
+    return np.array(new_start, dtype=np.int64), np.array(new_end, dtype=np.int64)
 
 
 def _awaited_ops(part, end, sync_part, s_a, s_b) -> np.ndarray:
     """Per sync: the participant's op that ended last while the call was blocked (−1: none)."""
     out = np.full(s_a.size, -1, dtype=np.int64)
-    for p in np.unique(sync_part):  # per participant
-        idx = np.flatnonzero(part == p)
-        if idx.size == 0:
-            continue
-        by_end = idx[np.argsort(end[idx], kind="stable")]
-        mine = np.flatnonzero(sync_part == p)
-        pos = np.searchsorted(end[by_end], s_b[mine], side="right") - 1
-        ok = pos >= 0
-        cand = np.where(ok, by_end[np.maximum(pos, 0)], -1)
-        ok &= end[np.maximum(cand, 0)] > s_a[mine]
-        out[mine] = np.where(ok, cand, -1)
-    return out
+    if s_a.size == 0 or part.size == 0:
+        return out
+    by_end = np.lexsort((np.arange(part.size), end, part))
+    sp = sync_part.astype(np.int64)
+    (keys,) = _part_axis(np.r_[part, sp], np.r_[end, s_b])
+    key_end, key_sync = keys[: part.size], keys[part.size :]
+    pos = np.searchsorted(key_end[by_end], key_sync, side="right") - 1
+    cand = np.where(pos >= 0, by_end[np.maximum(pos, 0)], -1)
+    ok = (cand >= 0) & (part[np.maximum(cand, 0)] == sp) & (end[np.maximum(cand, 0)] > s_a)
+    return np.where(ok, cand, -1)
 
 
 def step_times(ops: pd.DataFrame, start: str = "start_ns", end: str = "end_ns") -> pd.Series:
@@ -261,10 +329,12 @@ def step_times(ops: pd.DataFrame, start: str = "start_ns", end: str = "end_ns") 
 def saving(ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression]) -> dict:
     """Step times before and after ``cuts``: ``{before_ns, after_ns, saving_ns, steps}``.
 
+    ``ops``: the ops, or their :func:`dependencies` table (reused as it is).
+
     ``saving_ns`` = Σ steps (before − after), never negative; ``steps`` lists
     ``{step, before_ns, after_ns}``.
     """
-    g = dependencies(ops)
+    g = ops if "binding" in ops else dependencies(ops)
     what_if = replay(g, syncs, cuts)
     before = step_times(g)  # replaying without cuts reproduces the observed times
     after = step_times(what_if, "new_start_ns", "new_end_ns")
@@ -378,12 +448,14 @@ def path_index(g: pd.DataFrame) -> tuple[dict[int, list[int]], dict[int, np.ndar
     inst, part = g["inst"].to_numpy(np.int64), g["part"].to_numpy(np.int64)
     end = g["end_ns"].to_numpy(np.int64)
     comm_rows: dict[int, list[int]] = {}
-    for i in np.flatnonzero(inst >= 0).tolist():
-        comm_rows.setdefault(int(inst[i]), []).append(i)
-    ends_of = {}
-    for p in np.unique(part):  # per participant
-        idx = np.flatnonzero(part == p)
-        ends_of[int(p)] = idx[np.argsort(end[idx], kind="stable")]
+    comm = inst >= 0
+    for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
+        comm_rows.setdefault(k, []).append(i)
+    by_end = np.lexsort((np.arange(part.size), end, part))  # per part by end, stable
+    cuts = np.flatnonzero(np.r_[True, part[by_end][1:] != part[by_end][:-1], True])
+    ends_of = {
+        int(part[by_end[lo]]): by_end[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)
+    } if part.size else {}  # fmt: skip
     return comm_rows, ends_of
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from stallscope.collectives import CollectiveMatch, covered_length
+from stallscope.collectives import CollectiveMatch, covered_length, job_ops
 from stallscope.critical_path import (
     Compression,
     critical_path,
@@ -49,41 +49,12 @@ from stallscope.critical_path import (
     saving,
     step_times,
 )
-from stallscope.host_ops import LAUNCH_CTE
-from stallscope.idle import CAUSES, DATALOADER_REGEX, attribute_idle, launch_threads
+from stallscope.idle import CAUSES, DATALOADER_REGEX, attribute_idle
 from stallscope.jobdata import JobData
+from stallscope.rank_card import card_rows
 from stallscope.report_types import CriticalPathSegment, CriticalPathStep
-from stallscope.sync_calls import API_SQL, SYNC_API_REGEX
-
-_OPS_SQL = f"""
-WITH {LAUNCH_CTE}, steps AS (
-  SELECT step, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE trace_id = $trace AND kind = 'step'
-), ops AS (
-  SELECT g.device, g.stream, g.kind = 'kernel' AS is_kernel, g.is_comm, g.start_ns, g.end_ns,
-         coalesce(n.name, g.kind) AS name,
-         coalesce(g.grid_x, 0)::BIGINT * 1000000 + coalesce(g.grid_y, 0)::BIGINT * 1000 + coalesce(g.grid_z, 0) AS grid,
-         coalesce(l.launch_ns, -1) AS launch_ns, coalesce(l.launch_ns, g.start_ns) AS anchor_ns
-  FROM gpu g LEFT JOIN launch l USING (correlation)
-  LEFT JOIN names n ON n.trace_id = g.trace_id AND n.name_id = g.name_id
-  WHERE g.trace_id = $trace AND g.kind IN ('kernel', 'memcpy', 'memset')
-)
-SELECT ops.* EXCLUDE (anchor_ns), coalesce(CASE WHEN ops.anchor_ns < s.step_end THEN s.step END, -1) AS step
-FROM ops ASOF LEFT JOIN steps s ON ops.anchor_ns >= s.step_start
-ORDER BY device, start_ns, end_ns
-"""
-
-_SYNCS_SQL = f"""
-SELECT h.pid, h.start_ns, h.end_ns FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
-WHERE h.trace_id = ? AND h.kind IN ('runtime', 'driver')
-  AND (regexp_matches({API_SQL}, '{SYNC_API_REGEX}')
-       OR regexp_matches(n.name, '^(cudaMemcpy|hipMemcpy|cuMemcpyDtoH)$'))
-"""
 
 STEP_NAME_REGEX = r"^(ProfilerStep#[0-9]+|[Ss]tep[ _#]?[0-9]+)$"
-
-_STEPS_SQL = """
-SELECT pid, step, min(start_ns) AS start_ns FROM ranges WHERE trace_id = ? AND kind = 'step' GROUP BY ALL
-"""
 
 
 @dataclass
@@ -105,7 +76,9 @@ class Timeline:
     first_step: dict[int, int]
     skew: dict[int, int]
     kernel_names: list[str] = field(default_factory=list)
-    kernels: dict = field(default_factory=dict)  # (part, step) -> sorted kernel arrays (cache)
+    kernels: dict = field(
+        default_factory=dict
+    )  # (part, step) -> sorted kernel arrays, "graph" (cache)
 
 
 def timeline(job: JobData, match: CollectiveMatch) -> Timeline:
@@ -117,75 +90,155 @@ def timeline(job: JobData, match: CollectiveMatch) -> Timeline:
 
 
 def _timeline(job: JobData, match: CollectiveMatch) -> Timeline:
+    """The job's :class:`Timeline`: every rank's GPU operations in one query
+    (:func:`~stallscope.collectives.job_ops`), their blocking host calls, step starts and
+    launching processes from the rank cards (:mod:`stallscope.rank_card`), then columnar
+    work: no query per rank."""
     rows = match.rows
     trace, device = rows["trace_id"], rows["device"]
     first = np.flatnonzero(np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])])
     parts = [(int(rows["rank"][i]), str(trace[i]), int(device[i])) for i in first]
-    frames, syncs, pids, step_start, first_step, skew = [], [], {}, {}, {}, {}
-    by_trace: dict[str, dict] = {}
-    for p, (rank, tid, dev) in enumerate(parts):
-        own_rank = job.part_of(tid)  # this participant's reads: its rank's files only
-        if tid not in by_trace:
-            by_trace[tid] = own_rank.con.execute(_OPS_SQL, {"trace": tid}).df()
-        cols = by_trace[tid]
-        ops = cols[cols["device"] == dev].copy()
-        s = match.skew_ns.get((tid, dev), 0) if match.skew_corrected.get((tid, dev)) else 0
-        skew[p] = int(s)
-        ops["part"], ops["rank"] = p, rank
-        ops = _tag_collectives(ops, rows, tid, dev)
-        for c in ("start_ns", "end_ns"):
-            ops[c] = ops[c].astype(np.int64) - s
-        ops["launch_ns"] = np.where(ops["launch_ns"] >= 0, ops["launch_ns"] - s, -1)
-        frames.append(ops)
-        threads = launch_threads(own_rank, tid, dev)
-        pids[p] = sorted({pid for pid, _ in threads})
-        sy = own_rank.sql(_SYNCS_SQL, [tid]).df()
-        if pids[p]:
-            sy = sy[sy["pid"].isin(pids[p])]
-        syncs.append(
-            pd.DataFrame({"part": p, "start_ns": sy["start_ns"] - s, "end_ns": sy["end_ns"] - s})
-        )
-        st = own_rank.sql(_STEPS_SQL, [tid]).df()
-        if pids[p] and st["pid"].isin(pids[p]).any():
-            st = st[st["pid"].isin(pids[p])]
-        for step, start in st.groupby("step")["start_ns"].min().items():
-            step_start[(p, int(step))] = int(start) - s
-        own = ops["step"][ops["step"] >= 0]
-        if not own.empty:
-            first_step[p] = int(own.min())
-    ops = pd.concat(frames, ignore_index=True)
-    for c in ("part", "rank", "stream", "inst", "transfer_ns", "step", "grid", "launch_ns"):
-        ops[c] = ops[c].astype(np.int64)
-    ops["is_comm"] = ops["inst"] >= 0
-    codes, names = pd.factorize(ops["name"])
+    skew = {
+        p: int(match.skew_ns.get((t, d), 0)) if match.skew_corrected.get((t, d)) else 0
+        for p, (_, t, d) in enumerate(parts)
+    }
+    pids = _launch_pids(job, parts)
+    ops = _participant_ops(job, parts, skew)
+    ops = _tag_collectives(ops, rows, parts)
+    own = ops[ops["step"] >= 0].groupby("part")["step"].min()
+    codes, uniques = pd.factorize(ops["name_code"])  # codes by first appearance, part order
     ops["name_code"] = codes.astype(np.int64)
     return Timeline(
         ops=ops,
-        syncs=pd.concat(syncs, ignore_index=True).astype(np.int64),
+        syncs=_participant_syncs(job, parts, pids, skew),
         parts=parts,
         pids=pids,
-        step_start=step_start,
-        first_step=first_step,
+        step_start=_step_starts(job, parts, pids, skew),
+        first_step={int(p): int(v) for p, v in own.items()},
         skew=skew,
-        kernel_names=[str(n) for n in names],
+        kernel_names=[str(n) for n in job_ops(job)["names"][uniques]],
     )
 
 
-def _tag_collectives(ops: pd.DataFrame, rows: dict, trace: str, device: int) -> pd.DataFrame:
-    """``inst`` and ``transfer_ns`` of the matched communication kernels (−1/0 elsewhere)."""
-    mine = (rows["trace_id"] == trace) & (rows["device"] == device) & (rows["inst"] >= 0)
+def _launch_pids(job: JobData, parts: list[tuple[int, str, int]]) -> dict[int, list[int]]:
+    """Per participant: the host processes whose API calls launched work on its device."""
+    rows = card_rows(job, "launcher")  # from the rank cards: no join of every rank's host rows
+    found: dict[tuple[str, int], set[int]] = {}
+    for trace, device, pid in zip(
+        rows["trace_id"], rows["device"].tolist(), rows["pid"].tolist(), strict=True
+    ):
+        found.setdefault((str(trace), int(device)), set()).add(int(pid))
+    return {p: sorted(found.get((t, d), ())) for p, (_, t, d) in enumerate(parts)}
+
+
+def _participant_ops(job: JobData, parts: list[tuple[int, str, int]], skew: dict) -> pd.DataFrame:
+    """The participants' GPU operations (:func:`~stallscope.collectives.job_ops`), in
+    participant order then by start, on the common clock (skew subtracted)."""
+    allops = job_ops(job)
+    pieces, part_col = [], []
+    for p, (_, t, d) in enumerate(parts):
+        lo, hi = allops["bounds"].get((t, d), (0, 0))
+        pieces.append(np.arange(lo, hi))
+        part_col.append(np.full(hi - lo, p, dtype=np.int64))
+    take = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    part = np.concatenate(part_col) if part_col else np.zeros(0, np.int64)
+    shift = np.array([skew[p] for p in range(len(parts))], dtype=np.int64)[part]
+    launch = allops["launch_ns"][take]
+    return pd.DataFrame(
+        {
+            "device": allops["device"][take],
+            "stream": allops["stream"][take],
+            "is_kernel": allops["is_kernel"][take],
+            "start_ns": allops["start_ns"][take] - shift,
+            "end_ns": allops["end_ns"][take] - shift,
+            "grid": allops["grid"][take],
+            "launch_ns": np.where(launch >= 0, launch - shift, -1),
+            "step": allops["step"][take],
+            "part": part,
+            "rank": np.array([r for r, _, _ in parts], dtype=np.int64)[part] if parts else part,
+            "name_code": allops["name_code"][take],
+            "name": allops["names"][allops["name_code"][take]],
+            "own_start": allops["start_ns"][take],
+            "own_end": allops["end_ns"][take],
+        }
+    )
+
+
+def _card_frame(job: JobData, kind: str) -> pd.DataFrame:
+    """The rank cards' ``kind`` rows (``trace_id, pid, step, start_ns, end_ns``), by trace
+    then start, end and pid."""
+    rows = card_rows(job, kind)
+    frame = pd.DataFrame(
+        {c: rows[c] for c in ("trace_id", "pid", "step", "start_ns", "end_ns")}
+    ).astype({"trace_id": str})
+    return frame.sort_values(["trace_id", "start_ns", "end_ns", "pid"], kind="stable")
+
+
+def _own_process_rows(rows: pd.DataFrame, parts, pids, only_if_any: bool) -> pd.DataFrame:
+    """``rows`` (with ``trace_id`` and ``pid``) given to each participant of their trace, kept
+    when on one of its launching processes (all of them when it has none; with
+    ``only_if_any``, also when none of its rows is on one). Adds ``part``; in participant
+    order, each participant's rows in their order in ``rows``. Columnar, no per-rank loop."""
+    owners = pd.DataFrame(
+        {"part": np.arange(len(parts), dtype=np.int64), "trace_id": [t for _, t, _ in parts]}
+    )
+    rows = rows.reset_index(drop=True).rename_axis("_row").reset_index()
+    mine = owners.merge(rows, on="trace_id", how="inner")
+    launching = {(p, pid) for p, ps in pids.items() for pid in ps}
+    on_launcher = np.array(
+        [(p, pid) in launching for p, pid in zip(mine["part"].tolist(), mine["pid"].tolist(), strict=True)],
+        dtype=bool,
+    )  # fmt: skip
+    has_pids = mine["part"].map(lambda p: bool(pids[p])).to_numpy(bool)
+    keep = ~has_pids | on_launcher
+    if only_if_any:
+        any_on = pd.Series(on_launcher).groupby(mine["part"].to_numpy()).transform("any")
+        keep |= ~any_on.to_numpy(bool)
+    return mine[keep].sort_values(["part", "_row"], kind="stable")
+
+
+def _participant_syncs(job, parts, pids, skew) -> pd.DataFrame:
+    """Blocking host calls of each participant's launching processes (all of its trace's
+    when none is known), on the common clock: ``part, start_ns, end_ns``."""
+    sy = _own_process_rows(_card_frame(job, "sync"), parts, pids, only_if_any=False)
+    shift = sy["part"].map(skew).to_numpy(np.int64)
+    return pd.DataFrame(
+        {
+            "part": sy["part"].to_numpy(np.int64),
+            "start_ns": sy["start_ns"].to_numpy(np.int64) - shift,
+            "end_ns": sy["end_ns"].to_numpy(np.int64) - shift,
+        }
+    )
+
+
+def _step_starts(job, parts, pids, skew) -> dict[tuple[int, int], int]:
+    """{(participant, step): the step's host start}, from the launching processes' step
+    ranges when they have any (else every process's), on the common clock."""
+    st = _own_process_rows(_card_frame(job, "step"), parts, pids, only_if_any=True)
+    first = st.groupby(["part", "step"])["start_ns"].min()
+    return {(int(p), int(step)): int(start) - skew[int(p)] for (p, step), start in first.items()}
+
+
+def _tag_collectives(ops: pd.DataFrame, rows: dict, parts: list) -> pd.DataFrame:
+    """``inst`` and ``transfer_ns`` of the matched communication kernels (−1/0 elsewhere),
+    found by each participant's own (start, end); ``is_comm`` = matched."""
+    part_of = {(t, d): p for p, (_, t, d) in enumerate(parts)}
+    ok = rows["inst"] >= 0
+    keys = list(zip(rows["trace_id"][ok].tolist(), rows["device"][ok].tolist(), strict=True))
     tags = pd.DataFrame(
         {
-            "start_ns": rows["start_ns"][mine],
-            "end_ns": rows["end_ns"][mine],
-            "inst": rows["inst"][mine],
-            "transfer_ns": rows["transfer_ns"][mine],
+            "part": np.array([part_of.get(k, -1) for k in keys], dtype=np.int64),
+            "own_start": rows["start_ns"][ok],
+            "own_end": rows["end_ns"][ok],
+            "inst": rows["inst"][ok],
+            "transfer_ns": rows["transfer_ns"][ok],
         }
-    ).drop_duplicates(["start_ns", "end_ns"])
-    ops = ops.merge(tags, on=["start_ns", "end_ns"], how="left")
+    ).drop_duplicates(["part", "own_start", "own_end"])
+    ops = ops.merge(tags, on=["part", "own_start", "own_end"], how="left")
     ops["inst"] = ops["inst"].fillna(-1).astype(np.int64)
     ops["transfer_ns"] = ops["transfer_ns"].fillna(0).astype(np.int64)
-    return ops
+    ops["is_comm"] = ops["inst"] >= 0
+    return ops.drop(columns=["own_start", "own_end"])
 
 
 def lateness(match: CollectiveMatch, tl: Timeline) -> pd.DataFrame:
@@ -370,7 +423,7 @@ def _idle_by_cause(job: JobData, tl: Timeline, part: int, a: int, b: int) -> dic
     if b <= a:
         return out
     _, trace, device = tl.parts[part]
-    idle = attribute_idle(job, trace, device)
+    idle = rank_idle(job, trace, device)
     if not idle.per_gap.size:
         return out
     s = tl.skew[part]
@@ -385,6 +438,15 @@ def _idle_by_cause(job: JobData, tl: Timeline, part: int, a: int, b: int) -> dic
     if head:
         out["unknown"] += head
     return out
+
+
+def rank_idle(job: JobData, trace: str, device: int):
+    """:func:`stallscope.idle.attribute_idle` of one device, read from its rank's files alone
+    (``job.part_of``: a query on the whole job binds every rank's files), cached on ``job``."""
+    key = ("rank_idle", trace, device)
+    if key not in job.cache:
+        job.cache[key] = attribute_idle(job.part_of(trace), trace, device)
+    return job.cache[key]
 
 
 def _kernel_excess(tl: Timeline, part: int, ref: int, step: int, b: int, rb: int) -> dict:
@@ -427,7 +489,7 @@ def _kernel_excess(tl: Timeline, part: int, ref: int, step: int, b: int, rb: int
 
 def _kernels_before(tl: Timeline, part: int, step: int, end: int):
     """(name code, duration, grid) of ``part``'s compute kernels of ``step`` starting before ``end``."""
-    if not tl.kernels:  # group the compute kernels by (part, step) once, columnar
+    if None not in tl.kernels:  # group the compute kernels by (part, step) once, columnar
         o = tl.ops[tl.ops["is_kernel"] & ~tl.ops["is_comm"]]
         p_, st_ = o["part"].to_numpy(np.int64), o["step"].to_numpy(np.int64)
         start_ = o["start_ns"].to_numpy(np.int64)
@@ -465,13 +527,16 @@ def _mode_grid(code: np.ndarray, grid: np.ndarray, used: np.ndarray) -> np.ndarr
 
 
 def saving_if_on_time(tl: Timeline, cuts: list[Compression]) -> dict:
-    """:func:`stallscope.critical_path.saving` of the job with ``cuts`` (cached per cut set)."""
-    return saving(tl.ops, tl.syncs, cuts)
+    """:func:`stallscope.critical_path.saving` of the job with ``cuts``."""
+    return saving(graph(tl), tl.syncs, cuts)
 
 
 def graph(tl: Timeline) -> pd.DataFrame:
-    """The job's dependency table (:func:`stallscope.critical_path.dependencies`)."""
-    return dependencies(tl.ops)
+    """The job's dependency table (:func:`stallscope.critical_path.dependencies`), computed
+    once per timeline (the what-if and the critical path share it)."""
+    if "graph" not in tl.kernels:
+        tl.kernels["graph"] = dependencies(tl.ops)
+    return tl.kernels["graph"]
 
 
 def host_ranges(job: JobData, tl: Timeline, part: int, windows: list[list[int]], limit: int = 5):
@@ -482,7 +547,7 @@ def host_ranges(job: JobData, tl: Timeline, part: int, windows: list[list[int]],
     if not windows:
         return [], 0
     s = tl.skew[part]
-    con = job.con
+    con = job.part_of(trace).con  # this rank's files only
     con.execute("CREATE OR REPLACE TEMP TABLE _lw (ws BIGINT, we BIGINT)")
     con.executemany("INSERT INTO _lw VALUES (?, ?)", [(a + s, b + s) for a, b in windows if b > a])
     pids = tl.pids.get(part) or []
@@ -527,9 +592,11 @@ def critical_path_table(job: JobData, tl: Timeline) -> list[CriticalPathStep]:
     """
     g = graph(tl)
     times = step_times(g)
+    first_step_start: dict[int, int] = {}  # per part, its earliest step start (one pass)
+    for (q, _), v in tl.step_start.items():
+        first_step_start[q] = min(v, first_step_start.get(q, v))
     capture_start = {
-        p: min([v for (q, _), v in tl.step_start.items() if q == p] or [int(t)])
-        for p, t in g.groupby("part")["start_ns"].min().items()
+        p: first_step_start.get(p, int(t)) for p, t in g.groupby("part")["start_ns"].min().items()
     }
 
     def label(part: int, a: int, b: int) -> str:

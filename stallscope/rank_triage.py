@@ -1,9 +1,9 @@
 """Which ranks of a large job the per-rank analyzers read: two-tier triage.
 
 A job of at most :data:`DETAIL_ALL_UP_TO` ranks is analyzed in detail on
-every rank. Above that, a first pass over every rank (two aggregate queries
-over the whole job: kernel time, communication time and span per rank, and
-the median step time) finds the ranks out of line, and the per-rank analyzers
+every rank. Above that, a first pass over every rank (the rank cards of
+:mod:`stallscope.rank_card`, read in one query: kernel time, communication
+time and span per rank, and the median step time) finds the ranks out of line, and the per-rank analyzers
 (``analyzers.PER_RANK``) run on those (at most :data:`MAX_OUTLIER_RANKS`, the
 farthest first) and on :data:`MEDIAN_RANKS` median ranks for reference. The
 analyzers that match collectives across ranks (``nccl_wait``, ``overlap``)
@@ -21,8 +21,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from stallscope.finding_groups import MAD_TO_SIGMA, OUTLIER_MADS, OUTLIER_MIN_EXCESS
 from stallscope.jobdata import JobData
+from stallscope.rank_card import card_rows
 
 DETAIL_ALL_UP_TO = 64  # ranks: a job this size or smaller is analyzed in detail on every rank
 MAX_OUTLIER_RANKS = 16  # out-of-line ranks analyzed in detail, the farthest out first
@@ -60,31 +63,30 @@ def screen(job: JobData) -> dict[int, dict[str, float]]:
     """Per rank with GPU kernels: ``step_ms`` (median step duration, ms; absent without
     steps), ``busy_pct`` (non-communication kernel time as % of the span from the first to
     the last kernel; can pass 100 with concurrent streams) and ``comm_pct`` (communication
-    kernel time, waits included, as % of that span). Two queries over the whole job."""
+    kernel time, waits included, as % of that span). Read from the rank cards
+    (:mod:`stallscope.rank_card`): one query over all ranks' cards."""
     rank_of = {r.trace_id: int(r.meta.get("rank") or 0) for r in job.traces}
-    kernels = job.sql(
-        "SELECT trace_id, sum(end_ns - start_ns) FILTER (WHERE NOT is_comm), "
-        "sum(end_ns - start_ns) FILTER (WHERE is_comm), min(start_ns), max(end_ns) "
-        "FROM gpu WHERE kind = 'kernel' GROUP BY trace_id"
-    ).fetchall()
+    devices = card_rows(job, "device")
     totals: dict[int, list[int]] = {}  # rank -> [compute, comm, first start, last end]
-    for trace, compute, comm, first, last in kernels:
-        t = totals.setdefault(rank_of[trace], [0, 0, first, last])
-        t[0] += compute or 0
-        t[1] += comm or 0
+    for i in np.flatnonzero(~devices.get("first_ns_null", np.zeros(0, bool))).tolist():
+        first, last = int(devices["first_ns"][i]), int(devices["last_ns"][i])
+        t = totals.setdefault(rank_of[devices["trace_id"][i]], [0, 0, first, last])
+        t[0] += max(0, int(devices["compute_ns"][i]))
+        t[1] += max(0, int(devices["comm_ns"][i]))
         t[2], t[3] = min(t[2], first), max(t[3], last)
     out = {
         rank: {"busy_pct": 100 * c / (b - a), "comm_pct": 100 * m / (b - a)}
         for rank, (c, m, a, b) in totals.items()
         if b > a
     }
-    steps = job.sql(
-        "SELECT trace_id, median(end_ns - start_ns) FROM ranges WHERE kind = 'step' "
-        "GROUP BY trace_id"
-    ).fetchall()
-    for trace, median in steps:
-        if rank_of[trace] in out and median is not None:
-            out[rank_of[trace]]["step_ms"] = float(median) / 1e6
+    steps = card_rows(job, "step")
+    durations: dict[str, list[int]] = {}
+    for trace, a, b in zip(steps["trace_id"].tolist(), steps["start_ns"].tolist(),
+                           steps["end_ns"].tolist(), strict=True):  # fmt: skip
+        durations.setdefault(trace, []).append(b - a)
+    for trace, values in durations.items():
+        if rank_of[trace] in out:
+            out[rank_of[trace]]["step_ms"] = float(statistics.median(values)) / 1e6
     return out
 
 

@@ -259,6 +259,29 @@ TABLE_NAMES: tuple[str, ...] = tuple(t.name for t in TABLES)
 BY_NAME: dict[str, Table] = {t.name: t for t in TABLES}
 
 
+# -- Rank cards (crossrank-fast, issue #15): a derived per-rank summary, not a canonical
+# table. Written next to each rank's Parquet at ingest (``rank_card.parquet``) by the
+# worker that ingests the rank; read by the cross-rank step (stallscope.rank_card).
+RANK_CARD = Table("rank_card", "one rank's summary for the cross-rank step (derived)", TIMELINE, (
+    _TRACE,
+    _c("kind", "string", "`device` (one per GPU), `step` (one per step range), `collective` (one per communication kernel), `launcher` (one per GPU and host process that launched work on it), `sync` (one per blocking host call) or `kernel` (the top compute kernels by summed time)"),
+    _c("device", "int64", "the GPU (`device`, `collective`, `launcher`, `kernel` rows)"),
+    _c("step", "int64", "the step number (`step` rows); the step of the GPU operation starting with the kernel (`collective` rows; −1 none)"),
+    _c("pid", "int64", "the process of the step range, launcher or blocking call"),
+    _c("name", "string", "the collective op (`collective`) or kernel name (`kernel`)"),
+    _c("start_ns", "int64", "`device`: start of its step scope (stallscope.scope; NULL without steps); `step`: the range's start; `collective`: the kernel's start; `sync`: the call's start"),
+    _c("end_ns", "int64", "the matching end, ns"),
+    _c("compute_ns", "int64", "`device`: summed non-communication kernel time; `kernel`: summed time of that kernel, ns"),
+    _c("comm_ns", "int64", "`device`: summed communication kernel time (waits included), ns"),
+    _c("first_ns", "int64", "`device`: first kernel start, ns"),
+    _c("last_ns", "int64", "`device`: last kernel end, ns"),
+    _c("bytes", "int64", "`collective`: its size, `coalesce(in_bytes, out_bytes)`"),
+    _c("count", "int64", "`kernel`: launches"),
+    _c("flag", "bool", "`device`: the trace shows DistributedDataParallel (its forward range or reducer)"),
+))  # fmt: skip
+DERIVED_TABLES: tuple[Table, ...] = (RANK_CARD,)
+
+
 def empty_select(table: str) -> str:
     """A DuckDB subquery of no rows with ``table``'s columns: ``(SELECT NULL::VARCHAR trace_id, ...)``."""
     columns = ", ".join(f"NULL::{TYPES[c.type][0]} {c.name}" for c in BY_NAME[table].columns)
