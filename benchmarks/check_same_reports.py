@@ -37,6 +37,8 @@ def sample_jobs() -> dict[str, list[Path]]:
     ]
     for f in sorted((SAMPLES / "nsys").glob("*.sqlite.gz")):
         jobs[f"nsys/{f.name}"] = [f]
+    for f in sorted((SAMPLES / "memory_snapshot").glob("*.pickle.gz")):
+        jobs[f"memory_snapshot/{f.name}"] = [f]
     return {
         name: [p for p in files if not p.name.endswith(".truth.json")]
         for name, files in jobs.items()

@@ -42,7 +42,8 @@ def sample_traces_dir() -> Path | None:
 
 def sample_jobs(root: Path) -> list[tuple[list[str], list[str]]]:
     """(paths, tags) of each sample job: each folder of ``kineto/`` (with the Nsight Compute
-    CSV pages of the same program, ``ncu/<folder>.*.csv``, in the same job), each nsys export."""
+    CSV pages of the same program, ``ncu/<folder>.*.csv``, in the same job), each nsys export,
+    each CUDA memory snapshot of ``memory_snapshot/``."""
     jobs: list[tuple[list[str], list[str]]] = []
     kineto = root / "kineto"
     for folder in sorted(p for p in kineto.glob("*") if p.is_dir()) if kineto.is_dir() else []:
@@ -55,6 +56,9 @@ def sample_jobs(root: Path) -> list[tuple[list[str], list[str]]]:
     nsys = root / "nsys"
     for export in sorted(nsys.glob("*.sqlite*")) if nsys.is_dir() else []:
         jobs.append(([str(export)], ["sample", "nsys"]))
+    snapshots = root / "memory_snapshot"
+    for snapshot in sorted(snapshots.glob("*.pickle*")) if snapshots.is_dir() else []:
+        jobs.append(([str(snapshot)], ["sample", "memory-snapshot"]))
     return jobs
 
 

@@ -50,6 +50,8 @@ def _sample_jobs() -> dict[str, list[Path]]:
             jobs[f"kineto/{folder.name}"] = sorted(folder.glob("*.pt.trace.json.gz"))
     for path in sorted((SAMPLES / "nsys").glob("*.sqlite.gz")):
         jobs[f"nsys/{path.name}"] = [path]
+    for path in sorted((SAMPLES / "memory_snapshot").glob("*.pickle.gz")):
+        jobs[f"memory_snapshot/{path.name}"] = [path]
     return jobs
 
 
@@ -145,11 +147,15 @@ def _check_step_rows_sum_to_totals(job: JobData, f) -> None:
 
 
 def _capture_range(job: JobData, trace_id: str) -> tuple[int, int]:
+    """The trace's recorded time: its host and GPU rows, and its memory events (a memory
+    snapshot records nothing else)."""
     row = job.sql(
         """SELECT least((SELECT min(start_ns) FROM host WHERE trace_id = $t),
-                        (SELECT min(start_ns) FROM gpu WHERE trace_id = $t)),
+                        (SELECT min(start_ns) FROM gpu WHERE trace_id = $t),
+                        (SELECT min(ts_ns) FROM memory WHERE trace_id = $t)),
                   greatest((SELECT max(end_ns) FROM host WHERE trace_id = $t),
-                           (SELECT max(end_ns) FROM gpu WHERE trace_id = $t))""",
+                           (SELECT max(end_ns) FROM gpu WHERE trace_id = $t),
+                           (SELECT max(ts_ns) FROM memory WHERE trace_id = $t))""",
         {"t": trace_id},
     ).fetchone()
     return int(row[0]), int(row[1])

@@ -481,7 +481,7 @@ def test_h200_checkpointing_lowers_the_peak(store, tmp_path):
 
 
 def test_h200_snapshot_ends_in_the_state_torch_reported(store):
-    folder = MEMORY_SAMPLES / "memory_fragment"
+    folder = SAMPLES / "memory_snapshot"
     truth = json.loads((folder / "memory_fragment.snapshot.truth.json").read_text())
     job, result = sample_result(store, folder / "memory_fragment.snapshot.pickle.gz")
     job = JobData(store, job.traces)
