@@ -58,6 +58,12 @@ from stallscope.lateness import (
     saving_if_on_time,
     timeline,
 )
+from stallscope.report_types import (
+    CollectiveOpRow,
+    CriticalPathRow,
+    RankWaitRow,
+    Tables,
+)
 
 THRESHOLDS = (
     *graded_thresholds('exposed wait / span', 'exposed wait below which nothing is reported'),
@@ -105,9 +111,26 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         finding = _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, params)
         if finding:
             result.findings.append(finding)
+            result.tables.rank_waits.append(rank_wait_row(finding))
     if multi:
-        result.findings.append(_summary(job, match, parts, min_wait))
+        result.findings.append(_summary(job, match, parts, min_wait, result.tables))
     return result
+
+
+def rank_wait_row(f: Finding) -> RankWaitRow:
+    """A waiting rank's row of the report's ``rank_waits`` table: its finding's numbers."""
+    e = f.evidence
+    return RankWaitRow(
+        trace=f.trace,
+        rank=f.rank,
+        device=f.device,
+        straggler_rank=e["straggler_rank"],
+        waited_ns=e["nccl_wait_ns"],
+        exposed_wait_ns=e["exposed_wait_ns"],
+        share_of_span_pct=e["share_of_span_pct"],
+        wait_outside_capture_ns=e["wait_outside_capture_ns"],
+        saving_ns=f.saving_ns,
+    )
 
 
 def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, params):
@@ -499,7 +522,9 @@ def _skew_text(skew: dict[str, int]) -> str:
     return f"0 on {zero} of {len(skew)} ranks" + (f"; {named}{more}" if off else "")
 
 
-def _summary(job, match: CollectiveMatch, parts, min_wait: int) -> Finding:
+def _summary(job, match: CollectiveMatch, parts, min_wait: int, tables: Tables) -> Finding:
+    """The job's ``info`` finding on its matched collectives; its ops and critical path also
+    go to ``tables`` (``collective_ops``, ``critical_path``: rows of the finding's place)."""
     inst, rows = match.instances, match.rows
     n = inst["op"].size
     material = inst["max_wait_ns"] >= min_wait
@@ -515,10 +540,21 @@ def _summary(job, match: CollectiveMatch, parts, min_wait: int) -> Finding:
     skew = {str(r): match.skew_ns.get((t, d), 0) for r, t, d in parts}
     corrected = [r for r, t, d in parts if match.skew_corrected.get((t, d))]
     worst = max(caused, key=lambda r: caused[r]) if n else None
+    path = critical_path_table(job, _lateness_of(job, match)[0]) if n else []
+    trace, rank = parts[0][1], parts[0][0]
+    tables.collective_ops.extend(
+        CollectiveOpRow(trace=trace, rank=rank, device=None, **op) for op in ops
+    )
+    tables.critical_path.extend(
+        CriticalPathRow(
+            trace=trace, rank=rank, device=None, step=s.step, time_ns=s.time_ns, segments=s.segments
+        )
+        for s in path
+    )
     return Finding(
         analyzer="nccl_wait",
-        trace=parts[0][1],
-        rank=parts[0][0],
+        trace=trace,
+        rank=rank,
         device=None,
         severity="info",
         title=(
@@ -548,7 +584,7 @@ def _summary(job, match: CollectiveMatch, parts, min_wait: int) -> Finding:
             "ops": ops,
             "collectives": [_instance_dict(inst, i) for i in range(min(n, MAX_INSTANCES))],
             "data_quality": match.warnings,
-            "critical_path": critical_path_table(job, _lateness_of(job, match)[0]) if n else [],
+            "critical_path": path,
         },
         windows=[
             [int(inst["start_ns"][i]), int(inst["last_ns"][i])]

@@ -19,7 +19,7 @@ from stallscope.pages.links import padded, timeline_link
 from stallscope.pages.state import current_overrides, get_store, report_for, selected_job
 from stallscope.pages.text import finding_text, literal
 from stallscope.rank_charts import MAX_ROWS, rank_bins, wait_distribution_figure, wait_heatmap
-from stallscope.views import findings_of, grouped_findings, table_of
+from stallscope.views import findings_of, grouped_findings, table_of, table_places
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -74,12 +74,13 @@ def render() -> None:
         return
     trace_of = {int(t["rank"] or 0): t["id"] for t in report["traces"] if t["source"] != "ncu"}
     waiting = [f for f in findings_of(report, "nccl_wait") if f["severity"] != "info"]
+    straggler_of = _stragglers(report)
     overlap = _overlap_rows(report)
     for group in grouped_findings(waiting):
-        _waiting_group(group, job_id, trace_of)
-    _distribution(overlap, waiting)
+        _waiting_group(group, job_id, trace_of, straggler_of)
+    _distribution(overlap, report)
     waits = _waits(job_id, overrides.get("nccl_wait", {}).get("skew_tolerance_us"))
-    _rank_search(job_id, trace_of, overlap, waiting, waits)
+    _rank_search(job_id, trace_of, overlap, waiting, waits, straggler_of)
     if not overlap.empty:
         st.subheader(f"Communication overlap per rank ({overlap['rank'].nunique()} ranks)")
         st.caption(
@@ -101,22 +102,32 @@ def render() -> None:
             "stays pale; hover for that rank and the one that waited most. Find one rank above."
         )
         st.plotly_chart(wait_heatmap(waits), width="stretch", key="wait_heatmap")
-    for f in findings_of(report, "nccl_wait", key="collectives"):
-        _critical_path(f["evidence"].get("critical_path") or [])
-        ops = pd.DataFrame(f["evidence"].get("ops", []))
-        if not ops.empty:
-            st.subheader("Collectives by type")
-            st.dataframe(records_table(ops.to_dict("records")), width="stretch", hide_index=True)
+    for trace, _, device in table_places(report, "critical_path"):
+        _critical_path(table_of(report, "critical_path", trace, device))
+    for trace, _, device in table_places(report, "collective_ops"):
+        ops = table_of(report, "collective_ops", trace, device)
+        st.subheader("Collectives by type")
+        st.dataframe(records_table(ops), width="stretch", hide_index=True)
 
 
-def _waiting_group(group: list[dict], job_id: str, trace_of: dict[int, str]) -> None:
+def _stragglers(report: dict) -> dict[tuple[str, int | None], int]:
+    """(trace, device) of each waiting rank -> the rank it waited for (``rank_waits`` table)."""
+    return {(r["trace"], r["device"]): r["straggler_rank"] for r in table_of(report, "rank_waits")}
+
+
+def _waiting_group(
+    group: list[dict],
+    job_id: str,
+    trace_of: dict[int, str],
+    straggler_of: dict[tuple[str, int | None], int],
+) -> None:
     """One box for the same waiting finding on many ranks: the worst rank's, the spread over
     the ranks, and a link to the straggler's own timeline at the worst wait."""
     f = group[0]
     st.error(f"{finding_text(f['title'])} — {finding_text(f['detail'])}")
     if len(group) > 1:
         st.caption(literal(spread_text(group)))
-    straggler = f["evidence"].get("straggler_rank")
+    straggler = straggler_of.get((f["trace"], f["device"]))
     if straggler is None or int(straggler) not in trace_of or not f["windows"]:
         return
     start, end = padded(f["windows"][0])
@@ -132,23 +143,24 @@ def _waiting_group(group: list[dict], job_id: str, trace_of: dict[int, str]) -> 
     )
 
 
-def _distribution(overlap: pd.DataFrame, waiting: list[dict]) -> None:
+def _distribution(overlap: pd.DataFrame, report: dict) -> None:
     """Histogram of the ranks' exposed wait: one chart however many ranks (the overlap table's
-    waiting ms of every rank, else the waiting findings')."""
+    waiting ms of every rank, else the ``rank_waits`` table's of the waiting ranks)."""
+    rank_waits = table_of(report, "rank_waits")
     if not overlap.empty:
         per_rank = overlap.groupby("rank", as_index=False)["waiting ms"].sum()
         per_rank = per_rank.rename(columns={"waiting ms": "waiting_ms"})
     else:
         per_rank = pd.DataFrame(
             {
-                "rank": [f["rank"] for f in waiting],
-                "waiting_ms": [f["evidence"].get("exposed_wait_ns", 0) / 1e6 for f in waiting],
+                "rank": [r["rank"] for r in rank_waits],
+                "waiting_ms": [r["exposed_wait_ns"] / 1e6 for r in rank_waits],
             }
         )
     if len(per_rank) < 2 or not per_rank["waiting_ms"].any():
         return
-    stragglers = [f["evidence"].get("straggler_rank") for f in waiting]
-    straggler = max(set(stragglers) - {None}, key=stragglers.count, default=None)
+    stragglers = [r["straggler_rank"] for r in rank_waits]
+    straggler = max(set(stragglers), key=stragglers.count, default=None)
     st.subheader(f"How long the {len(per_rank)} ranks waited")
     st.caption(
         "Exposed time each rank spent waiting in collectives for a late rank (nothing of its "
@@ -164,6 +176,7 @@ def _rank_search(
     overlap: pd.DataFrame,
     waiting: list[dict],
     waits: pd.DataFrame,
+    straggler_of: dict[tuple[str, int | None], int],
 ) -> None:
     """Jump to one rank: its overlap row, its waiting finding, its heatmap row, its timeline."""
     text = st.text_input(
@@ -183,7 +196,7 @@ def _rank_search(
     if not row.empty:
         st.dataframe(row, width="stretch", hide_index=True)
     mine = [f for f in waiting if f["rank"] == rank]
-    late = [f for f in waiting if f["evidence"].get("straggler_rank") == rank]
+    late = [f for f in waiting if straggler_of.get((f["trace"], f["device"])) == rank]
     for f in mine:
         st.warning(f"{finding_text(f['title'])} — {finding_text(f['detail'])}")
     if late and not mine:

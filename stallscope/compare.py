@@ -32,6 +32,7 @@ from stallscope.host_ops import LAUNCH_CTE
 from stallscope.jobdata import JobData
 from stallscope.report_types import IDLE_CAUSES
 from stallscope.store import Store, TraceRef
+from stallscope.views import table_of
 
 COMPARE_SCHEMA = "stallscope.compare/1"
 DEFAULT_MAX_REGRESSION = 0.05
@@ -235,6 +236,7 @@ def _side(
         "ranks": {int(r.meta.get("rank", 0)) for r in refs},
         "world_size": max(worlds, default=0),
         "findings": report["findings"],
+        "rank_waits": table_of(report, "rank_waits"),
         "inference": inference_summary(report),
     }
 
@@ -544,14 +546,13 @@ def _unaccounted(d: float, att: dict[str, Any], a: dict, b: dict) -> list[str]:
     return reasons
 
 
-def _stragglers(findings: list[dict]) -> list[int]:
-    """Ranks the nccl_wait findings (above info) name as the one that arrived last, by wait."""
+def _stragglers(rank_waits: list[dict]) -> list[int]:
+    """Ranks that the waiting ranks (the report's ``rank_waits`` table) waited for, the most
+    exposed wait caused first."""
     waits: dict[int, int] = {}
-    for f in findings:
-        if f["analyzer"] == "nccl_wait" and f["severity"] != "info":
-            rank = f["evidence"].get("straggler_rank")
-            if rank is not None:
-                waits[int(rank)] = waits.get(int(rank), 0) + int(f["impact_ns"])
+    for row in rank_waits:
+        rank = int(row["straggler_rank"])
+        waits[rank] = waits.get(rank, 0) + int(row["exposed_wait_ns"])
     return sorted(waits, key=lambda r: (-waits[r], r))
 
 
@@ -664,7 +665,7 @@ def _describe(side: dict[str, Any]) -> dict[str, Any]:
         "names": [r.meta.get("name") for r in refs],
         "step_source": side["source"],
         "gpus": side["gpus"],
-        "stragglers": _stragglers(side["findings"]),
+        "stragglers": _stragglers(side["rank_waits"]),
     }
 
 

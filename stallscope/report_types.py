@@ -324,6 +324,53 @@ class OccupancyRow(Row, kw_only=True):
     ]
 
 
+class RankWaitRow(Row, kw_only=True):
+    """One rank and device that ``nccl_wait`` reports as waiting in collectives for a later
+    rank (one row per waiting finding, same numbers as its evidence), ns."""
+
+    straggler_rank: Annotated[int, Meta(description="the rank whose late arrival cost most wait")]
+    waited_ns: Annotated[int, Meta(description="summed waits inside collectives (nccl_wait_ns)")]
+    exposed_wait_ns: Annotated[
+        int, Meta(description="of waited_ns, with no compute of this rank beside it (impact_ns)")
+    ]
+    share_of_span_pct: Annotated[
+        float, Meta(description="exposed_wait_ns, % of the device's steps (else its GPU span)")
+    ]
+    wait_outside_capture_ns: Annotated[
+        int, Meta(description="wait due to a straggler whose first captured step started later")
+    ]
+    saving_ns: Annotated[
+        int | None,
+        Meta(
+            description="summed step time saved were the straggler on time (the finding's "
+            "saving_ns); null: not estimated"
+        ),
+    ]
+
+
+class CriticalPathRow(Row, kw_only=True):
+    """One step's cross-rank critical path (``nccl_wait``; first steps of multi-rank jobs). The
+    row is of the job's summary finding: its first rank's trace, device null."""
+
+    step: int
+    time_ns: Annotated[int, Meta(description="the job's step time, ns")]
+    segments: list[CriticalPathSegment]
+
+
+class CollectiveOpRow(Row, kw_only=True):
+    """Matched collectives of one process group and op (``nccl_wait``; the job summary's
+    ``ops``). The row is of the summary finding: its first rank's trace, device null."""
+
+    group: Annotated[str, Meta(description="process group")]
+    op: str
+    count: int
+    algorithms: list[str]
+    median_bytes: Annotated[int | None, Meta(description="null when some sizes are unknown")]
+    median_transfer_ns: int
+    median_busbw_gbps: Annotated[float | None, Meta(description="null: no bandwidth known")]
+    wait_ns: Annotated[int, Meta(description="summed largest wait of each collective")]
+
+
 class Tables(msgspec.Struct, forbid_unknown_fields=True):
     """The report's typed tables, by name: rows of every job, rank and device, in report
     order. Empty lists where no analyzer measured that table. Added 2026-12-01 (optional)."""
@@ -346,6 +393,18 @@ class Tables(msgspec.Struct, forbid_unknown_fields=True):
     ] = []
     occupancy: Annotated[
         list[OccupancyRow], Meta(description="occupancy: kernel signatures per device")
+    ] = []
+    rank_waits: Annotated[
+        list[RankWaitRow],
+        Meta(description="nccl_wait: ranks waiting for a straggler. Added 2026-12-01 (optional)"),
+    ] = []
+    critical_path: Annotated[
+        list[CriticalPathRow],
+        Meta(description="nccl_wait: each step's cross-rank critical path. Added 2026-12-01"),
+    ] = []
+    collective_ops: Annotated[
+        list[CollectiveOpRow],
+        Meta(description="nccl_wait: matched collectives by group and op. Added 2026-12-01"),
     ] = []
 
     def extend(self, other: Tables) -> None:

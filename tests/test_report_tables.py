@@ -9,7 +9,7 @@ import json
 
 import msgspec
 
-from stallscope import report_store
+from stallscope import compare, report_store
 from stallscope.charts import step_rows
 from stallscope.ingest import ingest_paths
 from stallscope.report import build_report, finding_order
@@ -20,9 +20,10 @@ from stallscope.report_types import (
     Tables,
     decode_report,
 )
-from stallscope.views import table_of, table_places
+from stallscope.views import findings_of, table_of, table_places
 from tests.kineto_builder import KinetoTrace
 from tests.test_inference import prefill_loop
+from tests.test_nccl_wait import straggler_job
 from tests.test_overlap import hand_trace
 
 MS = 1_000_000
@@ -133,6 +134,51 @@ def test_comm_overlap_table_by_hand(store, tmp_path):
     )
     assert row["exposed_wait_ns"] == 0
     assert (row["memcpy_ns"], row["exposed_memcpy_ns"]) == (3 * MS, 1 * MS)
+
+
+def test_nccl_wait_tables_by_hand(store, tmp_path):
+    """tests/test_nccl_wait.py's straggler job: rank 0 waits 30 ms per step for rank 1 with
+    no compute beside it (90 ms over 3 steps of 245 ms of GPU span); the three tables hold
+    the waiting finding's and the summary's numbers."""
+    report = report_of(store, tmp_path, *straggler_job())
+    trace_of = {t["rank"]: t["id"] for t in report["traces"]}
+    (row,) = table_of(report, "rank_waits")
+    assert (row["trace"], row["rank"], row["device"]) == (trace_of[0], 0, 0)
+    assert (row["straggler_rank"], row["waited_ns"], row["exposed_wait_ns"]) == (
+        1,
+        90 * MS,
+        90 * MS,
+    )
+    (waiting,) = [f for f in findings_of(report, "nccl_wait") if f["severity"] != "info"]
+    ev = waiting["evidence"]
+    assert row == {
+        "trace": waiting["trace"],
+        "rank": 0,
+        "device": 0,
+        "straggler_rank": ev["straggler_rank"],
+        "waited_ns": ev["nccl_wait_ns"],
+        "exposed_wait_ns": ev["exposed_wait_ns"],
+        "share_of_span_pct": ev["share_of_span_pct"],
+        "wait_outside_capture_ns": ev["wait_outside_capture_ns"],
+        "saving_ns": waiting["saving_ns"],
+    }
+    assert row["exposed_wait_ns"] == waiting["impact_ns"]
+    # the summary's ops and critical path, as rows of the summary's place
+    (summary,) = findings_of(report, "nccl_wait", key="collectives")
+    place = (summary["trace"], summary["rank"], None)
+    assert (
+        table_places(report, "collective_ops") == table_places(report, "critical_path") == [place]
+    )
+    (op,) = table_of(report, "collective_ops", summary["trace"], None)
+    assert op == summary["evidence"]["ops"][0]
+    assert (op["count"], op["median_bytes"], op["median_busbw_gbps"]) == (3, 4_000_000, 0.8)
+    path = table_of(report, "critical_path", summary["trace"], None)
+    assert path == summary["evidence"]["critical_path"] and [s["step"] for s in path] == [0, 1, 2]
+    # compare names the straggler from the table; a report without it names none
+    assert compare._stragglers(table_of(report, "rank_waits")) == [1]
+    old = {k: v for k, v in report.items() if k != "tables"}
+    assert compare._stragglers(table_of(old, "rank_waits")) == []
+    assert table_of({**report, "tables": {"steps": []}}, "critical_path") == []
 
 
 def test_iteration_table_by_hand(store, tmp_path):
