@@ -261,6 +261,29 @@ def test_distributed_page_names_the_straggler(ddp_store):
     assert (path["rank"] == 1).any()  # the straggler's sleep sets the step's end
 
 
+def test_distributed_page_without_the_nccl_wait_tables(ddp_store, monkeypatch):
+    """A report dict without rank_waits, critical_path and collective_ops (as before they
+    existed): the findings still show, the page draws no straggler link or critical path
+    (it reads those from the tables, not from the evidence) and does not fail."""
+    from stallscope.pages import distributed
+
+    def without(*args, **kwargs):
+        report = report_for(*args, **kwargs)
+        tables = {k: v for k, v in report["tables"].items() if k not in NCCL_TABLES}
+        return {**report, "tables": tables}
+
+    report_for = distributed.report_for
+    monkeypatch.setattr(distributed, "report_for", without)
+    at = page("distributed")
+    assert not at.exception
+    assert any("rank 1" in e.value for e in at.error)
+    assert not any("Open straggler" in text for text in timeline_links(at))
+    assert not any(s.label == "Step" for s in at.selectbox)
+
+
+NCCL_TABLES = ("rank_waits", "critical_path", "collective_ops")
+
+
 def test_distributed_page_finds_a_rank(ddp_store):
     at = page("distributed")
     at.text_input(key="dist_rank").set_value("1").run()
