@@ -348,7 +348,8 @@ class MemoryDeviceRow(Row, kw_only=True):
         str, Meta(description="devices.total_mem_bytes, product table (<name>) or unknown")
     ]
     headroom_pct: Annotated[
-        float | None, Meta(description="(capacity - reserved peak, else allocated peak) / capacity")
+        float | None,
+        Meta(description="% of capacity above the reserved peak (else allocated peak)"),
     ]
     fragmentation_pct: Annotated[
         float | None, Meta(description="reserved peak unused at its fullest, % of it")

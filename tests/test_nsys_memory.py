@@ -3,10 +3,9 @@ memory analyzer on them: what nsys can show (reserved, churn) and what it cannot
 
 from __future__ import annotations
 
-import msgspec
-
 import json
 
+import msgspec
 import pytest
 
 from stallscope.analyzers import memory as analyzer
