@@ -15,6 +15,11 @@ CAPTURE_HINT = (
     "`torch.profiler.profile(..., profile_memory=True)`."
 )
 
+OLD_REPORT = (
+    "This report was written before the memory tables (2026-12-01) the timeline is drawn "
+    "from: analyzing the job again with this version of stallscope draws it."
+)
+
 
 def render() -> None:
     st.title("Memory")
@@ -25,7 +30,7 @@ def render() -> None:
     report = report_for(job["job_id"], traces)
     devices = table_of(report, "memory_devices")
     if not devices:
-        st.info(CAPTURE_HINT)
+        _without_table(findings_of(report, "memory", "summary"))
         return
     for f in findings_of(report, "memory"):
         if f["severity"] != "info":
@@ -62,3 +67,15 @@ def _device_section(report, frame, row, summary, *, several: bool) -> None:
     if not ops.empty:
         st.markdown("**Live at the allocated peak, by the operator that allocated it**")
         st.dataframe(ops[["op", "MiB", "count"]], width="stretch", hide_index=True)
+
+
+def _without_table(summaries) -> None:
+    """No ``memory_devices`` rows: how to capture allocator events, or (a report written before
+    the memory tables) the summaries' text and how to get the timeline."""
+    if not summaries:
+        st.info(CAPTURE_HINT)
+        return
+    st.info(OLD_REPORT)
+    for summary in summaries:
+        st.subheader(literal(summary["title"]))
+        st.caption(finding_text(summary["detail"]))
