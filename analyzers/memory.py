@@ -37,6 +37,7 @@ import numpy as np
 
 from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
 from stallscope.jobdata import JobData
+from stallscope.report_types import MemoryDeviceRow, MemoryLiveRow
 
 GIB = 1 << 30
 # Device memory by product name, for traces whose devices table has no
@@ -229,6 +230,11 @@ def _device(job, result, trace, rank, device, mem: DeviceMemory, params) -> None
     ops = _with_earlier(ops, mem, top)
     window = _peak_window(mem, top.allocated_peak_index)
     result.findings.append(_summary(trace, rank, device, mem, top, capacity, headroom, ops, window))
+    where = (trace, rank, device)
+    result.tables.memory_devices.append(
+        device_row(where, mem, top, (capacity, capacity_source), headroom)
+    )
+    result.tables.memory_live_at_peak.extend(live_rows(where, ops))
     if headroom is not None and headroom < params["headroom_pct"]:
         result.findings.append(
             _headroom(trace, rank, device, top, held, capacity, capacity_source, headroom, window)
@@ -264,11 +270,63 @@ def _segments_only(job, result, trace, rank, device, mem: DeviceMemory, params) 
     result.findings.append(
         _segments_summary(trace, rank, device, mem, top, capacity, headroom, window)
     )
+    result.tables.memory_devices.append(
+        device_row((trace, rank, device), mem, top, (capacity, capacity_source), headroom)
+    )
     if headroom is not None and headroom < params["headroom_pct"]:
         result.findings.append(
             _headroom(trace, rank, device, top, held, capacity, capacity_source, headroom, window)
         )
     _churn_findings(job, result, trace, rank, device, mem, params)
+
+
+def memory_source(mem: DeviceMemory) -> str:
+    """What the device's events record: ``allocator`` (allocator totals), ``allocator_deltas``
+    (no totals: allocated is the running sum from 0) or ``segments`` (driver-level only)."""
+    if not mem.allocated_known:
+        return "segments"
+    return "allocator_deltas" if mem.allocated_from_deltas else "allocator"
+
+
+def device_row(
+    where: tuple[str, int, int],
+    mem: DeviceMemory,
+    top: Peaks,
+    capacity: tuple[int | None, str],
+    headroom: float | None,
+) -> MemoryDeviceRow:
+    """The device's row of the report's ``memory_devices`` table: the figures of its summary
+    finding's evidence (bytes, ns, %), with where the capacity came from and the headroom."""
+    trace, rank, device = where
+    segments = not mem.allocated_known
+    return MemoryDeviceRow(
+        trace=trace,
+        rank=rank,
+        device=device,
+        source=memory_source(mem),
+        events=int(mem.ts_ns.size),
+        allocated_peak_bytes=top.allocated_peak,
+        allocated_peak_ns=top.allocated_peak_ns,
+        reserved_peak_bytes=top.reserved_peak,
+        reserved_peak_ns=top.reserved_peak_ns,
+        allocated_at_reserved_peak_bytes=top.allocated_at_reserved_peak,
+        capacity_bytes=capacity[0],
+        capacity_source=capacity[1],
+        headroom_pct=headroom,
+        fragmentation_pct=top.fragmentation_pct,
+        largest_free_block_bytes=None if segments else mem.largest_free_block,
+    )
+
+
+def live_rows(where: tuple[str, int, int], ops: list[dict[str, Any]]) -> list[MemoryLiveRow]:
+    """The device's rows of the ``memory_live_at_peak`` table (``ops`` as in the summary's
+    ``live_at_peak``: op, bytes, count; most bytes first)."""
+    trace, rank, device = where
+    return [
+        MemoryLiveRow(trace=trace, rank=rank, device=device, op=o["op"], bytes=o["bytes"],
+                      count=o["count"])
+        for o in ops
+    ]  # fmt: skip
 
 
 def _device_row(job: JobData, trace: str, device: int) -> dict[str, Any] | None:

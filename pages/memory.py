@@ -8,11 +8,16 @@ import streamlit as st
 from stallscope.memory_charts import live_ops_frame, memory_figure, memory_frame
 from stallscope.pages.state import get_store, report_for, selected_job
 from stallscope.pages.text import finding_text, literal
-from stallscope.views import findings_of
+from stallscope.views import findings_of, table_of
 
 CAPTURE_HINT = (
     "No allocator events in this job. Capture them with "
     "`torch.profiler.profile(..., profile_memory=True)`."
+)
+
+OLD_REPORT = (
+    "This report was written before the memory tables (2026-12-01) the timeline is drawn "
+    "from: analyzing the job again with this version of stallscope draws it."
 )
 
 
@@ -23,9 +28,9 @@ def render() -> None:
         return
     job, traces = picked
     report = report_for(job["job_id"], traces)
-    summaries = findings_of(report, "memory", key="summary")
-    if not summaries:
-        st.info(CAPTURE_HINT)
+    devices = table_of(report, "memory_devices")
+    if not devices:
+        _without_table(findings_of(report, "memory", "summary"))
         return
     for f in findings_of(report, "memory"):
         if f["severity"] != "info":
@@ -33,26 +38,44 @@ def render() -> None:
                 f"{f['severity'].upper()} · {finding_text(f['title'])}\n\n"
                 f"{finding_text(f['detail'])}\n\n{finding_text(f['recommendation'])}"
             )
+    summaries = {(f["trace"], f["device"]): f for f in findings_of(report, "memory", "summary")}
     con = get_store().connect(traces)
     try:
-        for trace_id in dict.fromkeys(f["trace"] for f in summaries):
+        for trace_id in dict.fromkeys(row["trace"] for row in devices):
             frame = memory_frame(con, trace_id)
-            for summary in (f for f in summaries if f["trace"] == trace_id):
-                _device_section(frame, summary, several=len(traces) > 1)
+            for row in (r for r in devices if r["trace"] == trace_id):
+                summary = summaries.get((trace_id, row["device"]))
+                _device_section(report, frame, row, summary, several=len(traces) > 1)
     finally:
         con.close()
 
 
-def _device_section(frame, summary, *, several: bool) -> None:
-    label = f"rank {summary['rank']} · " if several else ""
-    st.subheader(label + literal(summary["title"]))
-    st.caption(finding_text(summary["detail"]))
+def _device_section(report, frame, row, summary, *, several: bool) -> None:
+    """One device: the summary finding's title and detail, the timeline, what is live at the
+    peak (the ``memory_devices`` and ``memory_live_at_peak`` rows)."""
+    label = f"rank {row['rank']} · " if several else ""
+    title = summary["title"] if summary else f"GPU {row['device']} memory"
+    st.subheader(label + literal(title))
+    if summary:
+        st.caption(finding_text(summary["detail"]))
     st.plotly_chart(
-        memory_figure(frame, summary["device"], summary),
+        memory_figure(frame, row["device"], row),
         width="stretch",
-        key=f"memory-{summary['trace']}-{summary['device']}",
+        key=f"memory-{row['trace']}-{row['device']}",
     )
-    ops = live_ops_frame(summary)
+    ops = live_ops_frame(table_of(report, "memory_live_at_peak", row["trace"], row["device"]))
     if not ops.empty:
         st.markdown("**Live at the allocated peak, by the operator that allocated it**")
         st.dataframe(ops[["op", "MiB", "count"]], width="stretch", hide_index=True)
+
+
+def _without_table(summaries) -> None:
+    """No ``memory_devices`` rows: how to capture allocator events, or (a report written before
+    the memory tables) the summaries' text and how to get the timeline."""
+    if not summaries:
+        st.info(CAPTURE_HINT)
+        return
+    st.info(OLD_REPORT)
+    for summary in summaries:
+        st.subheader(literal(summary["title"]))
+        st.caption(finding_text(summary["detail"]))

@@ -1,8 +1,8 @@
 """The Memory page's figure: allocated and reserved bytes over time, per device, peak marked.
 
 Input: the ``memory`` table of some traces (read here through a store
-connection) and the ``memory`` analyzer's summary findings; output: frames and
-Plotly figures. No analysis beyond what the analyzer defines (its
+connection) and the ``memory`` analyzer's typed tables (``memory_devices``,
+``memory_live_at_peak``: docs/report-schema.md); output: frames and Plotly figures. No analysis beyond what the analyzer defines (its
 :func:`~stallscope.analyzers.memory.device_memory` rebuilds the series).
 """
 
@@ -66,9 +66,10 @@ def _thin(frame: pd.DataFrame, limit: int = MAX_POINTS) -> pd.DataFrame:
     return frame.loc[sorted(keep)]
 
 
-def memory_figure(frame: pd.DataFrame, device: int, summary: dict[str, Any] | None) -> go.Figure:
+def memory_figure(frame: pd.DataFrame, device: int, peaks: dict[str, Any] | None) -> go.Figure:
     """Allocated and reserved MiB of one device against ms since its first event, as steps;
-    the allocated peak (from the analyzer's summary evidence) marked."""
+    the allocated peak (``peaks``: the device's ``memory_devices`` row) marked, and the
+    device memory drawn when the peak uses a good share of it."""
     part = _thin(frame[frame["device"] == device].reset_index(drop=True))
     fig = go.Figure()
     if part.empty:
@@ -84,9 +85,9 @@ def memory_figure(frame: pd.DataFrame, device: int, summary: dict[str, Any] | No
                     hovertemplate=f"{name} %{{y:,.1f}} MiB at %{{x:.3f}} ms<extra></extra>",
                 )
             )  # fmt: skip
-    evidence = (summary or {}).get("evidence", {})
-    peak_ns = evidence.get("allocated_peak_ns")
-    peak = evidence.get("allocated_peak_bytes")
+    peaks = peaks or {}
+    peak_ns = peaks.get("allocated_peak_ns")
+    peak = peaks.get("allocated_peak_bytes")
     if peak_ns is not None and peak is not None:
         fig.add_trace(
             go.Scatter(
@@ -95,8 +96,8 @@ def memory_figure(frame: pd.DataFrame, device: int, summary: dict[str, Any] | No
                 marker={"size": 11, "color": "#c62828", "symbol": "diamond"},
             )
         )  # fmt: skip
-    capacity = evidence.get("capacity_bytes")
-    held = evidence.get("reserved_peak_bytes") or peak or 0
+    capacity = peaks.get("capacity_bytes")
+    held = peaks.get("reserved_peak_bytes") or peak or 0
     if capacity and held >= CAPACITY_LINE_FROM * capacity:  # else the line would flatten the series
         fig.add_hline(
             y=capacity / MIB, line_dash="dot", line_color="#757575",
@@ -112,9 +113,9 @@ def memory_figure(frame: pd.DataFrame, device: int, summary: dict[str, Any] | No
     return fig
 
 
-def live_ops_frame(summary: dict[str, Any]) -> pd.DataFrame:
-    """The summary's ``live_at_peak`` rows with MiB, for a table."""
-    frame = pd.DataFrame(summary.get("evidence", {}).get("live_at_peak", []))
+def live_ops_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """A device's ``memory_live_at_peak`` rows (op, bytes, count) with MiB, for a table."""
+    frame = pd.DataFrame(rows, columns=["op", "bytes", "count"])
     if not frame.empty:
         frame["MiB"] = (frame["bytes"] / MIB).round(2)
     return frame

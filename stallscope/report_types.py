@@ -369,6 +369,49 @@ class CollectiveOpRow(Row, kw_only=True):
     median_transfer_ns: int
     median_busbw_gbps: Annotated[float | None, Meta(description="null: no bandwidth known")]
     wait_ns: Annotated[int, Meta(description="summed largest wait of each collective")]
+class MemoryDeviceRow(Row, kw_only=True):
+    """One device's memory peaks (``memory``; devices with allocator events). Sizes in bytes,
+    times in ns; null where the source does not record it (``source`` says which)."""
+
+    source: Annotated[
+        str,
+        Meta(
+            description="allocator (allocator totals: Kineto, snapshots), allocator_deltas "
+            "(running sum of the events from 0), segments (driver-level only: nsys)"
+        ),
+    ]
+    events: Annotated[int, Meta(description="allocator events of the device")]
+    allocated_peak_bytes: Annotated[int | None, Meta(description="null: segments only")]
+    allocated_peak_ns: Annotated[int | None, Meta(description="first time the peak is reached")]
+    reserved_peak_bytes: Annotated[int | None, Meta(description="null: no reserved totals")]
+    reserved_peak_ns: int | None
+    allocated_at_reserved_peak_bytes: Annotated[
+        int | None, Meta(description="highest allocated while the reservation is at its peak")
+    ]
+    capacity_bytes: Annotated[int | None, Meta(description="device memory; null: unknown")]
+    capacity_source: Annotated[
+        str, Meta(description="devices.total_mem_bytes, product table (<name>) or unknown")
+    ]
+    headroom_pct: Annotated[
+        float | None,
+        Meta(description="% of capacity above the reserved peak (else allocated peak)"),
+    ]
+    fragmentation_pct: Annotated[
+        float | None, Meta(description="reserved peak unused at its fullest, % of it")
+    ]
+    largest_free_block_bytes: Annotated[int | None, Meta(description="snapshots only")]
+
+
+class MemoryLiveRow(Row, kw_only=True):
+    """The allocations live at a device's allocated peak, by the operator (or Python stack)
+    that made them (``memory``; at most 10 per device, most bytes first)."""
+
+    op: Annotated[
+        str,
+        Meta(description="operator, stack, '(outside any op)' or '(allocated before the capture)'"),
+    ]
+    bytes: int
+    count: Annotated[int | None, Meta(description="allocations; null: before the capture")]
 
 
 class Tables(msgspec.Struct, forbid_unknown_fields=True):
@@ -405,6 +448,13 @@ class Tables(msgspec.Struct, forbid_unknown_fields=True):
     collective_ops: Annotated[
         list[CollectiveOpRow],
         Meta(description="nccl_wait: matched collectives by group and op. Added 2026-12-01"),
+    ] = []
+    # memory (#16)
+    memory_devices: Annotated[
+        list[MemoryDeviceRow], Meta(description="memory: peaks, capacity, headroom per device")
+    ] = []
+    memory_live_at_peak: Annotated[
+        list[MemoryLiveRow], Meta(description="memory: allocations live at the allocated peak")
     ] = []
 
     def extend(self, other: Tables) -> None:

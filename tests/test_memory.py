@@ -521,3 +521,24 @@ def test_innermost_op_lookup_reaches_past_many_finished_siblings():
     assert index.enclosing(7, 12) == "aten::add"
     assert index.enclosing(7, 200_000) == analyzer.OUTSIDE
     assert index.enclosing(8, 12) == analyzer.OUTSIDE
+
+
+def test_memory_page_on_a_report_without_memory_tables(page_jobs, monkeypatch):
+    """A report written before the memory tables: the summaries' text and how to draw the
+    timeline, never a crash."""
+    from stallscope.pages import memory as memory_page
+    from tests.test_pages import page
+
+    real = memory_page.report_for
+
+    def old_report(job_id, traces):
+        report = dict(real(job_id, traces))
+        tables = dict(report["tables"])
+        del tables["memory_devices"], tables["memory_live_at_peak"]
+        return {**report, "tables": tables}
+
+    monkeypatch.setattr(memory_page, "report_for", old_report)
+    at = page("memory", job=page_jobs["mem"])
+    assert not at.exception
+    assert any("before the memory tables" in i.value for i in at.info)
+    assert "memory peak" in at.subheader[0].value and not at.get("plotly_chart")

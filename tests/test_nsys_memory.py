@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from stallscope.analyzers import memory as analyzer
@@ -211,7 +212,11 @@ def test_memory_chart_draws_reserved_only(store, tmp_path):
     assert frame["allocated"].isna().all()
     assert list(frame["reserved"]) == [100 * M, 150 * M, 100 * M, 120 * M, 100 * M]
     assert _thin(frame, limit=3)["reserved"].max() == 150 * M  # the peak survives thinning
-    figure = memory_figure(frame, 0, {"evidence": summary.evidence})
+    (row,) = result.tables.memory_devices  # the page draws the table's row
+    assert (row.source, row.allocated_peak_bytes, row.reserved_peak_bytes) == (
+        "segments", None, summary.evidence["reserved_peak_bytes"])  # fmt: skip
+    assert result.tables.memory_live_at_peak == []
+    figure = memory_figure(frame, 0, msgspec.to_builtins(row))
     assert [t.name for t in figure.data] == ["reserved"]  # no allocated line, no allocated peak
 
 

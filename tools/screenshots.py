@@ -29,6 +29,13 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 
 
+MEMORY_JOBS = {  # page name -> part of the sample job's name (Kineto, snapshot, nsys)
+    "memory": "memory_gpt",
+    "memory-snapshot": "snapshot",
+    "memory-nsys": "nsys_mem_train",
+}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -103,6 +110,9 @@ def main() -> int:
     parser.add_argument("--out", default="screenshots")
     parser.add_argument("--width", type=int, action="append")
     parser.add_argument("--access", action="store_true", help="the login and quota screens")
+    parser.add_argument(
+        "--only", action="append", help="only these pages (e.g. memory); repeatable"
+    )
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -135,6 +145,12 @@ def main() -> int:
             "inference": f"inference?job={decode}",
             "sql": "sql",
         }
+        for name, wanted in MEMORY_JOBS.items():
+            found = [v for k, v in jobs.items() if wanted in k and "ckpt" not in k]
+            if found:
+                pages[name] = f"memory?job={found[0]}"
+        if args.only:
+            pages = {k: v for k, v in pages.items() if k in args.only}
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             for width in widths:
@@ -145,7 +161,8 @@ def main() -> int:
                     page.screenshot(path=str(out / f"{name}-{width}.png"), full_page=True)
                     print(out / f"{name}-{width}.png")
                 page.close()
-            _upload_shots(browser, port, out, widths[0])
+            if not args.only:
+                _upload_shots(browser, port, out, widths[0])
             browser.close()
     finally:
         stop_server(server)
