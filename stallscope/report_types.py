@@ -369,6 +369,8 @@ class CollectiveOpRow(Row, kw_only=True):
     median_transfer_ns: int
     median_busbw_gbps: Annotated[float | None, Meta(description="null: no bandwidth known")]
     wait_ns: Annotated[int, Meta(description="summed largest wait of each collective")]
+
+
 class MemoryDeviceRow(Row, kw_only=True):
     """One device's memory peaks (``memory``; devices with allocator events). Sizes in bytes,
     times in ns; null where the source does not record it (``source`` says which)."""
