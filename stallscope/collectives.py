@@ -228,12 +228,12 @@ def match_collectives(job: JobData, skew_tolerance_ns: int | None = None) -> Col
 
 
 def _match(job: JobData, tolerance: int) -> CollectiveMatch | None:
-    if job.sql("SELECT count(*) FROM collectives").fetchone()[0] == 0:
-        return None
-    r = job.numpy(
+    r = job.numpy(  # (no count(*) first: each query binds every rank's files, ~0.2 s at 1,024)
         _ROWS_SQL.format(algo=ALGO_REGEX)
         + " ORDER BY rank, trace_id, device, start_ns, order_in_group"
     )
+    if r["trace_id"].size == 0:
+        return None
     # participants: runs of (rank, trace, device) in row order, so numbered by rank
     trace, device = r["trace_id"].astype(str), r["device"].astype(np.int64)
     new = np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])]
