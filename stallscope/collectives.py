@@ -75,13 +75,20 @@ ORDER BY trace_id, device, start_ns, end_ns
 """
 OPS_INT_COLUMNS = ("device", "stream", "start_ns", "end_ns", "grid", "launch_ns", "step")
 
+# pg_ranks is read as its hash: the text (thousands of characters per row at 1,024 ranks,
+# ~240 MB over a job's collectives) is fetched once per distinct value (_PG_RANKS_SQL).
 _ROWS_SQL = """
-SELECT c.trace_id, c.rank, c.device, c.stream, c.pg_name, c.pg_ranks, c.group_size, c.seq, c.op,
+SELECT c.trace_id, c.rank, c.device, c.stream, c.pg_name, hash(c.pg_ranks) AS pg_ranks_hash,
+  c.pg_ranks IS NULL AS pg_ranks_null, c.group_size, c.seq, c.op,
   CASE WHEN c.op IN ('allgather') THEN c.out_bytes ELSE coalesce(c.in_bytes, c.out_bytes) END AS bytes,
   c.start_ns, c.end_ns, c.order_in_group,
   nullif(regexp_extract(n.name, '{algo}', 1) || '_' || regexp_extract(n.name, '{algo}', 2), '_')
     AS algorithm
 FROM collectives c LEFT JOIN names n ON n.trace_id = c.trace_id AND n.name_id = c.name_id
+"""
+_PG_RANKS_SQL = """
+SELECT hash(pg_ranks) AS h, any_value(pg_ranks) AS text FROM collectives
+WHERE pg_ranks IS NOT NULL GROUP BY 1
 """
 
 
@@ -221,12 +228,12 @@ def match_collectives(job: JobData, skew_tolerance_ns: int | None = None) -> Col
 
 
 def _match(job: JobData, tolerance: int) -> CollectiveMatch | None:
-    if job.sql("SELECT count(*) FROM collectives").fetchone()[0] == 0:
-        return None
-    r = job.numpy(
+    r = job.numpy(  # (no count(*) first: each query binds every rank's files, ~0.2 s at 1,024)
         _ROWS_SQL.format(algo=ALGO_REGEX)
         + " ORDER BY rank, trace_id, device, start_ns, order_in_group"
     )
+    if r["trace_id"].size == 0:
+        return None
     # participants: runs of (rank, trace, device) in row order, so numbered by rank
     trace, device = r["trace_id"].astype(str), r["device"].astype(np.int64)
     new = np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])]
@@ -251,7 +258,7 @@ def _match(job: JobData, tolerance: int) -> CollectiveMatch | None:
     key_op = np.where(by_seq, -1, opcode)
     _, inst = np.unique(np.stack([gcode, key_op, key]), axis=1, return_inverse=True)
     inst = inst.reshape(-1)
-    matched = _complete(inst, part, gcode, r, group, warnings)
+    matched = _complete(inst, part, gcode, r, group, warnings, job)
     inst = np.where(matched, inst, -1)
     _, inst = np.unique(inst, return_inverse=True)
     inst = _by_time(inst.reshape(-1) - (1 if (~matched).any() else 0), r["start_ns"])
@@ -407,7 +414,7 @@ def _best_offset(ends: np.ndarray, ref: np.ndarray) -> int:
     return int(offsets[steady][np.argmin(np.abs(med[steady]))])
 
 
-def _complete(inst, part, gcode, r, group, warnings) -> np.ndarray:
+def _complete(inst, part, gcode, r, group, warnings, job) -> np.ndarray:
     """Rows whose instance holds every participant of its group (once)."""
     members = np.zeros((gcode.max() + 1, part.max() + 1), dtype=bool)
     members[gcode, part] = True
@@ -423,7 +430,7 @@ def _complete(inst, part, gcode, r, group, warnings) -> np.ndarray:
             f"{unmatched} communication kernels have no counterpart on every rank of their group "
             "(profiling windows differ, or point-to-point traffic): not matched"
         )
-    listed = _listed_ranks(r, group)
+    listed = _listed_ranks(r, group, job)
     held = set(np.unique(r["rank"]).tolist())
     for g, ranks in listed.items():
         if ranks - held:
@@ -434,17 +441,22 @@ def _complete(inst, part, gcode, r, group, warnings) -> np.ndarray:
     return ok
 
 
-def _listed_ranks(r: dict, group: np.ndarray) -> dict[str, set[int]]:
+def _listed_ranks(r: dict, group: np.ndarray, job: JobData) -> dict[str, set[int]]:
+    """Ranks each group's process-group metadata lists (its first row's ``pg_ranks``)."""
+    firsts = [
+        (str(g), int(r["pg_ranks_hash"][i]))
+        for g, i in zip(*_first_index(group), strict=True)
+        if not r["pg_ranks_null"][i]
+    ]
+    if not firsts:
+        return {}
+    texts = {int(h): text for h, text in job.sql(_PG_RANKS_SQL).fetchall()}
     out: dict[str, set[int]] = {}
-    raw = r["pg_ranks"]  # one text per row, thousands of characters in a large job:
-    for g, i in zip(*_first_index(group), strict=True):  # read only each group's first
-        value = raw[i]
-        if value is None or value is np.ma.masked:
-            continue
-        body = str(value).strip("[] ")
+    for g, h in firsts:
+        body = str(texts.get(h, "")).strip("[] ")
         if body and "..." not in body:
             try:
-                out[str(g)] = {int(x) for x in body.split(",")}
+                out[g] = {int(x) for x in body.split(",")}
             except ValueError:
                 continue
     return out

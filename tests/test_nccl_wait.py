@@ -223,6 +223,26 @@ def test_process_groups_are_matched_apart(store, tmp_path):
     job.close()
 
 
+def test_groups_listing_ranks_not_captured_are_warned(store, tmp_path):
+    """Ranks 0 and 1 of 4: pg '0' lists [0, 1, 2, 3] (2 not captured: warned), pg '1' lists
+    [0, 1] (all captured), pg '2' a truncated list (unknown: not warned). The list is read
+    once per distinct text (the rows carry its hash)."""
+    traces = [KinetoTrace(rank=r, world_size=4) for r in (0, 1)]
+    for i in range(2):
+        for r, t in enumerate(traces):
+            base = i * 20 * MS
+            t.kernel(ALLREDUCE, base, 3 * MS, device=r, stream=20, extra=meta(ranks="[0, 1, 2, 3]"))  # fmt: skip
+            t.kernel(ALLREDUCE, base + 5 * MS, 2 * MS, device=r, stream=21, extra=meta(pg="1"))
+            t.kernel(ALLREDUCE, base + 9 * MS, 2 * MS, device=r, stream=22, extra=meta(pg="2", ranks="[0, 1, ...]"))  # fmt: skip
+    job, _ = analyze(store, tmp_path, traces, min_impact_ms=0)
+    listed = [w for w in match_collectives(job).warnings if " lists " in w]
+    assert listed == [
+        "group 0 lists 4 ranks, the job holds 2 of them: waits are relative to the captured "
+        "ranks only"
+    ]
+    job.close()
+
+
 def test_single_rank_job_counts_only(store, tmp_path):
     t = KinetoTrace(rank=0, world_size=1)
     t.kernel(ALLREDUCE, 0, 1 * MS, stream=20, extra=meta(ranks="[0]"))
