@@ -37,8 +37,8 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -154,12 +154,14 @@ class DaskExecutor:
         return task_result(future, what)
 
 
-def task_result(future: Any, what: str) -> Any:
-    """``future.result()``, with a lost worker or scheduler said in one line (exit 4)."""
+@contextmanager
+def _cluster_errors(what: str) -> Iterator[None]:
+    """A lost worker or scheduler inside the block said in one line (EnvironmentProblem, exit
+    4); stallscope's own errors pass through."""
     from distributed import KilledWorker
 
     try:
-        return future.result()
+        yield
     except KilledWorker:
         raise EnvironmentProblem(
             f"{what}: the Dask workers running it died (killed or out of memory) too many times"
@@ -168,6 +170,12 @@ def task_result(future: Any, what: str) -> Any:
         raise
     except (OSError, TimeoutError) as exc:
         raise EnvironmentProblem(f"{what}: lost the Dask cluster ({_first_line(exc)})") from None
+
+
+def task_result(future: Any, what: str) -> Any:
+    """``future.result()``, with a lost worker or scheduler said in one line (exit 4)."""
+    with _cluster_errors(what):
+        return future.result()
 
 
 # -- ingest --------------------------------------------------------------------
@@ -411,18 +419,8 @@ def _results(client: Any, futures: list[Any], what: str) -> list[Any]:
     """The results of finished futures, fetched together (errors as :func:`task_result`'s)."""
     if not futures:
         return []
-    from distributed import KilledWorker
-
-    try:
+    with _cluster_errors(what):
         return list(client.gather(futures))
-    except KilledWorker:
-        raise EnvironmentProblem(
-            f"{what}: the Dask workers running it died (killed or out of memory) too many times"
-        ) from None
-    except StallscopeError:
-        raise
-    except (OSError, TimeoutError) as exc:
-        raise EnvironmentProblem(f"{what}: lost the Dask cluster ({_first_line(exc)})") from None
 
 
 def close_quietly(client: Any) -> None:

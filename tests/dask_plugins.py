@@ -6,9 +6,9 @@ workers need not import the tests package.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
-from pathlib import Path
 
 from distributed import WorkerPlugin
 
@@ -25,10 +25,12 @@ class KillAtTask(WorkerPlugin):
     def transition(self, key, start, finish, **kwargs) -> None:
         if finish != "executing" or not str(key).startswith(self.prefix):
             return
-        tally = Path(self.tally)
-        kills = tally.read_text().count("\n") if tally.exists() else 0
-        if kills >= self.times:
-            return
-        with open(tally, "a") as fh:
+        with open(self.tally, "a+") as fh:
+            # count and claim under one lock: workers start their tasks at the same moment
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.seek(0)
+            if fh.read().count("\n") >= self.times:
+                return
             fh.write(f"{key} {os.getpid()}\n")
+            fh.flush()
         os.kill(os.getpid(), signal.SIGKILL)

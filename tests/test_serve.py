@@ -51,16 +51,24 @@ def test_serve_preloads_samples_and_answers(tmp_path):
         assert wait_for(f"http://127.0.0.1:{port}/_stcore/health") == "ok"
         sample_dirs = [p for p in (SAMPLES / "kineto").iterdir() if p.is_dir()]
         nsys_files = list((SAMPLES / "nsys").glob("*.sqlite*"))
+        snapshots = list((SAMPLES / "memory_snapshot").glob("*.pickle*"))
         # the server answers before the samples are in: they load in the background
         running = preload.status(store_dir)
-        assert running is not None and running.total == len(sample_dirs) + len(nsys_files)
+        assert running is not None and running.total == len(sample_dirs) + len(nsys_files) + len(
+            snapshots
+        )
         assert "<title>" in wait_for(f"http://127.0.0.1:{port}/")
         wait_preloaded(store_dir)
         assert not (store_dir / preload.MARKER).exists()
         jobs = Store(store_dir).jobs()
-        assert len(jobs) == len(sample_dirs) + len(nsys_files)
+        assert len(jobs) == len(sample_dirs) + len(nsys_files) + len(snapshots)
         assert all("sample" in j["tags"] for j in jobs)
-        assert {tuple(j["sources"]) for j in jobs} == {("kineto",), ("nsys",), ("kineto", "ncu")}
+        assert {tuple(j["sources"]) for j in jobs} == {
+            ("kineto",),
+            ("nsys",),
+            ("kineto", "ncu"),
+            ("memory-snapshot",),
+        }
         # the occupancy sample comes with its Nsight Compute pages, in one job
         (occupancy,) = [j for j in jobs if j["name"] == "occupancy"]
         assert occupancy["sources"] == ["kineto", "ncu"]
