@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stallscope.idle import CAUSES, IdleAttribution
+from stallscope.idle import CAUSES, LAUNCH_API_REGEX, IdleAttribution
 from stallscope.jobdata import JobData
-from stallscope.sync_calls import SYNC_API_REGEX, api_name_sql
+from stallscope.sync_calls import COPY_API_REGEX, SYNC_API_REGEX, api_name_sql
 
 # Host cost of one recorded operator or API call under torch.profiler (record_shapes on):
 # the train_small_eager pair (H200 host, torch 2.11), launch-bound and 8 % GPU-busy, took
@@ -53,8 +53,19 @@ PROFILER_EVENT_NS = 2_200
 # for these C++-only steps ran slower than the calibration host (``host_slowdown``).
 REFERENCE_INNER_GAP_NS = 830
 INNER_GAP_PERCENTILE = 10
-MIN_INNER_GAPS = 200  # fewer: the pace is not measured (slowdown 1)
+MIN_INNER_GAPS = 200  # fewer: the pace is not measured (reported as None)
 MAX_SLOWDOWN = 4.0
+# The host-work model: what the recorded work costs the host *unprofiled*, ns per recorded
+# call by kind: operator (cpu_op), kernel-launch call, other CUDA runtime/driver call (events,
+# stream queries, memsets: it also stands for the library and autograd-engine host work that
+# comes with them and is not recorded). Least squares of the unprofiled eager step over 10
+# paired H200 captures of 5 host-bound loops (tools/capture/fit_host_work.py; truths in
+# sample_traces/logs/launch_pairs_2026-12-02.json); validated on held-out samples.
+WORK_OP_NS = 1_530
+WORK_LAUNCH_NS = 7_090
+WORK_OTHER_NS = 13_600
+# the model is applied where the host bounds the step: launch-path idle >= this share of span
+HOST_BOUND_SHARE = 0.5
 HOST_KINDS = ("cpu_op", "runtime", "driver")
 # idle during which the GPU waited for the host to make progress (a faster host shortens it)
 _HOST_PROGRESS = [CAUSES.index(c) for c in ("dataloader", "launch", "cpu", "unknown")]
@@ -68,6 +79,27 @@ class HostEvents:
     starts: np.ndarray  # every cpu_op, runtime and driver event
     sync_ends: np.ndarray  # when their synchronize calls returned
     inner_gaps: np.ndarray  # gaps between consecutive events inside one operator
+    kinds: np.ndarray | None = None  # per event: 0 operator, 1 launch call, 2 other API call
+    wait_ns: np.ndarray | None = None  # per event: its time if the host waited there (sync, copy)
+
+
+@dataclass(frozen=True)
+class HostWork:
+    """The launching threads' recorded work over the idle attribution's span (ns, counts)."""
+
+    busy_ns: int  # span less the time in synchronize and copy calls: the host's own time
+    ops: int  # recorded operators
+    launches: int  # kernel-launch calls (graph launches included)
+    other: int  # other CUDA runtime / driver calls
+
+    @property
+    def work_ns(self) -> int:
+        """What this work costs the host unprofiled (the host-work model), ns."""
+        return host_work_ns(self.ops, self.launches, self.other)
+
+    @property
+    def events(self) -> int:
+        return self.ops + self.launches + self.other
 
 
 @dataclass(frozen=True)
@@ -83,6 +115,8 @@ class GraphSaving:
     slowdown: float = 1.0  # the host's pace against the calibration capture (host_slowdown)
     inner_gap_ns: int | None = None  # the trace's inner-gap percentile, None if not measured
     upper_ns: int = 0  # the saving with the per-event cost alone (slowdown 1): the upper end
+    host_busy_ns: int | None = None  # the host's own time over the span (HostWork.busy_ns)
+    host_work_ns: int | None = None  # that work unprofiled, by the host-work model
 
 
 def inner_gaps(thread: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -108,6 +142,26 @@ def inner_gaps(thread: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.n
     prev_end = np.r_[0, ends[:-1]]
     transition = inside & (starts >= prev_end)  # the previous event ended: not nested in it
     return (starts - prev_end)[transition]
+
+
+def host_work_ns(ops: int, launches: int, other: int) -> int:
+    """Unprofiled host time of recorded work, ns: operators x ``WORK_OP_NS`` + launch calls x
+    ``WORK_LAUNCH_NS`` + other CUDA API calls x ``WORK_OTHER_NS`` (the host-work model)."""
+    return int(ops * WORK_OP_NS + launches * WORK_LAUNCH_NS + other * WORK_OTHER_NS)
+
+
+def work_slowdown(work: HostWork, event_cost_ns: int) -> float:
+    """How many times slower the profiled host ran than its recorded work explains.
+
+    f = ``busy_ns`` / (``work_ns`` + events x ``event_cost_ns``): the host's own time over the
+    span against the host-work model's unprofiled cost plus the per-event profiler cost; at
+    least 1, at most ``MAX_SLOWDOWN``; 1 without recorded work. The profiled host time is
+    then f x (unprofiled time + events x cost), as :func:`profiler_share` replays it.
+    """
+    expected = work.work_ns + work.events * event_cost_ns
+    if expected <= 0 or work.busy_ns <= 0:
+        return 1.0
+    return min(max(work.busy_ns / expected, 1.0), MAX_SLOWDOWN)
 
 
 def host_slowdown(gaps: np.ndarray) -> tuple[float, int | None]:
@@ -148,9 +202,13 @@ def graph_saving(
     waits = np.where(launch > 0, launch + per_gap[:, _CPU], 0)
     consumes = np.maximum(per_gap[:, _HOST_PROGRESS].sum(axis=1), waits)
     host = _host_events(job, trace_id, attribution.threads)
-    slowdown, pace = host_slowdown(host.inner_gaps) if event_cost_ns else (1.0, None)
+    pace = host_slowdown(host.inner_gaps)[1]
     launch_idle, host_idle = int(launch.sum()), int(waits.sum())
     replay = replay_ns * max(steps, 1)
+    work = host_work(host, attribution.span_start, attribution.span_end)
+    span = attribution.span_end - attribution.span_start
+    host_bound = host_idle >= HOST_BOUND_SHARE * span
+    slowdown = work_slowdown(work, event_cost_ns) if event_cost_ns and host_bound else 1.0
 
     def saving(factor: float) -> tuple[int, int]:
         share = profiler_share(
@@ -168,8 +226,31 @@ def graph_saving(
     share, value = saving(slowdown)
     upper = saving(1.0)[1] if slowdown > 1.0 else value
     return GraphSaving(
-        launch_idle, host_idle, share, replay, value, event_cost_ns, round(slowdown, 2), pace, upper
+        launch_idle,
+        host_idle,
+        share,
+        replay,
+        value,
+        event_cost_ns,
+        round(slowdown, 2),
+        pace,
+        upper,
+        work.busy_ns,
+        work.work_ns,
     )
+
+
+def host_work(host: HostEvents, span_start: int, span_end: int) -> HostWork:
+    """The recorded work of ``host`` whose events start in [``span_start``, ``span_end``) and
+    the host's own time there: the span less the time its synchronize and copy calls took
+    (clipped to the span)."""
+    starts = host.starts
+    inside = (starts >= span_start) & (starts < span_end)
+    kinds = host.kinds if host.kinds is not None else np.zeros(len(starts), dtype=np.int8)
+    counts = np.bincount(kinds[inside].astype(np.int64), minlength=3)
+    waited = int(host.wait_ns[inside].sum()) if host.wait_ns is not None else 0
+    busy = max(int(span_end - span_start) - waited, 0)
+    return HostWork(busy, int(counts[0]), int(counts[1]), int(counts[2]))
 
 
 def profiler_share(
@@ -241,7 +322,10 @@ def _host_events(job: JobData, trace_id: str, threads: list[tuple[int, int]]) ->
     kinds = ", ".join(f"'{k}'" for k in HOST_KINDS)
     rows = job.numpy(
         f"""SELECT h.pid, h.tid, h.start_ns, h.end_ns,
-              h.kind IN ('runtime', 'driver') AND regexp_matches({api_name_sql("n.name")}, '{SYNC_API_REGEX}') AS sync
+              h.kind IN ('runtime', 'driver') AND regexp_matches({api_name_sql("n.name")}, '{SYNC_API_REGEX}') AS sync,
+              h.kind IN ('runtime', 'driver') AND regexp_matches({api_name_sql("n.name")}, '{COPY_API_REGEX}') AS copy,
+              CASE WHEN h.kind = 'cpu_op' THEN 0
+                   WHEN regexp_matches(n.name, '{LAUNCH_API_REGEX}') THEN 1 ELSE 2 END AS what
             FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
             WHERE h.trace_id = ? AND h.kind IN ({kinds}) AND (h.pid, h.tid) IN (VALUES {pairs})
             ORDER BY h.pid, h.tid, h.start_ns, h.end_ns DESC""",
@@ -253,4 +337,11 @@ def _host_events(job: JobData, trace_id: str, threads: list[tuple[int, int]]) ->
     changes = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])  # rows are sorted by pid, tid
     thread = np.cumsum(np.r_[True, changes])  # one number per thread (pids may be 62-bit hashes)
     sync = np.asarray(rows["sync"], dtype=bool)
-    return HostEvents(starts, ends[sync], inner_gaps(thread, starts, ends))
+    waited = sync | np.asarray(rows["copy"], dtype=bool)
+    return HostEvents(
+        starts,
+        ends[sync],
+        inner_gaps(thread, starts, ends),
+        np.asarray(rows["what"], dtype=np.int8),
+        np.where(waited, ends - starts, 0),
+    )
