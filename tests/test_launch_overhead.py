@@ -165,7 +165,7 @@ def test_host_work_and_work_slowdown_by_hand():
     assert host_work_ns(3, 2, 1) == 32_370
     assert work_slowdown(HostWork(64_740, 3, 2, 1), 1_000) == 64_740 / 38_370
     assert work_slowdown(HostWork(10_000, 3, 2, 1), 1_000) == 1.0  # a faster host: 1
-    assert work_slowdown(HostWork(10**9, 3, 2, 1), 1_000) == 4.0
+    assert work_slowdown(HostWork(10**9, 3, 2, 1), 1_000) == 10**9 / 38_370  # not clamped here
     assert work_slowdown(HostWork(10_000, 0, 0, 0), 0) == 1.0  # no recorded work
     # events start at 0, 10, 20, 30 (kinds op, launch, other, op); the other call (a sync)
     # waited 5 ns; span [5, 100): the event at 0 is outside, busy = 95 - 5
@@ -176,7 +176,11 @@ def test_host_work_and_work_slowdown_by_hand():
         kinds=np.array([0, 1, 2, 0], dtype=np.int8),
         wait_ns=np.array([0, 0, 5, 0]),
     )
-    assert host_work(host, 5, 100) == HostWork(90, 1, 1, 1)
+    assert host_work(host, 5, 100) == HostWork(90, 1, 1, 1)  # no ends given: recorded 0
+    # with ends: events [10, 40), [20, 25) (the sync), [30, 50) and [0, 8) (outside): one run
+    # [10, 50) = 40 ns, less the 5 ns waited in the sync
+    ended = HostEvents(**{**host.__dict__, "ends": np.array([8, 40, 25, 50])})
+    assert host_work(ended, 5, 100) == HostWork(90, 1, 1, 1, recorded_ns=35)
 
 
 def test_a_slowed_host_lowers_the_gain_and_says_what_the_trace_cannot_tell(store, tmp_path):
