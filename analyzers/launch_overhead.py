@@ -117,7 +117,9 @@ class LaunchStats(msgspec.Struct, kw_only=True):
     profiler_ns: int  # of host_idle_ns, what the profiler's host cost explains
     event_cost_ns: int  # the per-event profiler cost assumed
     host_slowdown: float  # the host's pace against the calibration capture (launch_cost)
-    inner_gap_ns: int | None  # the pace measured: 10th percentile of in-operator gaps
+    inner_gap_ns: int | None  # 10th percentile of in-operator gaps (reported, not used)
+    host_busy_ns: int | None  # the launching threads' own time over the span (launch_cost.HostWork)
+    host_work_ns: int | None  # that recorded work unprofiled, by the host-work model
     gain_upper_ns: int  # the saving with the per-event cost alone (no slowdown)
     windows: list[list[int]]  # the longest waits for launches
     graph_windows: list[list[int]]  # the longest waits inside graph launches
@@ -189,6 +191,8 @@ def measure_device(job: JobData, where: Where, *, steps: int, params: dict) -> L
         event_cost_ns=what_if.event_cost_ns,
         host_slowdown=what_if.slowdown,
         inner_gap_ns=what_if.inner_gap_ns,
+        host_busy_ns=what_if.host_busy_ns,
+        host_work_ns=what_if.host_work_ns,
         gain_upper_ns=what_if.upper_ns,
         windows=_windows(attribution, per_gap),
         graph_windows=_windows(attribution, graph_per_gap),
@@ -261,6 +265,8 @@ def speak(m: LaunchStats, params: dict) -> list[Finding]:
                 "profiler_overhead_ns": m.profiler_ns,
                 "host_slowdown": m.host_slowdown,
                 "inner_gap_ns": m.inner_gap_ns,
+                "host_busy_ns": m.host_busy_ns,
+                "host_work_ns": m.host_work_ns,
                 "saving_upper_ns": m.gain_upper_ns,
                 "share_of_span_pct": round(share, 3),
             },
@@ -279,13 +285,17 @@ def _profiler_sentence(m: LaunchStats) -> str:
             f"{m.profiler_ns / 1e6:.2f} ms of that."
         )
     return (
-        f"Between the recorded calls inside one operator this host took {m.host_slowdown:.1f}× as long as "
-        f"the calibration capture ({_us(m.inner_gap_ns)} µs at the 10th percentile): the host ran slower "
-        "while profiled (recording CUDA activity doubled every operator's time in an H200 decode loop), "
-        f"or its CPU is slower; the trace cannot tell which. Taking the slowdown as the profiler's, beside {cost}, it explains an "
-        f"estimated {m.profiler_ns / 1e6:.2f} ms of that; taking only the per-call cost, the gain would be "
-        f"up to {m.gain_upper_ns / 1e6:.2f} ms."
+        f"The launching threads were busy {_ms(m.host_busy_ns)} ms over this trace, {m.host_slowdown:.1f}× what "
+        f"their recorded work ({_ms(m.host_work_ns)} ms unprofiled by the calibrated host-work model) and "
+        f"{cost} explain: the profiler slowed the host further (CUPTI's callbacks run inside every CUDA call, "
+        "library calls included), or this CPU is slower than the calibration host; the trace cannot tell "
+        f"which. Taking the slowdown as the profiler's, it explains an estimated {m.profiler_ns / 1e6:.2f} ms "
+        f"of that; taking only the per-call cost, the gain would be up to {m.gain_upper_ns / 1e6:.2f} ms."
     )
+
+
+def _ms(value) -> str:
+    return "?" if value is None else f"{value / 1e6:.1f}"
 
 
 def _upper(m: LaunchStats) -> str:

@@ -143,27 +143,64 @@ def test_inner_gaps_and_host_slowdown_by_hand():
     assert host_slowdown(np.full(MIN_INNER_GAPS, 2_000)) == (1.0, None)
 
 
-def test_a_slowed_host_lowers_the_gain_and_says_what_the_trace_cannot_tell(store, tmp_path):
-    """300 iterations; each op records an aten::empty child ending 1,245 ns before its launch call
-    (1.5 x the calibration pace): slowdown 1.5. Cost 1 µs per event (3 per iteration).
-    Slowdown 1: gap 0 takes the 6 µs of the first two iterations' events, each later gap 3 µs:
-    900 µs of the 2,392 µs wait (299 gaps of 8 µs), gain 2392 - 900 - 10 = 1,482 µs (the upper end).
-    Slowdown 1.5: the lead also grows by a third of the time that passes: 6 + 17.5 / 3 then
-    3 + 10 / 3 per gap; the first three gaps take their 8 µs, the fourth 6.83, the other 295
-    6.33: 1,899.2 µs, gain 2392 - 1899.2 - 10 = 482.8 µs."""
-    from stallscope.launch_cost import REFERENCE_INNER_GAP_NS
+def slow_loop(n: int = 101) -> KinetoTrace:
+    """Op i at [20i, 20i+18) µs with its launch call [20i+2, 20i+17); kernel [20i+17.5, 20i+19.5).
 
-    gap = REFERENCE_INNER_GAP_NS * 3 // 2
-    result = run(
-        store, tmp_path, tiny_kernel_loop(300, inner_gap=gap), min_impact_ms=0, profiler_event_us=1
+    The host takes 20 µs per iteration where the host-work model expects 8.62 µs unprofiled
+    (one operator 1.53 + one launch call 7.09): a host slowed beyond the per-call cost."""
+    t = KinetoTrace()
+    for i in range(n):
+        base = 20_000 * i
+        t.cpu_op("aten::mul", base, 18_000, args={"External id": 1000 + i})
+        t.runtime("cudaLaunchKernel", base + 2_000, 15_000, corr=5000 + i, ext=1000 + i)
+        t.kernel("vectorized_elementwise_kernel", base + 17_500, 2_000, corr=5000 + i)
+    return t
+
+
+def test_host_work_and_work_slowdown_by_hand():
+    """3 operators, 2 launch calls and 1 other call: 3 x 1,530 + 2 x 7,090 + 13,600 = 32,370 ns.
+    Busy 64,740 ns with 1 µs per event: f = 64,740 / (32,370 + 6,000); clamped to [1, 4]."""
+    from stallscope.launch_cost import HostEvents, HostWork, host_work, host_work_ns, work_slowdown
+
+    assert host_work_ns(3, 2, 1) == 32_370
+    assert work_slowdown(HostWork(64_740, 3, 2, 1), 1_000) == 64_740 / 38_370
+    assert work_slowdown(HostWork(10_000, 3, 2, 1), 1_000) == 1.0  # a faster host: 1
+    assert work_slowdown(HostWork(10**9, 3, 2, 1), 1_000) == 10**9 / 38_370  # not clamped here
+    assert work_slowdown(HostWork(10_000, 0, 0, 0), 0) == 1.0  # no recorded work
+    # events start at 0, 10, 20, 30 (kinds op, launch, other, op); the other call (a sync)
+    # waited 5 ns; span [5, 100): the event at 0 is outside, busy = 95 - 5
+    host = HostEvents(
+        starts=np.array([0, 10, 20, 30]),
+        sync_ends=np.array([25]),
+        inner_gaps=np.zeros(0, dtype=np.int64),
+        kinds=np.array([0, 1, 2, 0], dtype=np.int8),
+        wait_ns=np.array([0, 0, 5, 0]),
     )
+    assert host_work(host, 5, 100) == HostWork(90, 1, 1, 1)  # no ends given: recorded 0
+    # with ends: events [10, 40), [20, 25) (the sync), [30, 50) and [0, 8) (outside): one run
+    # [10, 50) = 40 ns, less the 5 ns waited in the sync
+    ended = HostEvents(**{**host.__dict__, "ends": np.array([8, 40, 25, 50])})
+    assert host_work(ended, 5, 100) == HostWork(90, 1, 1, 1, recorded_ns=35)
+
+
+def test_a_slowed_host_lowers_the_gain_and_says_what_the_trace_cannot_tell(store, tmp_path):
+    """slow_loop(101): span 17.5 .. 2019.5 µs = 2,002 µs, no syncs, so the host was busy 2,002 µs;
+    in it 100 operators and 100 launch calls (op 0 and its launch call precede the first kernel):
+    work 862 µs. Cost 1 µs per event: f = 2002 / (862 + 200) = 1.885. 100 gaps of 18 µs all wait
+    for launches (1,800 µs). Slowdown 1: gap 0 takes the 4 µs of the first four events, each later
+    gap 2: 202 µs, gain 1800 - 202 - 10 = 1,588 µs (the upper end). Slowdown 1.885: the lead also
+    grows by 1 - 1/f = 0.4695 of the time that passes: gap 0 (end 37.5 µs) 4 + 17.61 -> takes 18
+    (3.61 left), gap 1 3.61 + 2 + 9.39 = 15.00, the other 98 gaps 11.39 each: 1,149.3 µs, gain
+    1800 - 1149.3 - 10 = 640.7 µs."""
+    result = run(store, tmp_path, slow_loop(), min_impact_ms=0, profiler_event_us=1)
     (f,) = result.findings
     e = f.evidence
-    assert e["host_slowdown"] == 1.5 and e["inner_gap_ns"] == gap
-    assert f.impact_ns == 2_392_000 and e["saving_upper_ns"] == 1_482_000
-    assert abs(f.saving_ns - 482_833) <= 2
-    assert "1.5× as long as the calibration capture" in f.detail and "cannot tell which" in f.detail
-    assert "up to 1.48 ms" in f.recommendation
+    assert e["host_busy_ns"] == 2_002_000 and e["host_work_ns"] == 862_000
+    assert e["host_slowdown"] == round(2002 / 1062, 2)
+    assert f.impact_ns == 1_800_000 and e["saving_upper_ns"] == 1_588_000
+    assert abs(f.saving_ns - 640_730) <= 100
+    assert "1.9× what their recorded work" in f.detail and "cannot tell which" in f.detail
+    assert "up to 1.59 ms" in f.recommendation
 
 
 def test_default_min_impact_keeps_tiny_traces_quiet(store, tmp_path):
@@ -186,3 +223,61 @@ def test_graph_launch_wait_is_kept_apart_as_info(store, tmp_path):
     assert m["graph_launch_count"] == 1 and m["short_kernel_pct"] == 0.0
     (f,) = result.findings
     assert (f.severity, f.impact_ns, f.evidence["key"]) == ("info", 54_000, "graph")
+
+
+def test_tiny_kernels_sample_saving_is_within_20_percent_of_the_measured_one(store):
+    """tiny_kernels (1,000 x mul_/add_ on 256 floats, no operator with recorded children) against
+    cuda_graph (the same body as one graph): unprofiled step medians from their truth files, over
+    the 3 profiled steps. Before the host-work model the estimate was +63 %: the pace of the
+    inner gaps could not be measured there."""
+    import json
+
+    from tests.conftest import SAMPLES
+
+    kineto = SAMPLES / "kineto"
+    if not (kineto / "tiny_kernels").is_dir():
+        import pytest
+
+        pytest.skip("sample_traces absent")
+
+    def truth(name: str) -> dict:
+        return json.loads((kineto / name / f"{name}.truth.json").read_text())
+
+    eager, graph = (
+        truth(n)["measured"]["step_wall_ns_measure_phase_synced"]["median_ns"]
+        for n in ("tiny_kernels", "cuda_graph")
+    )
+    steps = len(truth("tiny_kernels")["capture"]["profiled_steps"])
+    (res,) = ingest_paths(store, [str(kineto / "tiny_kernels" / "tiny_kernels.pt.trace.json.gz")])
+    job = JobData(store, store.traces(res.job_id))
+    result = launch_overhead.run(job, launch_overhead.SPEC.params({}))
+    job.close()
+    (f,) = [x for x in result.findings if x.saving_ns is not None]
+    measured = steps * (eager - graph)
+    assert 0.8 * measured <= f.saving_ns <= 1.2 * measured, (f.saving_ns, measured)
+    assert f.evidence["host_slowdown"] > 1.0 and f.evidence["host_work_ns"] > 0
+
+
+def test_linear_pair_sample_is_within_20_percent_and_its_inner_gaps_read_slow(store):
+    """sample_traces/launch_pairs/linear_16 (2,000 x F.linear of 16 rows, one profiled step of a
+    calibration pair, tools/capture/launch_pairs.py): its truth is read from the capture's log.
+    The inner-gap pace reads > 2 µs here (aten::t -> aten::addmm) on the host where training
+    reads ~1 µs: as a slowdown it gave a saving of ~0; the host-work model gives the measured one."""
+    import json
+
+    import pytest
+
+    from tests.conftest import SAMPLES
+
+    path = SAMPLES / "launch_pairs" / "linear_16.pt.trace.json.gz"
+    log = SAMPLES / "logs" / "launch_pairs_2026-12-02.json"
+    if not path.is_file():
+        pytest.skip("sample_traces absent")
+    measured = json.loads(log.read_text())["linear_16"]["saving_per_step_ns"]  # one step kept
+    (res,) = ingest_paths(store, [str(path)])
+    job = JobData(store, store.traces(res.job_id))
+    result = launch_overhead.run(job, launch_overhead.SPEC.params({}))
+    job.close()
+    (f,) = [x for x in result.findings if x.saving_ns is not None]
+    assert f.evidence["steps"] == 1 and f.evidence["inner_gap_ns"] > 1_900
+    assert 0.8 * measured <= f.saving_ns <= 1.2 * measured, (f.saving_ns, measured)

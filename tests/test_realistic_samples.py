@@ -160,27 +160,43 @@ def test_eager_launch_bound_variants_are_launch_overhead(analyzed, scenario):
     assert findings(result, "launch_overhead", floor="high")
 
 
-@pytest.mark.parametrize("scenario", ["train_small_eager", "train_baseline"])
+def measured_graph_saving(t: dict) -> int:
+    """The truth file's unprofiled eager - graph step difference over the profiled steps."""
+    block = t.get("saving_if_cuda_graphed") or t["expected_saving"]
+    return block["saving_ns_over_profiled_steps"]
+
+
+@pytest.mark.parametrize("scenario", ["train_small_eager", "train_baseline", "decode_eager"])
 def test_the_cuda_graph_saving_is_within_20_percent_of_the_measured_one(analyzed, scenario):
     """saving_if_cuda_graphed: unprofiled eager step - graph-replay step, over the profiled steps.
-    Before the profiler's per-event cost was taken out, train_baseline's was +99 %."""
+    Before the profiler's per-event cost was taken out, train_baseline's was +99 %; before the
+    host-work model, decode_eager's was +48 % (inner-gap pace) and +348 % (per-call cost only)."""
     result, t = analyzed[scenario]
     (finding,) = [f for f in findings(result, "launch_overhead") if f.saving_ns is not None]
-    measured = t["saving_if_cuda_graphed"]["saving_ns_over_profiled_steps"]
+    measured = measured_graph_saving(t)
     assert 0.8 * measured <= finding.saving_ns <= 1.2 * measured, (finding.saving_ns, measured)
 
 
 def test_decode_eager_saving_takes_out_the_slowed_host_and_says_so(analyzed):
-    """The profiler slowed decode_eager's whole host (~7.7 µs per recorded call, not 2.2): the
-    trace's inner-gap pace measures a slowdown of about 2, which brings the saving from +348 %
-    to under +50 % of the measured one; the per-call-only figure stays an upper end."""
+    """The profiler slowed decode_eager's whole host (~8 µs per recorded call, not 2.2): its
+    launching threads were busy about 2.2 times what the host-work model and the per-call cost
+    explain; the per-call-only figure stays an upper end, and the detail says the trace cannot
+    tell a profiler-slowed host from a slower CPU."""
     result, t = analyzed["decode_eager"]
     (finding,) = [f for f in findings(result, "launch_overhead") if f.saving_ns is not None]
-    measured = t["expected_saving"]["saving_ns_over_profiled_steps"]  # against decode_graph
+    measured = measured_graph_saving(t)
     assert finding.evidence["host_slowdown"] > 1.5
-    assert measured <= finding.saving_ns <= 1.5 * measured, (finding.saving_ns, measured)
     assert finding.evidence["saving_upper_ns"] > 4 * measured  # the per-call cost alone
     assert "cannot tell which" in finding.detail
+
+
+def test_a_gpu_bound_step_keeps_the_per_call_cost(analyzed):
+    """train_baseline (GPU 82 % busy): the launch-path idle is under HOST_BOUND_SHARE of the span,
+    so the host-work model is not applied there (slowdown 1)."""
+    result, _ = analyzed["train_baseline"]
+    (finding,) = [f for f in findings(result, "launch_overhead") if f.saving_ns is not None]
+    assert finding.evidence["host_slowdown"] == 1.0
+    assert finding.saving_ns == finding.evidence["saving_upper_ns"]
 
 
 def test_item_reads_of_the_decode_loop_are_counted(analyzed):
