@@ -65,10 +65,8 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
             continue
         result.metrics.extend(metrics(m))
         result.tables.steps.extend(step_rows(m))
-        jitter = speak_jitter(m, params)
-        if jitter:
-            jitters.append(jitter)
-        result.findings.append(speak_table(m))
+        for finding in speak(m, params):
+            (jitters if finding.evidence["key"] == "jitter" else result.findings).append(finding)
     if jitters:
         result.findings.append(_one_jitter_per_job(jitters))
     return result
@@ -299,6 +297,13 @@ def _busy(dev: dict, mine: np.ndarray, edges: tuple[int, int]) -> dict[str, int]
         "memcpy_ns": intervals.total(starts[~kernel], ends[~kernel]),
         "busy_ns": intervals.total(starts, ends),
     }
+
+
+def speak(m: TraceSteps, params: dict[str, float]) -> list[Finding]:
+    """The trace's findings: its jitter finding, if any (``run`` keeps one per job:
+    :func:`_one_jitter_per_job`), and the per-step table."""
+    jitter = speak_jitter(m, params)
+    return [*([jitter] if jitter else []), speak_table(m)]
 
 
 def speak_jitter(m: TraceSteps, params: dict[str, float]) -> Finding | None:

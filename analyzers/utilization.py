@@ -46,8 +46,8 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
             dev = {k: np.asarray(v)[mask] for k, v in cols.items()}
             m = measure_device(job, Where(ref.trace_id, rank, int(device)), dev)
             if m is not None:
-                result.metrics.extend(device_metrics(m))
-                result.findings.append(speak(m))
+                result.metrics.extend(metrics(m))
+                result.findings.append(speak(m, params))
         result.metrics.extend(step_metrics(measure_steps(job, Where(ref.trace_id, rank))))
     return result
 
@@ -125,7 +125,7 @@ def measure_steps(job: JobData, where: Where) -> StepMedian:
     return StepMedian(where=where, count=int(durations.size), median_ns=median)
 
 
-def device_metrics(m: DeviceBusy) -> list[Metric]:
+def metrics(m: DeviceBusy) -> list[Metric]:
     """The device's shares of its span (%), kernel count and span (ns)."""
     w, span = m.where, m.span_ns
     shares = {
@@ -152,8 +152,9 @@ def step_metrics(m: StepMedian) -> list[Metric]:
     ]
 
 
-def speak(m: DeviceBusy) -> Finding:
-    """An info finding per device: busy/idle shares and the idle time by cause (from gpu_idle)."""
+def speak(m: DeviceBusy, params: dict[str, float]) -> Finding:
+    """An info finding per device: busy/idle shares and the idle time by cause (from gpu_idle).
+    ``utilization`` has no thresholds: ``params`` is empty, taken as every analyzer's speak takes it."""
     device, span, idle_pct = m.where.device, m.span_ns, m.idle_pct
     ranked = sorted(
         ((ns, cause) for cause, ns in m.idle_by_cause_ns.items() if ns > 0), reverse=True

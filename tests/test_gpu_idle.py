@@ -329,3 +329,11 @@ def test_queued_time_that_is_no_stall_is_an_info_note_and_never_a_loss():
     for m in (_device(_idle(c, 300)) for c in gpu_idle.REPORTED_CAUSES):
         for f in gpu_idle.speak(m, PARAMS):
             assert f.impact_ns > 0 and not NOTHING_TO_FIX.search(f.recommendation), f.title
+
+
+def test_run_is_measure_then_speak(job):
+    params = gpu_idle.SPEC.params({"min_impact_ms": 0})
+    m = gpu_idle.measure_device(job, Where(job.traces[0].trace_id, 0, 0), params)
+    result = gpu_idle.run(job, params)
+    assert gpu_idle.speak(m, params) == result.findings and len(result.findings) == 4
+    assert gpu_idle.metrics(m) == result.metrics

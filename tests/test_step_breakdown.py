@@ -222,3 +222,15 @@ def test_speak_table_counts_steps_not_rows():
     assert f.title == "Step breakdown: 1 step, median 0.02 ms" and f.severity == "info"
     assert f.evidence == {"key": "table", "steps": [_evidence(r) for r in rows]}
     assert list(f.evidence["steps"][1]) == list(_evidence(rows[1]))  # the documented key order
+
+
+def test_run_is_measure_then_speak(store, tmp_path):
+    (res,) = ingest_paths(store, [str(five_steps().write(tmp_path / "r.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    m = step_breakdown.measure_trace(job, Where(job.traces[0].trace_id, 0))
+    result = step_breakdown.run(job, PARAMS)
+    job.close()
+    jitter, table = step_breakdown.speak(m, PARAMS)  # run lists the job's one jitter last
+    assert result.findings == [table, jitter] and jitter.evidence["key"] == "jitter"
+    assert step_breakdown.metrics(m) == result.metrics
+    assert result.tables.steps == m.rows

@@ -219,7 +219,7 @@ def _busy(span=1_000_000, busy=600_000, *, stepped=True, idle=None) -> utilizati
 
 
 def test_speak_writes_the_headline_from_the_numbers():
-    f = utilization.speak(_busy())
+    f = utilization.speak(_busy(), {})
     assert (f.trace, f.rank, f.device, f.severity) == ("t", 1, 2, "info")
     assert f.title == "GPU 2 busy 60.0%, idle 40.0% of 1.00 ms"
     assert f.detail == (
@@ -229,14 +229,14 @@ def test_speak_writes_the_headline_from_the_numbers():
     assert f.impact_ns == 400_000 and f.saving_ns is None and f.windows == [[0, 10]]
     assert f.evidence["idle_ns"] == 400_000 and f.evidence["gap_count"] == 3
     assert "Nothing" not in f.recommendation  # idle time is a loss: point at its causes
-    plain = utilization.speak(_busy(stepped=False, idle={"cpu": 0}))
+    plain = utilization.speak(_busy(stepped=False, idle={"cpu": 0}), {})
     assert plain.detail.startswith("From its first to its last activity") and plain.detail.endswith(
         "3 gaps."
     )
 
 
 def test_metrics_from_the_numbers():
-    values = {m.name: m.value for m in utilization.device_metrics(_busy(busy=333_333))}
+    values = {m.name: m.value for m in utilization.metrics(_busy(busy=333_333))}
     assert values == {
         "gpu_busy_pct": 33.333, "compute_pct": 33.333, "comm_pct": 0.0, "memcpy_pct": 0.0,
         "gpu_idle_pct": 66.667, "kernel_count": 7, "gpu_span_ns": 1_000_000,
@@ -248,3 +248,18 @@ def test_metrics_from_the_numbers():
     ]
     none = utilization.StepMedian(where=Where("t", 1), count=0, median_ns=None)
     assert utilization.step_metrics(none) == []
+
+
+def test_run_is_measure_then_speak(store, tmp_path):
+    (res,) = ingest_paths(store, [str(hand_trace().write(tmp_path / "r.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    trace, params = job.traces[0].trace_id, utilization.SPEC.params()
+    devices = [
+        utilization.measure_device(job, Where(trace, 0, d), _gpu_ops(job, trace, d)) for d in (0, 1)
+    ]
+    steps = utilization.measure_steps(job, Where(trace, 0))
+    result = utilization.run(job, params)
+    job.close()
+    assert result.findings == [utilization.speak(m, params) for m in devices]
+    metrics = [x for m in devices for x in utilization.metrics(m)] + utilization.step_metrics(steps)
+    assert result.metrics == metrics
