@@ -147,13 +147,18 @@ class CauseIdle(msgspec.Struct, kw_only=True):
 
     cause: str
     impact_ns: int  # the cause's time in the counted gaps
-    share_pct: float  # impact_ns as % of the device's span (unrounded)
+    span_ns: int  # the device's span
     gap_count: int  # counted gaps
     longest_ns: int  # the cause's time in the counted gap where it is largest
     windows: list[list[int]]  # the counted gaps with the most of it, most first (MAX_WINDOWS)
     # the host in those windows; None where not measured (causes below the severity ladder);
     # empty for ``queued`` (the host had handed the work over) and ``unknown`` (nothing recorded)
     host: HostActivity | None
+
+    @property
+    def share_pct(self) -> float:
+        """impact_ns as % of the span (unrounded; 0 without a span)."""
+        return 100.0 * self.impact_ns / self.span_ns if self.span_ns else 0.0
 
 
 class QueuedTime(msgspec.Struct, kw_only=True):
@@ -177,6 +182,11 @@ class DeviceIdle(msgspec.Struct, kw_only=True):
     queued: QueuedTime  # all its queued time, stall or not
     streams: int  # streams that ran kernels or copies on the device
     host_work_recorded: bool  # the trace records operators, Python or OS calls
+
+    @property
+    def queued_share_pct(self) -> float:
+        """All queued time as % of the span (unrounded; 0 without a span)."""
+        return 100.0 * self.queued.queued_ns / self.span_ns if self.span_ns else 0.0
 
 
 def measure_device(job: JobData, where: Where, params: dict[str, float]) -> DeviceIdle:
@@ -208,23 +218,22 @@ def measure_cause(
     ladder of ``params``) what the host ran in them."""
     per_gap = _cause_per_gap(attribution, cause)
     counted = _counted_gaps(job, where, cause, attribution, per_gap)
-    span = attribution.span_end - attribution.span_start
-    impact = int(per_gap[counted].sum())
-    share = 100.0 * impact / span if span else 0.0
     shown = np.where(counted, per_gap, 0)
     order = np.argsort(-shown, kind="stable")[:MAX_WINDOWS]
     order = order[shown[order] > 0]
     windows = [[int(attribution.gap_starts[i]), int(attribution.gap_ends[i])] for i in order]
-    reported = graded_severity(share, impact, params) is not None
-    return CauseIdle(
+    c = CauseIdle(
         cause=cause,
-        impact_ns=impact,
-        share_pct=share,
+        impact_ns=int(per_gap[counted].sum()),
+        span_ns=attribution.span_end - attribution.span_start,
         gap_count=int(counted.sum()),
         longest_ns=int(shown.max()) if shown.size else 0,
         windows=windows,
-        host=_host_activity(job, where.trace, cause, attribution, windows) if reported else None,
+        host=None,
     )
+    if graded_severity(c.share_pct, c.impact_ns, params) is not None:
+        c.host = _host_activity(job, where.trace, cause, attribution, windows)
+    return c
 
 
 def _cause_per_gap(attribution: IdleAttribution, cause: str) -> np.ndarray:
@@ -365,8 +374,7 @@ def _host_text(host: HostActivity, windows: int) -> str:
 def speak_device_latency(m: DeviceIdle, params: dict[str, float]) -> Finding | None:
     """``queued`` time that is no stall (gaps inside graph replays, sub-microsecond device
     latency between back-to-back kernels): an ``info`` line when it is a material share."""
-    q = m.queued
-    share = 100.0 * q.queued_ns / m.span_ns if m.span_ns else 0.0
+    q, share = m.queued, m.queued_share_pct
     if graded_severity(share, q.queued_ns, params) is None:
         return None
     device = m.where.device

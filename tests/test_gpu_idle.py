@@ -248,7 +248,7 @@ def _idle(cause: str, impact_us: int, span_us: int = 1_000, **kw) -> gpu_idle.Ca
     return gpu_idle.CauseIdle(
         cause=cause,
         impact_ns=impact_us * US,
-        share_pct=100 * impact_us / span_us,
+        span_ns=span_us * US,
         gap_count=kw.get("gaps", 2),
         longest_ns=kw.get("longest_us", impact_us) * US,
         windows=kw.get("windows", [[0, impact_us * US]]),
