@@ -83,6 +83,11 @@ class StepTimes(msgspec.Struct, kw_only=True):
     excess_ns: int  # Σ (duration − median) over the steps slower than the median
     slowest: list[list[int]]  # [start, end] of up to 20 steps slower than the median, slowest first
 
+    @property
+    def p90_over_median(self) -> float:
+        """p90 / median (unrounded; 0 at a 0 median)."""
+        return self.p90_ns / self.median_ns if self.median_ns else 0.0
+
 
 class TraceSteps(msgspec.Struct, kw_only=True):
     """One trace's steps: their times and the per-step table (:func:`measure_trace`).
@@ -312,7 +317,7 @@ def speak_jitter(m: TraceSteps, params: dict[str, float]) -> Finding | None:
     t, w = m.times, m.where
     if t.count < params["min_steps"] or not t.median_ns:
         return None
-    ratio = t.p90_ns / t.median_ns
+    ratio = t.p90_over_median
     severity = next(
         (lvl for lvl in ("high", "medium", "low") if ratio >= params[f"jitter_{lvl}"]), None
     )
