@@ -9,8 +9,7 @@ at least ``min_impact_ms``. Documented in docs/analyzers/gpu_idle.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 import numpy as np
 
 from stallscope.analyzers.base import (
@@ -18,6 +17,7 @@ from stallscope.analyzers.base import (
     AnalyzerSpec,
     Finding,
     Metric,
+    Where,
     graded_severity,
     graded_thresholds,
 )
@@ -119,111 +119,228 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     for ref in job.traces:
         rank = int(ref.meta.get("rank", 0))
         for device in job.devices(ref.trace_id):
-            attribution = attribute_idle(job, ref.trace_id, int(device))
-            totals = attribution.totals
-            for cause in CAUSES:
-                result.metrics.append(
-                    Metric(ref.trace_id, rank, int(device), f"idle_{cause}_ns", totals[cause], "ns")
-                )
-            for cause in REPORTED_CAUSES:
-                finding = _finding(job, ref.trace_id, rank, int(device), cause, attribution, params)
-                if finding:
-                    result.findings.append(finding)
+            m = measure_device(job, Where(ref.trace_id, rank, int(device)), params)
+            result.metrics.extend(metrics(m))
+            result.findings.extend(speak(m, params))
     return result
 
 
-@dataclass
-class CauseIdle:
-    """What one cause cost one device, measured (no prose).
+class HostActivity(msgspec.Struct, kw_only=True):
+    """What the launching host threads ran in a cause's longest gaps (:mod:`stallscope.idle`):
+    the operations that overlap them most and the user ranges (record_function, NVTX) they
+    were in, each as :func:`~stallscope.idle.top_host_ops` / :func:`~stallscope.idle.host_ranges`
+    return them."""
 
-    ``per_gap``: ns of the cause in each gap; ``counted``: the gaps whose time
-    is a stall (for ``queued``, neither inside a CUDA graph replay nor shorter
-    than QUEUED_MIN_GAP_NS); ``impact``: the counted time (int ns); ``share``:
-    % of ``span``.
+    top_host_ops: list[dict]
+    host_ranges: list[dict]
+
+
+NO_HOST_ACTIVITY = HostActivity(top_host_ops=[], host_ranges=[])
+
+
+class CauseIdle(msgspec.Struct, kw_only=True):
+    """What one cause cost one device, measured (no prose): :func:`measure_cause`.
+
+    The counted gaps are those whose time of the cause is a stall (for ``queued``,
+    neither inside a CUDA graph replay nor shorter than QUEUED_MIN_GAP_NS).
     """
 
     cause: str
-    per_gap: np.ndarray
-    counted: np.ndarray
-    impact: int
-    span: int
-    share: float
-    in_steps: bool
+    impact_ns: int  # the cause's time in the counted gaps
+    span_ns: int  # the device's span
+    gap_count: int  # counted gaps
+    longest_ns: int  # the cause's time in the counted gap where it is largest
+    windows: list[list[int]]  # the counted gaps with the most of it, most first (MAX_WINDOWS)
+    # the host in those windows; None where not measured (causes below the severity ladder);
+    # empty for ``queued`` (the host had handed the work over) and ``unknown`` (nothing recorded)
+    host: HostActivity | None
+
+    @property
+    def share_pct(self) -> float:
+        """impact_ns as % of the span (unrounded; 0 without a span)."""
+        return 100.0 * self.impact_ns / self.span_ns if self.span_ns else 0.0
 
 
-def _measure(job, trace, device, cause, attribution: IdleAttribution) -> CauseIdle:
-    index = CAUSES.index(cause)
-    per_gap = (
-        attribution.per_gap[:, index] if attribution.per_gap.size else np.zeros(0, dtype=np.int64)
-    )
-    counted = per_gap > 0
-    if cause == "queued" and counted.any():
-        counted &= ~graph_internal_gaps(job, trace, device, attribution)
-        counted &= (attribution.gap_ends - attribution.gap_starts) >= QUEUED_MIN_GAP_NS
-    impact = int(per_gap[counted].sum())
+class QueuedTime(msgspec.Struct, kw_only=True):
+    """All of a device's ``queued`` time, stall or not (:func:`measure_queued`)."""
+
+    queued_ns: int  # every gap's queued time
+    gap_count: int  # gaps with queued time
+    graph_replay_ns: int  # of it, in gaps inside one CUDA graph replay
+    longest_ns: int  # the largest queued time of one gap
+
+
+class DeviceIdle(msgspec.Struct, kw_only=True):
+    """One device's idle time by cause: :func:`measure_device`. No prose: :func:`speak`
+    writes the findings from it."""
+
+    where: Where
+    span_ns: int  # the device's span (its step scope when the trace has steps)
+    in_steps: bool  # the span is the step scope
+    totals: dict[str, int]  # idle ns per cause of CAUSES, over every gap
+    causes: dict[str, CauseIdle]  # each of REPORTED_CAUSES, in that order
+    queued: QueuedTime  # all its queued time, stall or not
+    streams: int  # streams that ran kernels or copies on the device
+    host_work_recorded: bool  # the trace records operators, Python or OS calls
+
+    @property
+    def queued_share_pct(self) -> float:
+        """All queued time as % of the span (unrounded; 0 without a span)."""
+        return 100.0 * self.queued.queued_ns / self.span_ns if self.span_ns else 0.0
+
+
+def measure_device(job: JobData, where: Where, params: dict[str, float]) -> DeviceIdle:
+    """Idle time of ``where.device`` by cause. The host activity of a cause is measured
+    only when the cause reaches the severity ladder of ``params`` (it costs queries and
+    only a reported cause shows it)."""
+    trace, device = where.trace, int(where.device)
+    attribution = attribute_idle(job, trace, device)
     span = attribution.span_end - attribution.span_start
-    share = 100.0 * impact / span if span else 0.0
-    in_steps = step_scope(job, trace, device) is not None
-    return CauseIdle(cause, per_gap, counted, impact, span, share, in_steps)
+    causes = {
+        cause: measure_cause(job, where, cause, attribution, params) for cause in REPORTED_CAUSES
+    }
+    return DeviceIdle(
+        where=where,
+        span_ns=span,
+        in_steps=step_scope(job, trace, device) is not None,
+        totals=attribution.totals,
+        causes=causes,
+        queued=measure_queued(job, where, attribution),
+        streams=device_streams(job, trace, device),
+        host_work_recorded=host_work_recorded(job, trace),
+    )
 
 
-def _finding(
-    job, trace, rank, device, cause, attribution: IdleAttribution, params
-) -> Finding | None:
-    m = _measure(job, trace, device, cause, attribution)
-    severity = graded_severity(m.share, m.impact, params)
-    if cause == "queued" and severity is None:
-        return _device_latency_note(job, trace, rank, device, m, attribution, params)
-    if severity is None:
-        return None
-    shown = np.where(m.counted, m.per_gap, 0)
+def measure_cause(
+    job: JobData, where: Where, cause: str, attribution: IdleAttribution, params: dict[str, float]
+) -> CauseIdle:
+    """One cause's stall time on the device, its longest gaps and (when it reaches the
+    ladder of ``params``) what the host ran in them."""
+    per_gap = _cause_per_gap(attribution, cause)
+    counted = _counted_gaps(job, where, cause, attribution, per_gap)
+    shown = np.where(counted, per_gap, 0)
     order = np.argsort(-shown, kind="stable")[:MAX_WINDOWS]
     order = order[shown[order] > 0]
     windows = [[int(attribution.gap_starts[i]), int(attribution.gap_ends[i])] for i in order]
-    host = _host_evidence(job, trace, cause, attribution, windows)
-    what, fix = _what_and_fix(job, trace, device, cause, host["host_ranges"])
-    gaps = int(m.counted.sum())
+    c = CauseIdle(
+        cause=cause,
+        impact_ns=int(per_gap[counted].sum()),
+        span_ns=attribution.span_end - attribution.span_start,
+        gap_count=int(counted.sum()),
+        longest_ns=int(shown.max()) if shown.size else 0,
+        windows=windows,
+        host=None,
+    )
+    if graded_severity(c.share_pct, c.impact_ns, params) is not None:
+        c.host = _host_activity(job, where.trace, cause, attribution, windows)
+    return c
+
+
+def _cause_per_gap(attribution: IdleAttribution, cause: str) -> np.ndarray:
+    """ns of ``cause`` in each gap."""
+    if not attribution.per_gap.size:
+        return np.zeros(0, dtype=np.int64)
+    return attribution.per_gap[:, CAUSES.index(cause)]
+
+
+def _counted_gaps(job, where: Where, cause, attribution, per_gap: np.ndarray) -> np.ndarray:
+    """Per gap: its time of ``cause`` is a stall (for ``queued``: not inside a CUDA graph
+    replay and not shorter than QUEUED_MIN_GAP_NS, the device's own latency)."""
+    counted = per_gap > 0
+    if cause == "queued" and counted.any():
+        counted &= ~graph_internal_gaps(job, where.trace, int(where.device), attribution)
+        counted &= (attribution.gap_ends - attribution.gap_starts) >= QUEUED_MIN_GAP_NS
+    return counted
+
+
+def measure_queued(job: JobData, where: Where, attribution: IdleAttribution) -> QueuedTime:
+    """All of the device's ``queued`` time, with the part inside CUDA graph replays
+    (zeros without any)."""
+    per_gap = _cause_per_gap(attribution, "queued")
+    total = int(per_gap.sum())
+    graph = graph_internal_gaps(job, where.trace, int(where.device), attribution) if total else None
+    return QueuedTime(
+        queued_ns=total,
+        gap_count=int((per_gap > 0).sum()),
+        graph_replay_ns=int(per_gap[graph].sum()) if total else 0,
+        longest_ns=int(per_gap.max()) if per_gap.size else 0,
+    )
+
+
+def _host_activity(job, trace, cause, attribution, windows) -> HostActivity:
+    """The host ranges and operations that cover the windows (none for ``queued``:
+    the host had already handed the work over, what it did next is beside the point)."""
+    if cause in ("queued", "unknown"):
+        return NO_HOST_ACTIVITY
+    return HostActivity(
+        top_host_ops=top_host_ops(job, trace, attribution.threads, windows),
+        host_ranges=host_ranges(job, trace, attribution.threads, windows),
+    )
+
+
+def metrics(m: DeviceIdle) -> list[Metric]:
+    """``idle_<cause>_ns`` for every cause of CAUSES."""
+    w = m.where
+    return [Metric(w.trace, w.rank, w.device, f"idle_{c}_ns", m.totals[c], "ns") for c in CAUSES]
+
+
+def speak(m: DeviceIdle, params: dict[str, float]) -> list[Finding]:
+    """The device's findings, one per reported cause that reaches the ladder; ``queued``
+    time below it may still give the ``info`` device-latency note."""
+    findings = []
+    for cause, c in m.causes.items():
+        severity = graded_severity(c.share_pct, c.impact_ns, params)
+        if severity is not None:
+            findings.append(speak_cause(m, c, severity))
+        elif cause == "queued":
+            findings.extend(f for f in [speak_device_latency(m, params)] if f)
+    return findings
+
+
+def speak_cause(m: DeviceIdle, c: CauseIdle, severity: str) -> Finding:
+    """The finding of one cause's stall time on the device, at ``severity``."""
+    device, host = m.where.device, c.host or NO_HOST_ACTIVITY
+    what, fix = _what_and_fix(m, c.cause, host.host_ranges)
     detail = (
-        f"GPU {device} was idle {m.impact / 1e6:.2f} ms ({m.share:.1f}% of its {m.span / 1e6:.2f} ms span) "
-        f"{what}, in {gaps} gaps (longest {shown.max() / 1e6:.3f} ms)."
-        + _host_text(host, len(windows))
+        f"GPU {device} was idle {c.impact_ns / 1e6:.2f} ms ({c.share_pct:.1f}% of its {m.span_ns / 1e6:.2f} ms span) "
+        f"{what}, in {c.gap_count} gaps (longest {c.longest_ns / 1e6:.3f} ms)."
+        + _host_text(host, len(c.windows))
     )
     return Finding(
         analyzer="gpu_idle",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=device,
         severity=severity,
-        title=f"GPU {device} idle {m.share:.1f}% of the time {what}",
+        title=f"GPU {device} idle {c.share_pct:.1f}% of the time {what}",
         detail=detail,
         recommendation=fix,
-        impact_ns=m.impact,
-        saving_ns=m.impact,
+        impact_ns=c.impact_ns,
+        saving_ns=c.impact_ns,
         evidence={
-            "key": cause,
-            "cause": cause,
-            "share_of_span_pct": round(m.share, 3),
-            "gap_count": gaps,
-            "longest_gap_ns": int(shown.max()),
-            "span_ns": m.span,
+            "key": c.cause,
+            "cause": c.cause,
+            "share_of_span_pct": round(c.share_pct, 3),
+            "gap_count": c.gap_count,
+            "longest_gap_ns": c.longest_ns,
+            "span_ns": m.span_ns,
             "scope": "steps" if m.in_steps else "trace",
-            "idle_by_cause_ns": attribution.totals,
-            **host,
-            **(
-                {"host_work_recorded": host_work_recorded(job, trace)} if cause == "unknown" else {}
-            ),
+            "idle_by_cause_ns": m.totals,
+            "top_host_ops": host.top_host_ops,
+            "host_ranges": host.host_ranges,
+            **({"host_work_recorded": m.host_work_recorded} if c.cause == "unknown" else {}),
         },
-        windows=windows,
+        windows=c.windows,
     )
 
 
-def _what_and_fix(job, trace, device, cause, ranges: list[dict]) -> tuple[str, str]:
+def _what_and_fix(m: DeviceIdle, cause: str, ranges: list[dict]) -> tuple[str, str]:
     """The cause's words and fix, fitted to what the trace shows (streams, user ranges)."""
     what, fix = CAUSE_TEXT[cause]
-    if cause == "unknown" and host_work_recorded(job, trace):
+    if cause == "unknown" and m.host_work_recorded:
         fix = UNRECORDED_WORK_FIX
     if cause == "queued":
-        fix = QUEUED_MULTI_STREAM_FIX if device_streams(job, trace, device) > 1 else fix
+        fix = QUEUED_MULTI_STREAM_FIX if m.streams > 1 else fix
     if cause == "cpu" and ranges:
         fix = (
             f"The GPU waits while the host is in `{ranges[0]['name']}`: queue the next GPU work before it "
@@ -233,22 +350,11 @@ def _what_and_fix(job, trace, device, cause, ranges: list[dict]) -> tuple[str, s
     return what, fix
 
 
-def _host_evidence(job, trace, cause, attribution, windows) -> dict:
-    """The host ranges and operations that cover the windows (none for ``queued``:
-    the host had already handed the work over, what it did next is beside the point)."""
-    if cause in ("queued", "unknown"):
-        return {"top_host_ops": [], "host_ranges": []}
-    return {
-        "top_host_ops": top_host_ops(job, trace, attribution.threads, windows),
-        "host_ranges": host_ranges(job, trace, attribution.threads, windows),
-    }
-
-
-def _host_text(host: dict, windows: int) -> str:
+def _host_text(host: HostActivity, windows: int) -> str:
     """' In the N longest gaps the host was in `range` (record_function/NVTX range, X ms per
     gap in M of them). Inside, it ran: ops.' — or the ops alone when no range covers them."""
     text = ""
-    ranges = host["host_ranges"]
+    ranges = host.host_ranges
     if ranges:
         text += f" In the {windows} longest gaps the host was in " + ", ".join(
             f"`{r['name']}` (record_function/NVTX range, {r['overlap_ns'] / max(r['windows'], 1) / 1e6:.2f} ms "
@@ -256,7 +362,7 @@ def _host_text(host: dict, windows: int) -> str:
             for r in ranges[:2]
         )
         text += "."
-    ops = [op for op in host["top_host_ops"] if op["kind"] != "annotation"][:3]
+    ops = [op for op in host.top_host_ops if op["kind"] != "annotation"][:3]
     if ops:
         text += (" Inside, it ran: " if ranges else " The host was mostly in: ") + ", ".join(
             f"{op['name']} ({op['overlap_ns'] / 1e6:.2f} ms)" for op in ops
@@ -265,26 +371,24 @@ def _host_text(host: dict, windows: int) -> str:
     return text
 
 
-def _device_latency_note(job, trace, rank, device, m: CauseIdle, attribution, params):
+def speak_device_latency(m: DeviceIdle, params: dict[str, float]) -> Finding | None:
     """``queued`` time that is no stall (gaps inside graph replays, sub-microsecond device
     latency between back-to-back kernels): an ``info`` line when it is a material share."""
-    total = int(m.per_gap.sum())
-    share = 100.0 * total / m.span if m.span else 0.0
-    if graded_severity(share, total, params) is None:
+    q, share = m.queued, m.queued_share_pct
+    if graded_severity(share, q.queued_ns, params) is None:
         return None
-    graph = graph_internal_gaps(job, trace, device, attribution)
-    graph_ns = int(m.per_gap[graph].sum())
+    device = m.where.device
     return Finding(
         analyzer="gpu_idle",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=device,
         severity="info",
         title=f"GPU {device}: {share:.1f}% of the time in device-side gaps between queued kernels (not a stall)",
         detail=(
-            f"{int((m.per_gap > 0).sum())} gaps of {total / 1e6:.2f} ms in all opened with the next kernel "
-            f"already queued; {graph_ns / 1e6:.2f} ms of it between the kernels of one CUDA graph replay and the "
-            f"rest in gaps under {QUEUED_MIN_GAP_NS / 1e3:.0f} µs (longest {m.per_gap.max() / 1e3:.2f} µs): the "
+            f"{q.gap_count} gaps of {q.queued_ns / 1e6:.2f} ms in all opened with the next kernel "
+            f"already queued; {q.graph_replay_ns / 1e6:.2f} ms of it between the kernels of one CUDA graph replay and the "
+            f"rest in gaps under {QUEUED_MIN_GAP_NS / 1e3:.0f} µs (longest {q.longest_ns / 1e3:.2f} µs): the "
             "device's own per-kernel latency, which neither the host nor the stream order causes."
         ),
         recommendation=(
@@ -295,10 +399,10 @@ def _device_latency_note(job, trace, rank, device, m: CauseIdle, attribution, pa
         evidence={
             "key": "device_latency",
             "cause": "queued",
-            "queued_ns": total,
-            "graph_replay_ns": graph_ns,
+            "queued_ns": q.queued_ns,
+            "graph_replay_ns": q.graph_replay_ns,
             "share_of_span_pct": round(share, 3),
-            "span_ns": m.span,
+            "span_ns": m.span_ns,
             "min_gap_ns": QUEUED_MIN_GAP_NS,
         },
     )

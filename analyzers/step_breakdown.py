@@ -12,10 +12,18 @@ and the ``table`` finding's evidence. Documented in docs/analyzers/step_breakdow
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from stallscope import intervals
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    Where,
+)
 from stallscope.host_ops import LAUNCH_CTE
 from stallscope.idle import CAUSES, attribute_idle
 from stallscope.jobdata import JobData
@@ -52,36 +60,88 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
     jitters: list[Finding] = []
     for ref in job.traces:
-        rank = int(ref.meta.get("rank", 0))
-        steps = job.numpy(
-            "SELECT step, start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step' ORDER BY start_ns",
-            [ref.trace_id],
-        )
-        if steps["step"].size == 0:
+        m = measure_trace(job, Where(ref.trace_id, int(ref.meta.get("rank", 0))))
+        if m is None:
             continue
-        durations = steps["end_ns"] - steps["start_ns"]
-        median = float(np.median(durations))
-        p90 = float(np.percentile(durations, 90))
-        for name, value, unit in (
-            ("step_time_ms_p90", round(p90 / 1e6, 6), "ms"),
-            ("step_time_ms_max", round(float(durations.max()) / 1e6, 6), "ms"),
-            (
-                "step_time_max_over_median",
-                round(float(durations.max()) / median, 4) if median else None,
-                "ratio",
-            ),
-        ):
-            result.metrics.append(Metric(ref.trace_id, rank, None, name, value, unit))
-        table = _per_step_table(job, ref.trace_id, steps)
-        result.tables.steps.extend(step_rows(ref.trace_id, rank, table))
-        jitter = _jitter_finding(ref.trace_id, rank, steps, durations, median, p90, params)
-        if jitter:
-            jitter.evidence["steps"] = table[:MAX_STEPS_IN_EVIDENCE]
-            jitters.append(jitter)
-        result.findings.append(_table_finding(ref.trace_id, rank, table, median, p90))
+        result.metrics.extend(metrics(m))
+        result.tables.steps.extend(step_rows(m))
+        for finding in speak(m, params):
+            (jitters if finding.evidence["key"] == "jitter" else result.findings).append(finding)
     if jitters:
         result.findings.append(_one_jitter_per_job(jitters))
     return result
+
+
+class StepTimes(msgspec.Struct, kw_only=True):
+    """The durations of one trace's host steps (``ProfilerStep#N`` ranges), ns:
+    :func:`measure_step_times`."""
+
+    count: int
+    median_ns: float
+    p90_ns: float  # numpy's linear percentile
+    max_ns: int
+    excess_ns: int  # Σ (duration − median) over the steps slower than the median
+    slowest: list[list[int]]  # [start, end] of up to 20 steps slower than the median, slowest first
+
+    @property
+    def p90_over_median(self) -> float:
+        """p90 / median (unrounded; 0 at a 0 median)."""
+        return self.p90_ns / self.median_ns if self.median_ns else 0.0
+
+
+class TraceSteps(msgspec.Struct, kw_only=True):
+    """One trace's steps: their times and the per-step table (:func:`measure_trace`).
+    No prose: :func:`speak_jitter` and :func:`speak_table` write the findings from it."""
+
+    where: Where  # the trace (no device: the rows carry theirs)
+    times: StepTimes
+    rows: list[StepRow]  # one per (device, step) with GPU work or idle time, every one
+
+    @property
+    def step_count(self) -> int:
+        """How many steps have a row."""
+        return len({row.step for row in self.rows})
+
+
+def measure_trace(job: JobData, where: Where) -> TraceSteps | None:
+    """The trace's step times and per-step table; None when it has no steps."""
+    steps = job.numpy(
+        "SELECT step, start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step' ORDER BY start_ns",
+        [where.trace],
+    )
+    if steps["step"].size == 0:
+        return None
+    return TraceSteps(
+        where=where, times=measure_step_times(steps), rows=_per_step_rows(job, where, steps)
+    )
+
+
+def measure_step_times(steps: dict) -> StepTimes:
+    """Median, p90, max and the excess over the median of ``steps`` (columns step,
+    start_ns, end_ns; at least one step)."""
+    durations = steps["end_ns"] - steps["start_ns"]
+    median = float(np.median(durations))
+    slow = np.flatnonzero(durations > median)
+    worst = slow[np.argsort(-durations[slow])][:20]
+    return StepTimes(
+        count=int(durations.size),
+        median_ns=median,
+        p90_ns=float(np.percentile(durations, 90)),
+        max_ns=int(durations.max()),
+        excess_ns=int((durations[slow] - median).sum()),
+        slowest=[[int(steps["start_ns"][i]), int(steps["end_ns"][i])] for i in worst],
+    )
+
+
+def metrics(m: TraceSteps) -> list[Metric]:
+    """The trace's step-time metrics: p90, max, and max over median (None at a 0 median)."""
+    t, w = m.times, m.where
+    ratio = round(float(t.max_ns) / t.median_ns, 4) if t.median_ns else None
+    return [
+        Metric(w.trace, w.rank, None, "step_time_ms_p90", round(t.p90_ns / 1e6, 6), "ms"),
+        Metric(w.trace, w.rank, None, "step_time_ms_max", round(float(t.max_ns) / 1e6, 6), "ms"),
+        Metric(w.trace, w.rank, None, "step_time_max_over_median", ratio, "ratio"),
+    ]
 
 
 def combine_ranks(results: list[AnalyzerResult]) -> AnalyzerResult:
@@ -117,8 +177,8 @@ def _one_jitter_per_job(jitters: list[Finding]) -> Finding:
     return worst
 
 
-def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
-    """One row per (step, device): step_ms, GPU ns by category and idle ns by cause.
+def _per_step_rows(job: JobData, where: Where, steps: dict) -> list[StepRow]:
+    """One row per (device, step): step_ms, GPU ns by category and idle ns by cause.
 
     Rows of a device sum to its job totals: every idle nanosecond of the step
     scope is in exactly one row (:func:`_idle_per_step`), every GPU operation
@@ -130,36 +190,62 @@ def _per_step_table(job: JobData, trace: str, steps: dict) -> list[dict]:
                   coalesce(l.launch_ns, g.start_ns) AS launch_ns
            FROM gpu g LEFT JOIN launch l ON l.correlation = g.correlation
            WHERE g.trace_id = $trace AND g.kind IN ('kernel', 'memcpy', 'memset') ORDER BY g.device, g.start_ns""",
-        {"trace": trace},
+        {"trace": where.trace},
     )
     rows = []
     for device in np.unique(gpu["device"]).tolist():
         dev = {k: np.asarray(v)[gpu["device"] == device] for k, v in gpu.items()}
-        owner = _launch_step(dev, steps)
-        attribution = attribute_idle(job, trace, int(device))
-        idle = _idle_per_step(attribution, steps, dev, owner)
-        edges = (attribution.span_start, attribution.span_end)
-        for index, number in enumerate(steps["step"].tolist()):
-            mine = owner == index
-            if not mine.any() and not idle[index].any():
-                continue
-            row = {
-                "step": int(number),
-                "device": int(device),
-                "step_ms": round((steps["end_ns"][index] - steps["start_ns"][index]) / 1e6, 6),
-            }
-            row.update(_busy(dev, mine, edges))
-            row["window_ns"] = row["busy_ns"] + int(idle[index].sum())
-            for c, cause in enumerate(CAUSES):
-                row[f"idle_{cause}_ns"] = int(idle[index, c])
-            rows.append(row)
+        rows.extend(_device_rows(job, Where(where.trace, where.rank, int(device)), steps, dev))
     return rows
 
 
-def step_rows(trace: str, rank: int, table: list[dict]) -> list[StepRow]:
-    """The report's ``steps`` rows of one trace: its per-step table (the first
-    MAX_STEPS_IN_EVIDENCE rows, as the finding's evidence)."""
-    return [StepRow(trace=trace, rank=rank, **row) for row in table[:MAX_STEPS_IN_EVIDENCE]]
+def _device_rows(job: JobData, where: Where, steps: dict, dev: dict) -> list[StepRow]:
+    """The rows of one device, whose GPU operations are ``dev`` (columns of the query
+    above), in step order; steps with neither its work nor its idle time have none."""
+    owner = _launch_step(dev, steps)
+    attribution = attribute_idle(job, where.trace, int(where.device))
+    idle = _idle_per_step(attribution, steps, dev, owner)
+    edges = (attribution.span_start, attribution.span_end)
+    rows = []
+    for index, number in enumerate(steps["step"].tolist()):
+        mine = owner == index
+        if not mine.any() and not idle[index].any():
+            continue
+        busy = _busy(dev, mine, edges)
+        rows.append(
+            StepRow(
+                trace=where.trace,
+                rank=where.rank,
+                device=where.device,
+                step=int(number),
+                step_ms=round((steps["end_ns"][index] - steps["start_ns"][index]) / 1e6, 6),
+                window_ns=busy["busy_ns"] + int(idle[index].sum()),
+                **busy,
+                **{f"idle_{cause}_ns": int(idle[index, c]) for c, cause in enumerate(CAUSES)},
+            )
+        )
+    return rows
+
+
+def step_rows(m: TraceSteps) -> list[StepRow]:
+    """The report's ``steps`` rows of one trace: the first MAX_STEPS_IN_EVIDENCE rows
+    of its per-step table (as the findings' evidence)."""
+    return m.rows[:MAX_STEPS_IN_EVIDENCE]
+
+
+def evidence_rows(m: TraceSteps) -> list[dict]:
+    """The per-step table as the findings' evidence holds it (the rows of the ``steps``
+    table without trace and rank, keys in the table's documented order)."""
+    return [_evidence_row(row) for row in step_rows(m)]
+
+
+def _evidence_row(row: StepRow) -> dict:
+    out = {"step": row.step, "device": row.device, "step_ms": row.step_ms}
+    for name in ("compute_ns", "comm_ns", "memcpy_ns", "busy_ns", "window_ns"):
+        out[name] = getattr(row, name)
+    for cause in CAUSES:
+        out[f"idle_{cause}_ns"] = getattr(row, f"idle_{cause}_ns")
+    return out
 
 
 def _launch_step(dev: dict, steps: dict) -> np.ndarray:
@@ -218,59 +304,69 @@ def _busy(dev: dict, mine: np.ndarray, edges: tuple[int, int]) -> dict[str, int]
     }
 
 
-def _jitter_finding(trace, rank, steps, durations, median, p90, params) -> Finding | None:
-    if durations.size < params["min_steps"] or not median:
+def speak(m: TraceSteps, params: dict[str, float]) -> list[Finding]:
+    """The trace's findings: its jitter finding, if any (``run`` keeps one per job:
+    :func:`_one_jitter_per_job`), and the per-step table."""
+    jitter = speak_jitter(m, params)
+    return [*([jitter] if jitter else []), speak_table(m)]
+
+
+def speak_jitter(m: TraceSteps, params: dict[str, float]) -> Finding | None:
+    """The jitter finding of one trace, graded by p90 / median; None under ``min_steps``
+    steps, at a 0 median, or below ``jitter_low``."""
+    t, w = m.times, m.where
+    if t.count < params["min_steps"] or not t.median_ns:
         return None
-    ratio = p90 / median
+    ratio = t.p90_over_median
     severity = next(
         (lvl for lvl in ("high", "medium", "low") if ratio >= params[f"jitter_{lvl}"]), None
     )
     if severity is None:
         return None
-    slow = np.flatnonzero(durations > median)
-    excess = int((durations[slow] - median).sum())
-    worst = slow[np.argsort(-durations[slow])][:20]
+    median, p90 = t.median_ns, t.p90_ns
     return Finding(
         analyzer="step_breakdown",
-        trace=trace,
-        rank=rank,
+        trace=w.trace,
+        rank=w.rank,
         device=None,
         severity=severity,
         title=f"Step time varies: p90 is {ratio:.2f}x the median",
         detail=(
-            f"{durations.size} steps: median {median / 1e6:.2f} ms, p90 {p90 / 1e6:.2f} ms, max {durations.max() / 1e6:.2f} ms. "
-            f"Steps slower than the median took {excess / 1e6:.2f} ms more in total."
+            f"{t.count} steps: median {median / 1e6:.2f} ms, p90 {p90 / 1e6:.2f} ms, max {t.max_ns / 1e6:.2f} ms. "
+            f"Steps slower than the median took {t.excess_ns / 1e6:.2f} ms more in total."
         ),
         recommendation=(
             "Compare a slow step with a typical one (windows): look for periodic work (evaluation, checkpointing, "
             "logging, garbage collection, data-loader hiccups) or variable input sizes, and move it off the step "
             "or make it asynchronous."
         ),
-        impact_ns=excess,
-        saving_ns=excess,
+        impact_ns=t.excess_ns,
+        saving_ns=t.excess_ns,
         evidence={
             "key": "jitter",
             "median_ns": int(median),
             "p90_ns": int(p90),
             "p90_over_median": round(ratio, 4),
+            "steps": evidence_rows(m),
         },
-        windows=[[int(steps["start_ns"][i]), int(steps["end_ns"][i])] for i in worst],
+        windows=t.slowest,
     )
 
 
-def _table_finding(trace: str, rank: int, table: list[dict], median: float, p90: float) -> Finding:
-    steps = sorted({row["step"] for row in table})
+def speak_table(m: TraceSteps) -> Finding:
+    """The ``info`` finding that carries the trace's per-step table."""
+    n, median, p90 = m.step_count, m.times.median_ns, m.times.p90_ns
     return Finding(
         analyzer="step_breakdown",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=None,
         severity="info",
-        title=f"Step breakdown: {len(steps)} step{'s' if len(steps) != 1 else ''}, median {median / 1e6:.2f} ms",
+        title=f"Step breakdown: {n} step{'s' if n != 1 else ''}, median {median / 1e6:.2f} ms",
         detail=f"Per step and GPU: compute, communication, copies and idle time by cause (median step {median / 1e6:.2f} ms, p90 {p90 / 1e6:.2f} ms).",
         recommendation="Use the per-step table to see which category grows in slow steps.",
         impact_ns=0,
-        evidence={"key": "table", "steps": table[:MAX_STEPS_IN_EVIDENCE]},
+        evidence={"key": "table", "steps": evidence_rows(m)},
     )
 
 

@@ -20,10 +20,12 @@ One ``info`` finding per device: the busy/idle headline with idle time by cause.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from stallscope import intervals
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, pct
+from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Where, pct
+from stallscope.idle import attribute_idle
 from stallscope.jobdata import JobData
 from stallscope.scope import idle_gaps, in_scope, span_of, step_scope
 
@@ -42,107 +44,148 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         for device in np.unique(cols["device"]):
             mask = cols["device"] == device
             dev = {k: np.asarray(v)[mask] for k, v in cols.items()}
-            scope = step_scope(job, ref.trace_id, int(device))
-            keep, dev["start_ns"], dev["end_ns"] = in_scope(dev["start_ns"], dev["end_ns"], scope)
-            for column in ("device", "kind", "is_comm"):
-                dev[column] = dev[column][keep]
-            if keep.any():
-                _device_metrics(job, result, ref.trace_id, rank, int(device), dev, scope)
-        _step_metric(job, result, ref.trace_id, rank)
+            m = measure_device(job, Where(ref.trace_id, rank, int(device)), dev)
+            if m is not None:
+                result.metrics.extend(metrics(m))
+                result.findings.append(speak(m, params))
+        result.metrics.extend(step_metrics(measure_steps(job, Where(ref.trace_id, rank))))
     return result
 
 
-def _device_metrics(
-    job: JobData,
-    result: AnalyzerResult,
-    trace: str,
-    rank: int,
-    device: int,
-    dev: dict,
-    scope: tuple[int, int] | None,
-) -> None:
-    starts, ends, kind = dev["start_ns"], dev["end_ns"], dev["kind"]
-    is_comm = np.asarray(dev["is_comm"], dtype=bool)
+class DeviceBusy(msgspec.Struct, kw_only=True):
+    """How busy one device was over its span, ns of interval unions: :func:`measure_device`.
+    No prose: :func:`speak` writes the headline from it."""
+
+    where: Where
+    span_ns: int  # the step scope, else first start to last end of its operations
+    stepped: bool  # the span is the step scope
+    busy_ns: int  # kernels, copies and memsets
+    compute_ns: int  # non-communication kernels
+    comm_ns: int  # communication kernels
+    memcpy_ns: int  # copies and memsets
+    kernel_count: int
+    gap_count: int  # idle gaps in the span
+    windows: list[list[int]]  # the longest gaps, longest first (MAX_WINDOWS)
+    idle_by_cause_ns: dict[str, int]  # gpu_idle's attribution (stallscope.idle)
+
+    @property
+    def idle_ns(self) -> int:
+        return self.span_ns - self.busy_ns
+
+    @property
+    def idle_pct(self) -> float:
+        """100 − the busy share (rounded to 3 decimals, as ``gpu_busy_pct``), 0 without a span."""
+        return 100.0 - pct(self.busy_ns, self.span_ns) if self.span_ns else 0.0
+
+
+class StepMedian(msgspec.Struct, kw_only=True):
+    """The trace's host steps (``ProfilerStep#N``): :func:`measure_steps`."""
+
+    where: Where
+    count: int
+    median_ns: float | None  # None without steps
+
+
+def measure_device(job: JobData, where: Where, dev: dict) -> DeviceBusy | None:
+    """The device's busy time by category over its span, from its GPU operations ``dev``
+    (columns device, kind, is_comm, start_ns, end_ns, in start order); None when none of
+    them is inside the step scope."""
+    scope = step_scope(job, where.trace, int(where.device))
+    keep, starts, ends = in_scope(dev["start_ns"], dev["end_ns"], scope)
+    if not keep.any():
+        return None
+    is_kernel = dev["kind"][keep] == "kernel"
+    is_comm = np.asarray(dev["is_comm"][keep], dtype=bool)
     lo, hi = span_of(starts, ends, scope)
-    span = hi - lo
-    is_kernel = kind == "kernel"
-    busy = intervals.total(starts, ends)
-    parts = {
-        "gpu_busy_pct": busy,
-        "compute_pct": intervals.total(starts[is_kernel & ~is_comm], ends[is_kernel & ~is_comm]),
-        "comm_pct": intervals.total(starts[is_kernel & is_comm], ends[is_kernel & is_comm]),
-        "memcpy_pct": intervals.total(starts[~is_kernel], ends[~is_kernel]),
+    gap_starts, gap_ends = idle_gaps(starts, ends, scope)
+    longest = np.argsort(gap_starts - gap_ends, kind="stable")[:MAX_WINDOWS]
+    return DeviceBusy(
+        where=where,
+        span_ns=hi - lo,
+        stepped=scope is not None,
+        busy_ns=intervals.total(starts, ends),
+        compute_ns=intervals.total(starts[is_kernel & ~is_comm], ends[is_kernel & ~is_comm]),
+        comm_ns=intervals.total(starts[is_kernel & is_comm], ends[is_kernel & is_comm]),
+        memcpy_ns=intervals.total(starts[~is_kernel], ends[~is_kernel]),
+        kernel_count=int(is_kernel.sum()),
+        gap_count=int(gap_starts.size),
+        windows=[[int(gap_starts[i]), int(gap_ends[i])] for i in longest],
+        idle_by_cause_ns=attribute_idle(job, where.trace, int(where.device)).totals,
+    )
+
+
+def measure_steps(job: JobData, where: Where) -> StepMedian:
+    """How many host steps the trace has and their median duration."""
+    cols = job.numpy(
+        "SELECT end_ns - start_ns AS dur FROM ranges WHERE trace_id = ? AND kind = 'step'",
+        [where.trace],
+    )
+    durations = cols["dur"]
+    median = float(np.median(durations)) if durations.size else None
+    return StepMedian(where=where, count=int(durations.size), median_ns=median)
+
+
+def metrics(m: DeviceBusy) -> list[Metric]:
+    """The device's shares of its span (%), kernel count and span (ns)."""
+    w, span = m.where, m.span_ns
+    shares = {
+        "gpu_busy_pct": m.busy_ns,
+        "compute_pct": m.compute_ns,
+        "comm_pct": m.comm_ns,
+        "memcpy_pct": m.memcpy_ns,
     }
-    for name, covered in parts.items():
-        result.metrics.append(Metric(trace, rank, device, name, pct(covered, span), "%"))
-    idle_pct = 100.0 - pct(busy, span) if span else 0.0
-    result.metrics.append(Metric(trace, rank, device, "gpu_idle_pct", round(idle_pct, 3), "%"))
-    result.metrics.append(
-        Metric(trace, rank, device, "kernel_count", int(is_kernel.sum()), "count")
+    out = [Metric(w.trace, w.rank, w.device, n, pct(ns, span), "%") for n, ns in shares.items()]
+    out.append(Metric(w.trace, w.rank, w.device, "gpu_idle_pct", round(m.idle_pct, 3), "%"))
+    out.append(Metric(w.trace, w.rank, w.device, "kernel_count", m.kernel_count, "count"))
+    out.append(Metric(w.trace, w.rank, w.device, "gpu_span_ns", span, "ns"))
+    return out
+
+
+def step_metrics(m: StepMedian) -> list[Metric]:
+    """``step_time_ms_median`` and ``step_count`` (none without steps)."""
+    if m.median_ns is None:
+        return []
+    w = m.where
+    return [
+        Metric(w.trace, w.rank, None, "step_time_ms_median", round(m.median_ns / 1e6, 6), "ms"),
+        Metric(w.trace, w.rank, None, "step_count", m.count, "count"),
+    ]
+
+
+def speak(m: DeviceBusy, params: dict[str, float]) -> Finding:
+    """An info finding per device: busy/idle shares and the idle time by cause (from gpu_idle).
+    ``utilization`` has no thresholds: ``params`` is empty, taken as every analyzer's speak takes it."""
+    device, span, idle_pct = m.where.device, m.span_ns, m.idle_pct
+    ranked = sorted(
+        ((ns, cause) for cause, ns in m.idle_by_cause_ns.items() if ns > 0), reverse=True
     )
-    result.metrics.append(Metric(trace, rank, device, "gpu_span_ns", span, "ns"))
-    gaps = idle_gaps(starts, ends, scope)
-    result.findings.append(
-        _headline(job, trace, rank, device, gaps, span, busy, idle_pct, scope is not None)
-    )
-
-
-def _headline(job, trace, rank, device, gaps, span, busy, idle_pct, stepped) -> Finding:
-    """An info finding per device: busy/idle shares and the idle time by cause (from gpu_idle)."""
-    from stallscope.idle import attribute_idle
-
-    gap_starts, gap_ends = gaps
-    order = np.argsort(gap_starts - gap_ends, kind="stable")[:MAX_WINDOWS]  # longest first
-    windows = [[int(gap_starts[i]), int(gap_ends[i])] for i in order]
-    idle_ns = span - busy
-    by_cause = attribute_idle(job, trace, device).totals
-    ranked = sorted(((ns, cause) for cause, ns in by_cause.items() if ns > 0), reverse=True)
     causes = (
         ", ".join(f"{cause} {100 * ns / span:.1f}%" for ns, cause in ranked[:4]) if span else ""
     )
     return Finding(
         analyzer="utilization",
-        trace=trace,
-        rank=rank,
+        trace=m.where.trace,
+        rank=m.where.rank,
         device=device,
         severity="info",
         title=f"GPU {device} busy {100 - idle_pct:.1f}%, idle {idle_pct:.1f}% of {span / 1e6:.2f} ms",
         detail=(
-            ("Over its profiled steps" if stepped else "From its first to its last activity")
-            + f" GPU {device} ran kernels or copies for {busy / 1e6:.2f} ms "
-            f"and sat idle for {idle_ns / 1e6:.2f} ms in {gap_starts.size} gaps"
+            ("Over its profiled steps" if m.stepped else "From its first to its last activity")
+            + f" GPU {device} ran kernels or copies for {m.busy_ns / 1e6:.2f} ms "
+            f"and sat idle for {m.idle_ns / 1e6:.2f} ms in {m.gap_count} gaps"
             + (f"; idle by cause: {causes}." if causes else ".")
         ),
         recommendation="See the gpu_idle and launch_overhead findings for the causes and their fixes.",
-        impact_ns=idle_ns,
+        impact_ns=m.idle_ns,
         evidence={
             "span_ns": span,
-            "busy_ns": busy,
-            "idle_ns": idle_ns,
-            "gap_count": int(gap_starts.size),
-            "idle_by_cause_ns": by_cause,
+            "busy_ns": m.busy_ns,
+            "idle_ns": m.idle_ns,
+            "gap_count": m.gap_count,
+            "idle_by_cause_ns": m.idle_by_cause_ns,
         },
-        windows=windows,
+        windows=m.windows,
     )
-
-
-def _step_metric(job: JobData, result: AnalyzerResult, trace: str, rank: int) -> None:
-    cols = job.numpy(
-        "SELECT end_ns - start_ns AS dur FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
-    )
-    durations = cols["dur"]
-    if durations.size:
-        result.metrics.append(
-            Metric(
-                trace,
-                rank,
-                None,
-                "step_time_ms_median",
-                round(float(np.median(durations)) / 1e6, 6),
-                "ms",
-            )
-        )
-        result.metrics.append(Metric(trace, rank, None, "step_count", int(durations.size), "count"))
 
 
 SPEC = AnalyzerSpec(

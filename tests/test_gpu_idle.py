@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from stallscope.analyzers import gpu_idle
+from stallscope.analyzers.base import Where
 from stallscope.idle import CAUSES, attribute_idle
 from stallscope.ingest import ingest_paths
 from stallscope.jobdata import JobData
@@ -199,3 +202,138 @@ def test_sliver_rule(labels, lengths, gaps, expected):
         np.array(index), np.array(gaps), np.array(lengths, dtype=np.int64) * US
     )
     assert [CAUSES[i] for i in out] == expected
+
+
+# Measure, then speak (#16): the numbers of the hand trace, and findings from hand-made numbers.
+
+NOTHING_TO_FIX = re.compile(r"nothing to (fix|do|change)|no (action|change|fix)", re.IGNORECASE)
+
+
+def test_measure_device_by_hand(job):
+    """hand_trace (no steps): span [0, 150) µs; the stall time of each cause and its gaps."""
+    where = Where(job.traces[0].trace_id, 0, 0)
+    m = gpu_idle.measure_device(job, where, gpu_idle.SPEC.params({"min_impact_ms": 0}))
+    assert (m.span_ns, m.in_steps, m.streams, m.host_work_recorded) == (150 * US, False, 1, True)
+    assert list(m.causes) == list(gpu_idle.REPORTED_CAUSES)  # launch: launch_overhead's
+    c = m.causes["dataloader"]
+    assert (c.impact_ns, c.gap_count, c.longest_ns) == (25 * US, 1, 25 * US)
+    assert c.share_pct == pytest.approx(100 * 25 / 150)
+    assert c.windows == [[10 * US, 40 * US]]
+    assert c.host.top_host_ops[0]["name"].startswith("enumerate(DataLoader)")
+    h = m.causes["host_sync"]  # gaps 2, 4 and 5: 30 + 10 + 9 µs, largest first
+    assert (h.impact_ns, h.gap_count, h.longest_ns) == (49 * US, 3, 30 * US)
+    assert h.windows == [[50 * US, 80 * US], [110 * US, 120 * US], [121 * US, 130 * US]]
+    cpu = m.causes["cpu"]  # nothing: the drained gap's python time is host_sync's
+    assert (cpu.impact_ns, cpu.gap_count, cpu.longest_ns, cpu.windows) == (0, 0, 0, [])
+    q = m.causes["queued"]  # gap 6, 5 µs: not inside a graph replay (E and F: two launches)
+    assert (q.impact_ns, q.windows) == (5 * US, [[140 * US, 145 * US]])
+    assert q.host == gpu_idle.NO_HOST_ACTIVITY  # the host had handed the work over
+    assert m.queued == gpu_idle.QueuedTime(
+        queued_ns=5 * US, gap_count=1, graph_replay_ns=0, longest_ns=5 * US
+    )
+    assert m.totals == attribute_idle(job, where.trace, 0).totals
+
+
+def test_measure_device_looks_at_the_host_only_for_reported_causes(job):
+    """Under the default 1 ms floor no cause of the 150 µs trace is reported: the numbers are
+    the same, the host activity is not measured."""
+    where = Where(job.traces[0].trace_id, 0, 0)
+    m = gpu_idle.measure_device(job, where, gpu_idle.SPEC.params())
+    assert m.causes["host_sync"].impact_ns == 49 * US
+    assert all(c.host is None for c in m.causes.values())
+    assert gpu_idle.speak(m, gpu_idle.SPEC.params()) == []
+
+
+def _idle(cause: str, impact_us: int, span_us: int = 1_000, **kw) -> gpu_idle.CauseIdle:
+    return gpu_idle.CauseIdle(
+        cause=cause,
+        impact_ns=impact_us * US,
+        span_ns=span_us * US,
+        gap_count=kw.get("gaps", 2),
+        longest_ns=kw.get("longest_us", impact_us) * US,
+        windows=kw.get("windows", [[0, impact_us * US]]),
+        host=kw.get("host"),
+    )
+
+
+def _device(*causes: gpu_idle.CauseIdle, span_us=1_000, queued=None, **kw) -> gpu_idle.DeviceIdle:
+    zero = {c: 0 for c in gpu_idle.REPORTED_CAUSES}
+    return gpu_idle.DeviceIdle(
+        where=Where("t", 3, 1),
+        span_ns=span_us * US,
+        in_steps=kw.get("in_steps", True),
+        totals={c: 0 for c in CAUSES} | {c.cause: c.impact_ns for c in causes},
+        causes={c: _idle(c, zero[c]) for c in gpu_idle.REPORTED_CAUSES}
+        | {c.cause: c for c in causes},
+        queued=queued
+        or gpu_idle.QueuedTime(queued_ns=0, gap_count=0, graph_replay_ns=0, longest_ns=0),
+        streams=kw.get("streams", 1),
+        host_work_recorded=kw.get("host_work_recorded", True),
+    )
+
+
+PARAMS = gpu_idle.SPEC.params({"min_impact_ms": 0})
+
+
+def test_speak_writes_the_measured_numbers():
+    """200 of 1,000 µs waiting for data, in 2 gaps (longest 150 µs): medium (10-25 %)."""
+    host = gpu_idle.HostActivity(
+        top_host_ops=[{"name": "collate", "kind": "cpu_op", "overlap_ns": 180 * US, "count": 2}],
+        host_ranges=[],
+    )
+    m = _device(_idle("dataloader", 200, longest_us=150, host=host))
+    (f,) = gpu_idle.speak(m, PARAMS)
+    assert (f.trace, f.rank, f.device, f.severity) == ("t", 3, 1, "medium")
+    assert f.title == "GPU 1 idle 20.0% of the time waiting for input data"
+    assert f.detail.startswith(
+        "GPU 1 was idle 0.20 ms (20.0% of its 1.00 ms span) waiting for input data, in 2 gaps "
+        "(longest 0.150 ms). The host was mostly in: collate (0.18 ms)."
+    )
+    assert f.impact_ns == f.saving_ns == 200 * US
+    assert f.evidence["longest_gap_ns"] == 150 * US and f.evidence["scope"] == "steps"
+    assert f.evidence["top_host_ops"] == host.top_host_ops and f.windows == [[0, 200 * US]]
+    assert "host_work_recorded" not in f.evidence
+
+
+def test_speak_fits_the_fix_to_the_trace():
+    ranges = [{"name": "log_metrics", "overlap_ns": 90 * US, "windows": 1, "thread": 100}]
+    cpu = _idle("cpu", 100, host=gpu_idle.HostActivity(top_host_ops=[], host_ranges=ranges))
+    (f,) = gpu_idle.speak(_device(cpu), PARAMS)
+    assert f.recommendation.startswith("The GPU waits while the host is in `log_metrics`")
+    assert "In the 1 longest gaps the host was in `log_metrics`" in f.detail
+    for recorded, start in ((True, gpu_idle.UNRECORDED_WORK_FIX), (False, "Capture with CPU")):
+        m = _device(_idle("unknown", 100), host_work_recorded=recorded)
+        (f,) = gpu_idle.speak(m, PARAMS)
+        assert f.recommendation.startswith(start) and f.evidence["host_work_recorded"] is recorded
+    for streams in (1, 3):
+        (f,) = gpu_idle.speak(_device(_idle("queued", 100), streams=streams), PARAMS)
+        assert (f.recommendation == gpu_idle.QUEUED_MULTI_STREAM_FIX) is (streams > 1)
+
+
+def test_queued_time_that_is_no_stall_is_an_info_note_and_never_a_loss():
+    """400 µs of queued time, all inside graph replays or under 1 µs (none counted): one
+    info note, impact 0 and no saving; its 'nothing to fix' never sits under a loss."""
+    queued = gpu_idle.QueuedTime(
+        queued_ns=400 * US, gap_count=900, graph_replay_ns=300 * US, longest_ns=900
+    )
+    (note,) = gpu_idle.speak(_device(queued=queued), PARAMS)
+    assert note.severity == "info" and note.impact_ns == 0 and note.saving_ns is None
+    assert note.title == (
+        "GPU 1: 40.0% of the time in device-side gaps between queued kernels (not a stall)"
+    )
+    assert "0.30 ms of it between the kernels of one CUDA graph replay" in note.detail
+    assert "(longest 0.90 µs)" in note.detail
+    # the same time counted as a stall: a loss, whose fix is never "nothing to fix"
+    losses = gpu_idle.speak(_device(_idle("queued", 400), queued=queued), PARAMS)
+    assert [f.severity for f in losses] == ["high"]
+    for m in (_device(_idle(c, 300)) for c in gpu_idle.REPORTED_CAUSES):
+        for f in gpu_idle.speak(m, PARAMS):
+            assert f.impact_ns > 0 and not NOTHING_TO_FIX.search(f.recommendation), f.title
+
+
+def test_run_is_measure_then_speak(job):
+    params = gpu_idle.SPEC.params({"min_impact_ms": 0})
+    m = gpu_idle.measure_device(job, Where(job.traces[0].trace_id, 0, 0), params)
+    result = gpu_idle.run(job, params)
+    assert gpu_idle.speak(m, params) == result.findings and len(result.findings) == 4
+    assert gpu_idle.metrics(m) == result.metrics

@@ -13,7 +13,16 @@ import inspect
 import msgspec
 import pytest
 
-from stallscope.analyzers import host_sync, hotspots, launch_overhead, memcpy, overlap
+from stallscope.analyzers import (
+    gpu_idle,
+    host_sync,
+    hotspots,
+    launch_overhead,
+    memcpy,
+    overlap,
+    step_breakdown,
+    utilization,
+)
 from stallscope.analyzers.base import Where
 from stallscope.collectives import gpu_activity
 from stallscope.ingest import ingest_paths
@@ -26,7 +35,7 @@ from tests.test_overlap import hand_trace
 
 MS = 1_000_000
 MiB = 1 << 20
-SPLIT = (hotspots, overlap, host_sync, launch_overhead)
+SPLIT = (hotspots, overlap, host_sync, launch_overhead, gpu_idle, step_breakdown, utilization)
 
 
 @pytest.fixture
@@ -48,9 +57,10 @@ def test_speaking_needs_no_job(module):
     """``speak`` and ``metrics`` read a measurement (and thresholds), never the job."""
     assert list(inspect.signature(module.speak).parameters) == ["m", "params"]
     assert len(inspect.signature(module.metrics).parameters) == 1
-    for measure in (getattr(module, "measure_trace", None), module.measure_device):
-        if measure is not None:
-            assert list(inspect.signature(measure).parameters)[:2] == ["job", "where"]
+    measures = [getattr(module, name, None) for name in ("measure_trace", "measure_device")]
+    assert any(measures)
+    for measure in filter(None, measures):
+        assert list(inspect.signature(measure).parameters)[:2] == ["job", "where"]
 
 
 def test_launch_overhead_measurement_by_hand(open_job):

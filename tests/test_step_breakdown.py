@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from stallscope.analyzers import step_breakdown
-from stallscope.idle import attribute_idle
+from stallscope.analyzers.base import Where
+from stallscope.idle import CAUSES, attribute_idle
 from stallscope.ingest import ingest_paths
 from stallscope.jobdata import JobData
+from stallscope.report_types import StepRow
 from tests.kineto_builder import KinetoTrace
 
 US = 1_000
@@ -128,3 +131,106 @@ def test_operations_without_a_launch_record_count_where_they_start(store, tmp_pa
     (table,) = [f for f in result.findings if f.evidence.get("key") == "table"]
     busy = {row["step"]: row["busy_ns"] for row in table.evidence["steps"]}
     assert busy == {0: 1_000_000, 1: 2_000_000, 2: 3_000_000}
+
+
+# Measure, then speak (#16): the numbers of five_steps, and findings from hand-made numbers.
+
+
+def test_measure_trace_by_hand(store, tmp_path):
+    (res,) = ingest_paths(store, [str(five_steps().write(tmp_path / "m.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    m = step_breakdown.measure_trace(job, Where(job.traces[0].trace_id, 0))
+    job.close()
+    t = m.times  # steps of 100, 100, 100, 100, 300 µs
+    assert (t.count, t.median_ns, t.max_ns) == (5, 100 * US, 300 * US)
+    assert t.p90_ns == pytest.approx(220 * US)  # numpy's linear percentile
+    assert (t.excess_ns, t.slowest) == (200 * US, [[400 * US, 700 * US]])
+    assert [(r.step, r.device, r.busy_ns, r.compute_ns, r.comm_ns) for r in m.rows] == [
+        (i, 0, 45 * US, 40 * US, 5 * US) for i in range(5)
+    ]
+    assert [r.window_ns for r in m.rows] == [100 * US] * 4 + [300 * US]
+    assert m.step_count == 5 and step_breakdown.step_rows(m) == m.rows
+
+
+def test_measure_trace_without_steps_is_none(store, tmp_path):
+    t = KinetoTrace()
+    t.kernel("k", 0, 1_000)
+    (res,) = ingest_paths(store, [str(t.write(tmp_path / "nosteps.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    assert step_breakdown.measure_trace(job, Where(job.traces[0].trace_id, 0)) is None
+    job.close()
+
+
+def _row(step: int, device: int = 0, **ns: int) -> StepRow:
+    zero = {f"idle_{c}_ns": 0 for c in CAUSES}
+    zero |= {"compute_ns": 0, "comm_ns": 0, "memcpy_ns": 0, "busy_ns": 0, "window_ns": 0}
+    return StepRow(trace="t", rank=2, device=device, step=step, step_ms=1.0, **(zero | ns))
+
+
+def _steps(durations_us: list[int], rows: list[StepRow]) -> step_breakdown.TraceSteps:
+    starts = np.cumsum([0, *durations_us[:-1]]) * US
+    ends = starts + np.array(durations_us) * US
+    steps = {"step": np.arange(len(durations_us)), "start_ns": starts, "end_ns": ends}
+    times = step_breakdown.measure_step_times(steps)
+    return step_breakdown.TraceSteps(where=Where("t", 2), times=times, rows=rows)
+
+
+PARAMS = step_breakdown.SPEC.params()
+
+
+def test_measure_step_times_on_numbers():
+    t = _steps([10, 10, 10, 10, 13, 16], []).times  # median 10, p90 14.5 µs
+    assert (t.median_ns, t.p90_ns, t.max_ns, t.excess_ns) == (10 * US, 14.5 * US, 16 * US, 9 * US)
+    assert t.slowest == [[53 * US, 69 * US], [40 * US, 53 * US]]  # slowest first
+
+
+def test_speak_jitter_grades_p90_over_median():
+    """p90 / median 1.45: low (1.2 <= x < 1.5); under min_steps steps, or a steady trace: none."""
+    m = _steps([10, 10, 10, 10, 13, 16], [_row(0, busy_ns=5)])
+    f = step_breakdown.speak_jitter(m, PARAMS)
+    assert (f.trace, f.rank, f.device, f.severity) == ("t", 2, None, "low")
+    assert f.title == "Step time varies: p90 is 1.45x the median"
+    assert f.detail == (
+        "6 steps: median 0.01 ms, p90 0.01 ms, max 0.02 ms. "
+        "Steps slower than the median took 0.01 ms more in total."
+    )
+    assert f.impact_ns == f.saving_ns == 9 * US and f.windows == m.times.slowest
+    assert (f.evidence["median_ns"], f.evidence["p90_ns"]) == (10 * US, 14_500)
+    assert f.evidence["steps"] == [_evidence(m.rows[0])]
+    assert step_breakdown.speak_jitter(m, PARAMS | {"min_steps": 7}) is None
+    assert step_breakdown.speak_jitter(_steps([10] * 6, []), PARAMS) is None
+
+
+def _evidence(row: StepRow) -> dict:
+    keys = [
+        "step",
+        "device",
+        "step_ms",
+        "compute_ns",
+        "comm_ns",
+        "memcpy_ns",
+        "busy_ns",
+        "window_ns",
+    ]
+    return {k: getattr(row, k) for k in keys + [f"idle_{c}_ns" for c in CAUSES]}
+
+
+def test_speak_table_counts_steps_not_rows():
+    """Two devices in step 0: one step, two rows; the evidence holds the rows, in order."""
+    rows = [_row(0, 0), _row(0, 1, busy_ns=3, window_ns=4, idle_cpu_ns=1)]
+    f = step_breakdown.speak_table(_steps([20], rows))
+    assert f.title == "Step breakdown: 1 step, median 0.02 ms" and f.severity == "info"
+    assert f.evidence == {"key": "table", "steps": [_evidence(r) for r in rows]}
+    assert list(f.evidence["steps"][1]) == list(_evidence(rows[1]))  # the documented key order
+
+
+def test_run_is_measure_then_speak(store, tmp_path):
+    (res,) = ingest_paths(store, [str(five_steps().write(tmp_path / "r.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    m = step_breakdown.measure_trace(job, Where(job.traces[0].trace_id, 0))
+    result = step_breakdown.run(job, PARAMS)
+    job.close()
+    jitter, table = step_breakdown.speak(m, PARAMS)  # run lists the job's one jitter last
+    assert result.findings == [table, jitter] and jitter.evidence["key"] == "jitter"
+    assert step_breakdown.metrics(m) == result.metrics
+    assert result.tables.steps == m.rows

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from stallscope.analyzers import utilization
+from stallscope.analyzers.base import Where
 from stallscope.ingest import ingest_paths
 from stallscope.jobdata import JobData
 from tests.kineto_builder import KinetoTrace
@@ -151,3 +153,113 @@ def test_scope_counts_operations_without_a_launch_record_where_they_start(store,
     values = {(m.device, m.name): m.value for m in result.metrics}
     assert values[(0, "gpu_span_ns")] == 100_000_000
     assert values[(0, "gpu_busy_pct")] == 30.0
+
+
+# Measure, then speak (#16): the numbers of hand_trace, and the headline from hand-made numbers.
+
+
+def _gpu_ops(job, trace: str, device: int) -> dict:
+    cols = job.numpy(
+        "SELECT device, kind, is_comm, start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? "
+        "AND kind IN ('kernel', 'memcpy', 'memset') ORDER BY start_ns",
+        [trace, device],
+    )
+    return {k: np.asarray(v) for k, v in cols.items()}
+
+
+def test_measure_by_hand(store, tmp_path):
+    (res,) = ingest_paths(store, [str(hand_trace().write(tmp_path / "m.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    trace = job.traces[0].trace_id
+    gpu0 = utilization.measure_device(job, Where(trace, 0, 0), _gpu_ops(job, trace, 0))
+    gpu1 = utilization.measure_device(job, Where(trace, 0, 1), _gpu_ops(job, trace, 1))
+    steps = utilization.measure_steps(job, Where(trace, 0))
+    job.close()
+    assert (gpu0.span_ns, gpu0.busy_ns, gpu0.idle_ns, gpu0.stepped) == (
+        100_000,
+        75_000,
+        25_000,
+        True,
+    )
+    assert (gpu0.compute_ns, gpu0.comm_ns, gpu0.memcpy_ns, gpu0.kernel_count) == (
+        40_000,
+        20_000,
+        20_000,
+        4,
+    )
+    assert gpu0.gap_count == 2 and gpu0.windows == [[45_000, 60_000], [80_000, 90_000]]
+    assert sum(gpu0.idle_by_cause_ns.values()) == 25_000 and gpu0.idle_pct == 25.0
+    assert (gpu1.span_ns, gpu1.busy_ns, gpu1.windows) == (100_000, 5_000, [[5_000, 100_000]])
+    assert (steps.count, steps.median_ns) == (3, 30_000)  # steps of 10, 30 and 60 µs
+
+
+def test_measure_device_without_operations_is_none(store, tmp_path):
+    (res,) = ingest_paths(store, [str(hand_trace().write(tmp_path / "o.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    trace = job.traces[0].trace_id
+    assert utilization.measure_device(job, Where(trace, 0, 5), _gpu_ops(job, trace, 5)) is None
+    job.close()
+
+
+def _busy(span=1_000_000, busy=600_000, *, stepped=True, idle=None) -> utilization.DeviceBusy:
+    return utilization.DeviceBusy(
+        where=Where("t", 1, 2),
+        span_ns=span,
+        stepped=stepped,
+        busy_ns=busy,
+        compute_ns=busy,
+        comm_ns=0,
+        memcpy_ns=0,
+        kernel_count=7,
+        gap_count=3,
+        windows=[[0, 10]],
+        idle_by_cause_ns=idle
+        or {"dataloader": 250_000, "launch": 100_000, "cpu": 50_000, "unknown": 0},
+    )
+
+
+def test_speak_writes_the_headline_from_the_numbers():
+    f = utilization.speak(_busy(), {})
+    assert (f.trace, f.rank, f.device, f.severity) == ("t", 1, 2, "info")
+    assert f.title == "GPU 2 busy 60.0%, idle 40.0% of 1.00 ms"
+    assert f.detail == (
+        "Over its profiled steps GPU 2 ran kernels or copies for 0.60 ms and sat idle for "
+        "0.40 ms in 3 gaps; idle by cause: dataloader 25.0%, launch 10.0%, cpu 5.0%."
+    )
+    assert f.impact_ns == 400_000 and f.saving_ns is None and f.windows == [[0, 10]]
+    assert f.evidence["idle_ns"] == 400_000 and f.evidence["gap_count"] == 3
+    assert "Nothing" not in f.recommendation  # idle time is a loss: point at its causes
+    plain = utilization.speak(_busy(stepped=False, idle={"cpu": 0}), {})
+    assert plain.detail.startswith("From its first to its last activity") and plain.detail.endswith(
+        "3 gaps."
+    )
+
+
+def test_metrics_from_the_numbers():
+    values = {m.name: m.value for m in utilization.metrics(_busy(busy=333_333))}
+    assert values == {
+        "gpu_busy_pct": 33.333, "compute_pct": 33.333, "comm_pct": 0.0, "memcpy_pct": 0.0,
+        "gpu_idle_pct": 66.667, "kernel_count": 7, "gpu_span_ns": 1_000_000,
+    }  # fmt: skip
+    steps = utilization.StepMedian(where=Where("t", 1), count=4, median_ns=2_500_000.0)
+    assert [(m.name, m.value) for m in utilization.step_metrics(steps)] == [
+        ("step_time_ms_median", 2.5),
+        ("step_count", 4),
+    ]
+    none = utilization.StepMedian(where=Where("t", 1), count=0, median_ns=None)
+    assert utilization.step_metrics(none) == []
+
+
+def test_run_is_measure_then_speak(store, tmp_path):
+    (res,) = ingest_paths(store, [str(hand_trace().write(tmp_path / "r.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    trace, params = job.traces[0].trace_id, utilization.SPEC.params()
+    devices = [
+        utilization.measure_device(job, Where(trace, 0, d), _gpu_ops(job, trace, d)) for d in (0, 1)
+    ]
+    steps = utilization.measure_steps(job, Where(trace, 0))
+    result = utilization.run(job, params)
+    job.close()
+    assert result.findings == [utilization.speak(m, params) for m in devices]
+    metrics = [x for m in devices for x in utilization.metrics(m)] + utilization.step_metrics(steps)
+    assert result.metrics == metrics
