@@ -22,6 +22,10 @@ finding's ``impact_ns``) is the *exposed* wait: waiting not hidden under the
 rank's own compute kernels. One ``info`` finding per job lists the matched
 collectives with algorithm and bus bandwidth, clock skew and data-quality
 warnings. Documented in docs/analyzers/nccl_wait.md.
+
+Measure, then speak (docs/architecture.md): :func:`measure` returns the job's typed
+:class:`CollectiveWaits`; :func:`metrics`, the table rows (:func:`rank_wait_rows`,
+:func:`collective_op_rows`, :func:`critical_path_rows`) and :func:`speak` read only it.
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@ and a healthy run must pass ``--fail-on low``.
 Metrics per trace and device: ``occupancy_weighted_pct`` (GPU-time-weighted
 theoretical occupancy of compute kernels), ``low_occupancy_time_pct``,
 ``achieved_occupancy_weighted_pct`` (ncu). docs/analyzers/occupancy.md.
+
+Measure, then speak (docs/architecture.md): :func:`measure` returns a typed
+:class:`DeviceOccupancy` per device; :func:`metrics`, :func:`occupancy_rows` and
+:func:`speak` read only it.
 """
 
 from __future__ import annotations
