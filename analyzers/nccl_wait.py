@@ -22,10 +22,15 @@ finding's ``impact_ns``) is the *exposed* wait: waiting not hidden under the
 rank's own compute kernels. One ``info`` finding per job lists the matched
 collectives with algorithm and bus bandwidth, clock skew and data-quality
 warnings. Documented in docs/analyzers/nccl_wait.md.
+
+Measure, then speak (docs/architecture.md): :func:`measure` returns the job's typed
+:class:`CollectiveWaits`; :func:`metrics`, the table rows (:func:`rank_wait_rows`,
+:func:`collective_op_rows`, :func:`critical_path_rows`) and :func:`speak` read only it.
 """
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from stallscope import intervals, job_settings
@@ -36,6 +41,7 @@ from stallscope.analyzers.base import (
     Finding,
     Metric,
     Threshold,
+    Where,
     graded_severity,
     graded_thresholds,
 )
@@ -61,8 +67,8 @@ from stallscope.lateness import (
 from stallscope.report_types import (
     CollectiveOpRow,
     CriticalPathRow,
+    CriticalPathStep,
     RankWaitRow,
-    Tables,
 )
 
 THRESHOLDS = (
@@ -80,158 +86,330 @@ THRESHOLDS = (
 MAX_WINDOWS = 20
 MAX_INSTANCES = 100
 MAX_INTERVALS = 200  # lateness intervals listed in evidence
+TOP_WAITS = 5  # the collectives with the largest waits a waiting rank's evidence lists
 
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    """Measure the job's collective waits (:func:`measure`), then write the metrics, the
+    tables and the findings from that measurement alone."""
     result = AnalyzerResult()
+    m = measure(job, params)
+    if m is None:
+        return result
+    result.metrics.extend(metrics(m))
+    result.tables.rank_waits.extend(rank_wait_rows(m))
+    if m.summary is not None:
+        result.tables.collective_ops.extend(collective_op_rows(m.summary))
+        result.tables.critical_path.extend(critical_path_rows(m.summary))
+    result.findings.extend(speak(m, params))
+    return result
+
+
+# -- what is measured --------------------------------------------------------------------
+class StragglerActivity(msgspec.Struct, kw_only=True):
+    """What the straggler's GPU and host did over its lateness intervals (its own clock).
+
+    ``window_ns`` 0: no lateness interval (the other fields are then empty)."""
+
+    window_ns: int  # length of the union of the intervals
+    windows: int = 0  # intervals after merging
+    gpu_busy_pct: float = 0.0  # any GPU operation running, % of window_ns (1 decimal)
+    compute_pct: float = 0.0  # compute kernels running, % of window_ns (1 decimal)
+    idle_by_cause_ns: dict[str, int] = {}  # its GPU idle in the window by cause (stallscope.idle)
+    top_host_ops: list[dict] = []  # host operations of its launching threads in the window
+
+
+class Lateness(msgspec.Struct, kw_only=True):
+    """Why a straggler was late (:mod:`stallscope.lateness`), ns; docs/analyzers/nccl_wait.md."""
+
+    late_ns: int  # how much longer than the next-latest rank it took, from common points
+    explained_ns: int  # of late_ns, what its own trace accounts for
+    knock_on_ns: int  # kernels the other ranks had already run while they waited
+    causes_ns: dict[str, int]  # explained time by cause, largest first
+    main_cause: str | None
+    reference_ranks: list[int]  # the ranks it was compared with
+    intervals: list[list[int]]  # its lateness intervals (own clock, first MAX_INTERVALS)
+    kernels: list[dict]  # its kernels against the others' (extra compute, slower GPU)
+    host_ranges: list[dict]  # its host ranges over the intervals
+    dataloader_range_ns: int  # data-loading ranges on other threads of its process
+    covering_range: str | None  # a user range that spans most of the unrecorded time
+    what_if: dict  # stallscope.critical_path.saving: the job were the straggler on time
+
+
+class RankWait(msgspec.Struct, kw_only=True):
+    """One rank and device that waited in collectives for a later rank, enough to report
+    (:func:`measure_rank_wait`). Lengths in ns; no prose: :func:`speak_rank_wait` writes it."""
+
+    where: Where
+    waited_ns: int  # summed waits in the collectives it waited in
+    waits: int  # collectives it waited in
+    exposed_ns: int  # of the waits' union, with no compute kernel of its own beside it
+    span_ns: int  # its profiled steps' length (first to last GPU operation without steps)
+    straggler: int  # the rank whose late arrival cost it the most wait
+    caused_ns: dict[int, int]  # straggler rank -> the wait it caused here
+    min_wait_ns: int  # the min_wait_us threshold: a material wait is at least this long
+    material: int  # its waits of a collective whose largest wait is material
+    last_in: int  # of those, the ones where the straggler arrived last
+    steps: list[dict]  # per step: wait, largest wait, exposed wait, the rank that caused most
+    main_in: int  # steps in which the straggler caused most of the wait
+    top_waits: list[dict]  # the collectives with the largest waits (_instance_dict)
+    activity: StragglerActivity  # what the straggler did while it was late
+    lateness: Lateness | None  # why it was late; None when it took no longer than the others
+    outside_ns: int  # wait due to stragglers whose first captured step started later
+    clock_skew_ns: int  # this rank's clock offset (corrected when material)
+    data_quality: list[str]  # the matching's warnings
+    windows: list[list[int]]  # the longest waits, [start_ns, end_ns]
+
+    @property
+    def share_pct(self) -> float:
+        """The exposed wait, % of the span (unrounded)."""
+        return 100.0 * self.exposed_ns / self.span_ns if self.span_ns else 0.0
+
+    @property
+    def before_capture(self) -> bool:
+        """The wait comes from before the straggler's capture: that part outweighs what the
+        straggler's own captured timeline explains (later waits are then knock-on of it)."""
+        explained = 0 if self.lateness is None else self.lateness.explained_ns
+        return self.outside_ns >= self.min_wait_ns and self.outside_ns >= explained
+
+    @property
+    def saving_ns(self) -> int | None:
+        """The what-if saving of summed step time were the straggler on time; None when the
+        trace cannot show why it was late, or the delay lies before its capture."""
+        if self.lateness is None or self.before_capture:
+            return None
+        return self.lateness.what_if["saving_ns"]
+
+    @property
+    def per_step_known(self) -> bool:
+        return bool(self.steps) and self.steps[0]["step"] is not None
+
+
+class Participant(msgspec.Struct, kw_only=True):
+    """One rank and device taking part in the job's collectives."""
+
+    where: Where
+    collectives: int  # its communication kernels inside steps (all of them without steps)
+    waited_ns: int  # summed waits in those
+    wait: RankWait | None  # its reportable wait (multi-rank jobs); None: nothing to report
+
+
+class JobCollectives(msgspec.Struct, kw_only=True):
+    """The job's matched collectives (:func:`measure_job`): the summary finding's numbers and
+    the ``collective_ops`` and ``critical_path`` tables. Keys of ranks are str (JSON)."""
+
+    where: Where  # the first participant's trace and rank, device None
+    participants: int  # (trace, device) pairs taking part
+    matched: int  # collectives matched across ranks
+    unmatched_kernels: int
+    methods: dict[str, str]  # process group -> how its collectives were matched
+    clock_skew_ns: dict[str, int]  # rank -> its clock offset
+    skew_corrected_ranks: list[int]
+    material: int  # collectives whose largest wait is at least min_wait_us
+    straggler_tally: dict[str, int]  # rank -> material collectives it arrived last in
+    wait_caused_ns: dict[str, int]  # rank -> summed waits of the others it arrived last for
+    ops: list[dict]  # per process group and op (_op_table)
+    collectives: list[dict]  # the first MAX_INSTANCES collectives (_instance_dict)
+    data_quality: list[str]
+    critical_path: list[CriticalPathStep]  # each step's cross-rank critical path
+    windows: list[list[int]]  # the collectives with the largest waits, first to last arrival
+
+    @property
+    def worst(self) -> str | None:
+        """The rank that caused the most wait (None without matched collectives)."""
+        caused = self.wait_caused_ns
+        return max(caused, key=lambda r: caused[r]) if self.matched else None
+
+
+class CollectiveWaits(msgspec.Struct, kw_only=True):
+    """The analyzer's measurement of a job (:func:`measure`)."""
+
+    participants: list[Participant]  # in rank, trace, device order
+    summary: JobCollectives | None  # jobs with several participants only
+
+
+def measure(job: JobData, params: dict[str, float]) -> CollectiveWaits | None:
+    """The job's collectives and waits; None when it has no collective to match.
+
+    ``params`` are the thresholds: the skew tolerance and ``min_wait_us`` shape the numbers,
+    and a waiting rank is measured in full (its straggler's story) only when its exposed wait
+    reaches the severity ladder (the story is the costly part)."""
     # The threshold is the job's setting: overlap and views read the same value.
     match = match_collectives(
         job, job_settings.set_skew_tolerance_us(job, params["skew_tolerance_us"])
     )
     if match is None:
-        return result
-    rows = match.rows
-    trace, device = rows["trace_id"], rows["device"]  # sorted by rank, trace, device
-    first = np.flatnonzero(np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])])
-    parts = [(int(rows["rank"][i]), str(trace[i]), int(device[i])) for i in first]
-    multi = len(parts) > 1
+        return None
+    parts = participants_of(match)
+    ranked = len(parts) > 1
+    stories: dict[tuple[str, int], tuple[StragglerActivity, Lateness | None]] = {}
+    measured = [
+        measure_participant(job, match, where, params, ranked=ranked, stories=stories)
+        for where in parts
+    ]
     min_wait = int(params["min_wait_us"] * 1000)
-    activity: dict[tuple[str, int], dict] = {}
-    for rank, trace, device in parts:
-        own = np.zeros(rows["inst"].size, dtype=bool)
-        own[match.rows_of(trace, device)] = True  # its rows: one slice, no scan of all rows
-        mine = _in_steps(rows, own)
-        result.metrics.append(
-            Metric(trace, rank, device, "collective_count", int(mine.sum()), "count")
-        )
-        if not multi:
-            continue
-        waited = int(rows["wait_ns"][mine].sum())
-        result.metrics.append(Metric(trace, rank, device, "nccl_wait_ns", waited, "ns"))
-        finding = _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, params)
-        if finding:
-            result.findings.append(finding)
-            result.tables.rank_waits.append(rank_wait_row(finding))
-    if multi:
-        result.findings.append(_summary(job, match, parts, min_wait, result.tables))
-    return result
+    summary = measure_job(job, match, parts, min_wait_ns=min_wait) if ranked else None
+    return CollectiveWaits(participants=measured, summary=summary)
 
 
-def rank_wait_row(f: Finding) -> RankWaitRow:
-    """A waiting rank's row of the report's ``rank_waits`` table: its finding's numbers."""
-    e = f.evidence
-    return RankWaitRow(
-        trace=f.trace,
-        rank=f.rank,
-        device=f.device,
-        straggler_rank=e["straggler_rank"],
-        waited_ns=e["nccl_wait_ns"],
-        exposed_wait_ns=e["exposed_wait_ns"],
-        share_of_span_pct=e["share_of_span_pct"],
-        wait_outside_capture_ns=e["wait_outside_capture_ns"],
-        saving_ns=f.saving_ns,
+def participants_of(match: CollectiveMatch) -> list[Where]:
+    """The (trace, rank, device) taking part, in the match rows' order (rank, trace, device)."""
+    rows = match.rows
+    trace, device = rows["trace_id"], rows["device"]
+    first = np.flatnonzero(np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])])
+    return [Where(str(trace[i]), int(rows["rank"][i]), int(device[i])) for i in first]
+
+
+def measure_participant(
+    job: JobData,
+    match: CollectiveMatch,
+    where: Where,
+    params: dict[str, float],
+    *,
+    ranked: bool,
+    stories: dict,
+) -> Participant:
+    """One participant's collectives and waits; its :class:`RankWait` when ``ranked`` (other
+    ranks to wait for). ``stories`` caches the stragglers' stories across participants."""
+    rows = match.rows
+    own = np.zeros(rows["inst"].size, dtype=bool)
+    own[match.rows_of(where.trace, where.device)] = True  # its rows: one slice, no scan
+    mine = _in_steps(rows, own)
+    wait = measure_rank_wait(job, match, where, mine, params, stories=stories) if ranked else None
+    return Participant(
+        where=where,
+        collectives=int(mine.sum()),
+        waited_ns=int(rows["wait_ns"][mine].sum()),
+        wait=wait,
     )
 
 
-def _rank_finding(job, match, rank, trace, device, mine, min_wait, activity, params):
-    """The finding for one waiting rank, or None when its exposed wait is small."""
+def measure_rank_wait(
+    job: JobData,
+    match: CollectiveMatch,
+    where: Where,
+    mine: np.ndarray,
+    params: dict[str, float],
+    *,
+    stories: dict,
+) -> RankWait | None:
+    """The wait of one participant over its rows ``mine``; None when it never waited or its
+    exposed wait is below the severity ladder (``graded_severity``)."""
     rows, inst = match.rows, match.instances
     waiting = mine & (rows["wait_ns"] > 0)
     if not waiting.any():
         return None
     starts, waits = rows["start_ns"][waiting], rows["wait_ns"][waiting]
-    ops = gpu_activity(job)[(trace, device)]
-    compute = _union(ops, ops["is_kernel"] & ~ops["is_comm"])
-    exposed_each = waits - covered_length(compute, starts, starts + waits)
-    w_s, w_e = intervals.union(starts, starts + waits)
-    exposed = int((w_e - w_s).sum() - covered_length(compute, w_s, w_e).sum())
-    step_ids, lo, hi = step_windows(ops)  # the profiled steps when there are any
-    span = (
-        int((hi - lo).sum()) if step_ids.size else int(ops["end_ns"].max() - ops["start_ns"].min())
-    )
-    share = 100.0 * exposed / span if span else 0.0
-    severity = graded_severity(share, exposed, params)
-    if severity is None:
+    ops = gpu_activity(job)[(where.trace, where.device)]
+    exposed_each, exposed = _exposed(ops, starts, waits)
+    span = _span(ops)
+    if graded_severity(100.0 * exposed / span if span else 0.0, exposed, params) is None:
         return None
+    min_wait = int(params["min_wait_us"] * 1000)
     culprit = inst["straggler_rank"][rows["inst"][waiting]]
-    by_rank = {int(r): int(waits[culprit == r].sum()) for r in np.unique(culprit)}
-    straggler = max(by_rank, key=lambda r: (by_rank[r], -r))
+    caused = {int(r): int(waits[culprit == r].sum()) for r in np.unique(culprit)}
+    straggler = max(caused, key=lambda r: (caused[r], -r))
     material = waiting & (inst["max_wait_ns"][np.maximum(rows["inst"], 0)] >= min_wait)
-    last_in = int((inst["straggler_rank"][rows["inst"][material]] == straggler).sum())
     steps = _per_step(rows["step"][waiting], waits, exposed_each, culprit)
-    main_in = sum(1 for s in steps if s["straggler_rank"] == straggler)
-    s_trace, s_device = _participant_of(inst, straggler)
-    key = (s_trace, s_device)
-    if key not in activity:
-        activity[key] = _straggler_story(job, match, s_trace, s_device)
-    doing, why = activity[key]
-    outside = _wait_outside(job, match, trace, device)
-    # the wait comes from before the straggler's capture when that part outweighs what the
-    # straggler's own captured timeline explains (later waits are then knock-on of it)
-    explained = 0 if why is None else why["explained_ns"]
-    before_capture = outside >= min_wait and outside >= explained
-    saved = None if why is None or before_capture else why["what_if"]["saving_ns"]
-    # a straggler whose being on time would not shorten the step is not the fix to lead with
-    alone_not_enough = saved is not None and saved < max(
-        exposed / 10, params["min_impact_ms"] * 1e6
-    )
-    if (before_capture or alone_not_enough) and SEVERITY_RANK[severity] > SEVERITY_RANK["low"]:
-        severity = "low"
+    activity, why = _story_of(job, match, straggler, stories)
     order = np.argsort(-waits, kind="stable")[:MAX_WINDOWS]
-    top = np.argsort(-inst["max_wait_ns"][rows["inst"][waiting]], kind="stable")[:5]
-    consistency = f"{main_in}/{len(steps)} steps" if steps and steps[0]["step"] is not None else ""
-    return Finding(
-        analyzer="nccl_wait",
-        trace=trace,
-        rank=rank,
-        device=device,
-        severity=severity,
-        title=(
-            f"Rank {rank} sat {exposed / 1e6:.1f} ms ({share:.0f}% of GPU {device}'s time) in "
-            f"collectives waiting for rank {straggler}"
-        ),
-        detail=(
-            f"Rank {rank} spent {waits.sum() / 1e6:.2f} ms inside {int(waiting.sum())} collectives before the "
-            f"last rank arrived, {exposed / 1e6:.2f} ms of it with no compute of its own running. "
-            f"Rank {straggler} arrived last in {last_in} of the {int(material.sum())} collectives with a wait of "
-            f"at least {min_wait / 1000:.0f} µs"
-            + (f" and caused most of the wait in {consistency}" if consistency else "")
-            + ". "
-            + (
-                _outside_text(straggler, why, outside)
-                if before_capture
-                else _doing_text(straggler, doing, why)
-                + (_not_enough_text(straggler, saved, exposed) if alone_not_enough else "")
-            )
-        ),
-        recommendation=(
-            _outside_recommendation(straggler)
-            if before_capture
-            else _several_recommendation(straggler)
-            if alone_not_enough
-            else _recommendation(straggler, why)
-        ),
-        impact_ns=exposed,
-        saving_ns=saved,
-        evidence={
-            "straggler_rank": straggler,
-            "straggler_ranks": {str(r): ns for r, ns in sorted(by_rank.items())},
-            "straggler_last_in": f"{last_in}/{int(material.sum())} collectives",
-            "straggler_main_cause_in": consistency,
-            "nccl_wait_ns": int(waits.sum()),
-            "exposed_wait_ns": exposed,
-            "share_of_span_pct": round(share, 3),
-            "steps": steps,
-            "top_waits": [_instance_dict(inst, int(i)) for i in rows["inst"][waiting][top]],
-            "straggler_activity": doing,
-            "lateness": None if why is None else {k: v for k, v in why.items() if k != "what_if"},
-            "wait_outside_capture_ns": outside,
-            "what_if": None if why is None or before_capture else why["what_if"],
-            "clock_skew_ns": match.skew_ns.get((trace, device), 0),
-            "data_quality": match.warnings,
-        },
+    top = np.argsort(-inst["max_wait_ns"][rows["inst"][waiting]], kind="stable")[:TOP_WAITS]
+    return RankWait(
+        where=where,
+        waited_ns=int(waits.sum()),
+        waits=int(waiting.sum()),
+        exposed_ns=exposed,
+        span_ns=span,
+        straggler=straggler,
+        caused_ns=caused,
+        min_wait_ns=min_wait,
+        material=int(material.sum()),
+        last_in=int((inst["straggler_rank"][rows["inst"][material]] == straggler).sum()),
+        steps=steps,
+        main_in=sum(1 for s in steps if s["straggler_rank"] == straggler),
+        top_waits=[_instance_dict(inst, int(i)) for i in rows["inst"][waiting][top]],
+        activity=activity,
+        lateness=why,
+        outside_ns=_wait_outside(job, match, where.trace, where.device),
+        clock_skew_ns=match.skew_ns.get((where.trace, where.device), 0),
+        data_quality=match.warnings,
         windows=[[int(starts[i]), int(starts[i] + waits[i])] for i in order],
     )
+
+
+def measure_job(
+    job: JobData, match: CollectiveMatch, parts: list[Where], *, min_wait_ns: int
+) -> JobCollectives:
+    """The job's matched collectives: who arrived last and the wait each rank caused, clock
+    skews, the per-op table and each step's cross-rank critical path."""
+    inst, rows = match.instances, match.rows
+    n = inst["op"].size
+    material = inst["max_wait_ns"] >= min_wait_ns
+    matched = rows["inst"] >= 0
+    first = parts[0]
+    return JobCollectives(
+        where=Where(first.trace, first.rank, None),
+        participants=len(parts),
+        matched=n,
+        unmatched_kernels=int((~matched).sum()),
+        methods=match.methods,
+        clock_skew_ns={str(p.rank): match.skew_ns.get((p.trace, p.device), 0) for p in parts},
+        skew_corrected_ranks=[
+            p.rank for p in parts if match.skew_corrected.get((p.trace, p.device))
+        ],
+        material=int(material.sum()),
+        straggler_tally={
+            str(p.rank): int((inst["straggler_rank"][material] == p.rank).sum()) for p in parts
+        },
+        wait_caused_ns=_wait_caused(match, parts),
+        ops=_op_table(inst),
+        collectives=[_instance_dict(inst, i) for i in range(min(n, MAX_INSTANCES))],
+        data_quality=match.warnings,
+        critical_path=critical_path_table(job, _lateness_of(job, match)[0]) if n else [],
+        windows=[
+            [int(inst["start_ns"][i]), int(inst["last_ns"][i])]
+            for i in np.argsort(-inst["max_wait_ns"])[:MAX_WINDOWS]
+            if inst["max_wait_ns"][i] > 0
+        ],
+    )
+
+
+def _wait_caused(match: CollectiveMatch, parts: list[Where]) -> dict[str, int]:
+    """Rank -> the summed waits of all matched rows whose collective it arrived last in."""
+    inst, rows = match.instances, match.rows
+    ok = rows["inst"] >= 0
+    culprit = inst["straggler_rank"][rows["inst"][ok]] if inst["op"].size else np.zeros(0, np.int64)
+    ranks, at = np.unique(culprit, return_inverse=True)  # the wait each rank caused, at once
+    sums = dict(
+        zip(ranks.tolist(), np.bincount(at, rows["wait_ns"][ok], ranks.size).tolist(), strict=True)
+    )
+    return {str(p.rank): int(sums.get(p.rank, 0)) for p in parts}
+
+
+def _exposed(ops: dict, starts: np.ndarray, waits: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each wait's part with no compute kernel beside it, and that of the waits' union (ns)."""
+    compute = _union(ops, ops["is_kernel"] & ~ops["is_comm"])
+    each = waits - covered_length(compute, starts, starts + waits)
+    w_s, w_e = intervals.union(starts, starts + waits)
+    return each, int((w_e - w_s).sum() - covered_length(compute, w_s, w_e).sum())
+
+
+def _span(ops: dict) -> int:
+    """The profiled steps' summed length, or first to last GPU operation without steps (ns)."""
+    step_ids, lo, hi = step_windows(ops)
+    if step_ids.size:
+        return int((hi - lo).sum())
+    return int(ops["end_ns"].max() - ops["start_ns"].min())
+
+
+def _story_of(
+    job: JobData, match: CollectiveMatch, straggler: int, stories: dict
+) -> tuple[StragglerActivity, Lateness | None]:
+    """The straggler's story (:func:`_straggler_story`), once per straggler participant."""
+    key = _participant_of(match.instances, straggler)
+    if key not in stories:
+        stories[key] = _straggler_story(job, match, *key)
+    return stories[key]
 
 
 def _per_step(step, waits, exposed, culprit) -> list[dict]:
@@ -295,61 +473,65 @@ def _wait_outside(job, match: CollectiveMatch, trace: str, device: int) -> int:
 
 
 def _straggler_story(
-    job, match: CollectiveMatch, trace: str, device: int
-) -> tuple[dict, dict | None]:
-    """What the straggler did in its lateness intervals, why it was late, and the what-if saving.
-
-    Returns (``straggler_activity``, ``lateness`` with ``what_if``), see docs/analyzers/nccl_wait.md.
-    """
+    job: JobData, match: CollectiveMatch, trace: str, device: int
+) -> tuple[StragglerActivity, Lateness | None]:
+    """What the straggler did in its lateness intervals, and why it was late (with the
+    what-if saving); docs/analyzers/nccl_wait.md. No interval: an empty activity and None."""
     tl, late = _lateness_of(job, match)
     part = _part_of(tl, trace, device)
     late = late[late["step"] >= 0] if (late["step"] >= 0).any() else late
     ex = explain(job, tl, late, part)
     if not ex.intervals:
-        return {"window_ns": 0}, None
+        return StragglerActivity(window_ns=0), None
     skew = tl.skew[part]
     own = [[a + skew, b + skew] for a, b in ex.intervals if b > a]
-    doing = _activity(job, trace, device, own)
     ranges, loader_ns = host_ranges(job, tl, part, ex.intervals)
-    causes = dict(ex.causes_ns)
-    if causes.get("unknown", 0) and loader_ns >= causes["unknown"] / 2:
-        # a data-loading range on another thread of its process covers the unrecorded time
-        moved = min(loader_ns, causes["unknown"])
-        causes["unknown"] -= moved
-        causes["dataloader"] = causes.get("dataloader", 0) + moved
-        causes = {c: v for c, v in causes.items() if v > 0}
+    causes = _with_dataloader(dict(ex.causes_ns), loader_ns)
     main = max(causes, key=lambda c: causes[c]) if causes else None
-    # a user range (record_function, NVTX) on its process that spans most of the unrecorded time names it
-    named = next((r for r in ranges if r["kind"] in ("annotation", "nvtx")), None)
-    covering = (
-        named["name"]
-        if main == "unknown" and named and named["overlap_ns"] >= causes["unknown"] / 2
-        else None
-    )
     refs = sorted(
         {
             int(r)
             for r in late.loc[late["last"] & (late["part"] == part) & (late["late_ns"] > 0), "ref"]
         }
     )
-    why = {
-        "late_ns": ex.late_ns,
-        "explained_ns": ex.removable_ns,
-        "knock_on_ns": ex.knock_on_ns,
-        "causes_ns": dict(sorted(causes.items(), key=lambda kv: -kv[1])),
-        "main_cause": main,
-        "reference_ranks": [tl.parts[r][0] for r in refs],
-        "intervals": [[a + skew, b + skew] for a, b in ex.intervals[:MAX_INTERVALS]],
-        "kernels": ex.kernels,
-        "host_ranges": ranges,
-        "dataloader_range_ns": loader_ns,
-        "covering_range": covering,
-        "what_if": saving_if_on_time(tl, ex.cuts),
-    }
-    return doing, why
+    why = Lateness(
+        late_ns=ex.late_ns,
+        explained_ns=ex.removable_ns,
+        knock_on_ns=ex.knock_on_ns,
+        causes_ns=dict(sorted(causes.items(), key=lambda kv: -kv[1])),
+        main_cause=main,
+        reference_ranks=[tl.parts[r][0] for r in refs],
+        intervals=[[a + skew, b + skew] for a, b in ex.intervals[:MAX_INTERVALS]],
+        kernels=ex.kernels,
+        host_ranges=ranges,
+        dataloader_range_ns=loader_ns,
+        covering_range=_covering_range(ranges, main, causes),
+        what_if=saving_if_on_time(tl, ex.cuts),
+    )
+    return _activity(job, trace, device, own), why
 
 
-def _activity(job, trace: str, device: int, windows: list[list[int]]) -> dict:
+def _with_dataloader(causes: dict[str, int], loader_ns: int) -> dict[str, int]:
+    """``causes`` with unrecorded time moved to ``dataloader`` when a data-loading range on
+    another thread of the straggler's process covers at least half of it."""
+    if causes.get("unknown", 0) and loader_ns >= causes["unknown"] / 2:
+        moved = min(loader_ns, causes["unknown"])
+        causes["unknown"] -= moved
+        causes["dataloader"] = causes.get("dataloader", 0) + moved
+        causes = {c: v for c, v in causes.items() if v > 0}
+    return causes
+
+
+def _covering_range(ranges: list[dict], main: str | None, causes: dict[str, int]) -> str | None:
+    """A user range (record_function, NVTX) on the straggler's process that spans most of the
+    unrecorded time, when that is the main cause: it names the time."""
+    named = next((r for r in ranges if r["kind"] in ("annotation", "nvtx")), None)
+    if main == "unknown" and named and named["overlap_ns"] >= causes["unknown"] / 2:
+        return named["name"]
+    return None
+
+
+def _activity(job, trace: str, device: int, windows: list[list[int]]) -> StragglerActivity:
     """GPU busy and compute share, idle by cause and host operations over ``windows`` (own clock)."""
     ops = gpu_activity(job)[(trace, device)]
     union = intervals.union(
@@ -358,49 +540,285 @@ def _activity(job, trace: str, device: int, windows: list[list[int]]) -> dict:
     )
     window = int((union[1] - union[0]).sum())
     if window == 0:
-        return {"window_ns": 0}
+        return StragglerActivity(window_ns=0)
     own = job.part_of(trace)  # this rank's files only
     busy = covered_length(_union(ops, slice(None)), *union).sum()
     comp = covered_length(_union(ops, ops["is_kernel"] & ~ops["is_comm"]), *union).sum()
-    idle = rank_idle(job, trace, device)
-    by_cause = {}
-    if idle.per_gap.size:
-        gap_len = np.maximum(idle.gap_ends - idle.gap_starts, 1)
-        share = covered_length(union, idle.gap_starts, idle.gap_ends) / gap_len
-        sums = (idle.per_gap * share[:, None]).sum(axis=0)
-        by_cause = {c: int(sums[i]) for i, c in enumerate(CAUSES) if sums[i] >= 1}
     merged = [[int(s), int(e)] for s, e in zip(*union, strict=True)]
+    return StragglerActivity(
+        window_ns=window,
+        windows=len(merged),
+        gpu_busy_pct=round(100.0 * busy / window, 1),
+        compute_pct=round(100.0 * comp / window, 1),
+        idle_by_cause_ns=_idle_over(job, trace, device, union),
+        top_host_ops=top_host_ops(own, trace, launch_threads(own, trace, device), merged),
+    )
+
+
+def _idle_over(job, trace: str, device: int, union) -> dict[str, int]:
+    """The device's GPU idle by cause (:func:`stallscope.lateness.rank_idle`) over ``union``:
+    each gap's causes in proportion to its covered part; causes under 1 ns left out."""
+    idle = rank_idle(job, trace, device)
+    if not idle.per_gap.size:
+        return {}
+    gap_len = np.maximum(idle.gap_ends - idle.gap_starts, 1)
+    share = covered_length(union, idle.gap_starts, idle.gap_ends) / gap_len
+    sums = (idle.per_gap * share[:, None]).sum(axis=0)
+    return {c: int(sums[i]) for i, c in enumerate(CAUSES) if sums[i] >= 1}
+
+
+# -- the metrics, tables and findings, written from the measurement alone ---------------
+def metrics(m: CollectiveWaits) -> list[Metric]:
+    """``collective_count`` per participant; ``nccl_wait_ns`` too on multi-rank jobs."""
+    out = []
+    for p in m.participants:
+        w = p.where
+        out.append(Metric(w.trace, w.rank, w.device, "collective_count", p.collectives, "count"))
+        if m.summary is not None:
+            out.append(Metric(w.trace, w.rank, w.device, "nccl_wait_ns", p.waited_ns, "ns"))
+    return out
+
+
+def rank_wait_rows(m: CollectiveWaits) -> list[RankWaitRow]:
+    """The report's ``rank_waits`` table: one row per reported waiting rank."""
+    return [rank_wait_row(p.wait) for p in m.participants if p.wait is not None]
+
+
+def rank_wait_row(w: RankWait) -> RankWaitRow:
+    """A waiting rank's row of the ``rank_waits`` table (the numbers its finding states)."""
+    return RankWaitRow(
+        trace=w.where.trace,
+        rank=w.where.rank,
+        device=w.where.device,
+        straggler_rank=w.straggler,
+        waited_ns=w.waited_ns,
+        exposed_wait_ns=w.exposed_ns,
+        share_of_span_pct=round(w.share_pct, 3),
+        wait_outside_capture_ns=w.outside_ns,
+        saving_ns=w.saving_ns,
+    )
+
+
+def collective_op_rows(s: JobCollectives) -> list[CollectiveOpRow]:
+    """The ``collective_ops`` table: the summary's ops, rows of the summary's place."""
+    w = s.where
+    return [CollectiveOpRow(trace=w.trace, rank=w.rank, device=None, **op) for op in s.ops]
+
+
+def critical_path_rows(s: JobCollectives) -> list[CriticalPathRow]:
+    """The ``critical_path`` table: each step's cross-rank critical path."""
+    w = s.where
+    return [
+        CriticalPathRow(
+            trace=w.trace, rank=w.rank, device=None, step=p.step, time_ns=p.time_ns,
+            segments=p.segments,
+        )
+        for p in s.critical_path
+    ]  # fmt: skip
+
+
+def speak(m: CollectiveWaits, params: dict[str, float]) -> list[Finding]:
+    """The waiting ranks' findings (participant order), then the job's summary."""
+    findings = [
+        f for p in m.participants if p.wait is not None and (f := speak_rank_wait(p.wait, params))
+    ]
+    if m.summary is not None:
+        findings.append(speak_summary(m.summary))
+    return findings
+
+
+def rank_wait_severity(w: RankWait, params: dict[str, float]) -> str | None:
+    """Graded by the exposed wait's share of the span; at most ``low`` when the wait lies
+    before the straggler's capture or the straggler alone does not set the step time."""
+    severity = graded_severity(w.share_pct, w.exposed_ns, params)
+    if severity is None:
+        return None
+    if (w.before_capture or _alone_not_enough(w, params)) and SEVERITY_RANK[severity] > SEVERITY_RANK["low"]:  # fmt: skip
+        return "low"
+    return severity
+
+
+def _alone_not_enough(w: RankWait, params: dict[str, float]) -> bool:
+    """Making the straggler on time would recover little of this rank's exposed wait (under a
+    tenth, or under ``min_impact_ms``): it is not the fix to lead with."""
+    saved = w.saving_ns
+    return saved is not None and saved < max(w.exposed_ns / 10, params["min_impact_ms"] * 1e6)
+
+
+def speak_rank_wait(w: RankWait, params: dict[str, float]) -> Finding | None:
+    """A waiting rank's finding (None when its exposed wait is below the severity ladder)."""
+    severity = rank_wait_severity(w, params)
+    if severity is None:
+        return None
+    rank, device, straggler = w.where.rank, w.where.device, w.straggler
+    return Finding(
+        analyzer="nccl_wait",
+        trace=w.where.trace,
+        rank=rank,
+        device=device,
+        severity=severity,
+        title=(
+            f"Rank {rank} sat {w.exposed_ns / 1e6:.1f} ms ({w.share_pct:.0f}% of GPU {device}'s time) in "
+            f"collectives waiting for rank {straggler}"
+        ),
+        detail=_rank_wait_detail(w, params),
+        recommendation=(
+            _outside_recommendation(straggler)
+            if w.before_capture
+            else _several_recommendation(straggler)
+            if _alone_not_enough(w, params)
+            else _recommendation(straggler, w.lateness)
+        ),
+        impact_ns=w.exposed_ns,
+        saving_ns=w.saving_ns,
+        evidence=_rank_wait_evidence(w),
+        windows=w.windows,
+    )
+
+
+def _consistency(w: RankWait) -> str:
+    """'<steps the straggler caused most of the wait in>/<steps> steps', '' without steps."""
+    return f"{w.main_in}/{len(w.steps)} steps" if w.per_step_known else ""
+
+
+def _rank_wait_detail(w: RankWait, params: dict[str, float]) -> str:
+    rank, straggler, consistency = w.where.rank, w.straggler, _consistency(w)
+    return (
+        f"Rank {rank} spent {w.waited_ns / 1e6:.2f} ms inside {w.waits} collectives before the "
+        f"last rank arrived, {w.exposed_ns / 1e6:.2f} ms of it with no compute of its own running. "
+        f"Rank {straggler} arrived last in {w.last_in} of the {w.material} collectives with a wait of "
+        f"at least {w.min_wait_ns / 1000:.0f} µs"
+        + (f" and caused most of the wait in {consistency}" if consistency else "")
+        + ". "
+        + (
+            _outside_text(straggler, w.outside_ns)
+            if w.before_capture
+            else _doing_text(straggler, w.activity, w.lateness)
+            + (
+                _not_enough_text(straggler, w.saving_ns, w.exposed_ns)
+                if _alone_not_enough(w, params)
+                else ""
+            )
+        )
+    )
+
+
+def _rank_wait_evidence(w: RankWait) -> dict:
     return {
-        "window_ns": window,
-        "windows": len(merged),
-        "gpu_busy_pct": round(100.0 * busy / window, 1),
-        "compute_pct": round(100.0 * comp / window, 1),
-        "idle_by_cause_ns": by_cause,
-        "top_host_ops": top_host_ops(own, trace, launch_threads(own, trace, device), merged),
+        "straggler_rank": w.straggler,
+        "straggler_ranks": {str(r): ns for r, ns in sorted(w.caused_ns.items())},
+        "straggler_last_in": f"{w.last_in}/{w.material} collectives",
+        "straggler_main_cause_in": _consistency(w),
+        "nccl_wait_ns": w.waited_ns,
+        "exposed_wait_ns": w.exposed_ns,
+        "share_of_span_pct": round(w.share_pct, 3),
+        "steps": w.steps,
+        "top_waits": w.top_waits,
+        "straggler_activity": _activity_evidence(w.activity),
+        "lateness": None if w.lateness is None else _lateness_evidence(w.lateness),
+        "wait_outside_capture_ns": w.outside_ns,
+        "what_if": None if w.lateness is None or w.before_capture else w.lateness.what_if,
+        "clock_skew_ns": w.clock_skew_ns,
+        "data_quality": w.data_quality,
     }
+
+
+def _activity_evidence(a: StragglerActivity) -> dict:
+    """``straggler_activity``: ``{"window_ns": 0}`` when there was no lateness interval."""
+    if not a.window_ns:
+        return {"window_ns": 0}
+    return {
+        "window_ns": a.window_ns,
+        "windows": a.windows,
+        "gpu_busy_pct": a.gpu_busy_pct,
+        "compute_pct": a.compute_pct,
+        "idle_by_cause_ns": a.idle_by_cause_ns,
+        "top_host_ops": a.top_host_ops,
+    }
+
+
+def _lateness_evidence(why: Lateness) -> dict:
+    """``lateness``: every field but the what-if (the evidence's own ``what_if``)."""
+    return {
+        "late_ns": why.late_ns,
+        "explained_ns": why.explained_ns,
+        "knock_on_ns": why.knock_on_ns,
+        "causes_ns": why.causes_ns,
+        "main_cause": why.main_cause,
+        "reference_ranks": why.reference_ranks,
+        "intervals": why.intervals,
+        "kernels": why.kernels,
+        "host_ranges": why.host_ranges,
+        "dataloader_range_ns": why.dataloader_range_ns,
+        "covering_range": why.covering_range,
+    }
+
+
+def speak_summary(s: JobCollectives) -> Finding:
+    """The job's ``info`` finding on its matched collectives."""
+    worst, corrected = s.worst, s.skew_corrected_ranks
+    return Finding(
+        analyzer="nccl_wait",
+        trace=s.where.trace,
+        rank=s.where.rank,
+        device=None,
+        severity="info",
+        title=(
+            f"Collectives: {s.matched} matched across {s.participants} ranks"
+            + (
+                f"; rank {worst} arrived last in {s.straggler_tally[worst]} of {s.material} with waits"
+                if worst and s.material
+                else ""
+            )
+        ),
+        detail=(
+            f"{s.matched} collectives matched by {', '.join(sorted(set(s.methods.values())))} "
+            f"({s.unmatched_kernels} kernels unmatched). Clock skew per rank (ns, from completion times): "
+            f"{_skew_text(s.clock_skew_ns)}"
+            + (f"; corrected for ranks {corrected}" if corrected else "; no correction needed")
+            + (f". Data quality: {' '.join(s.data_quality)}" if s.data_quality else ".")
+        ),
+        recommendation="See the per-rank nccl_wait findings; the table of collectives shows size, algorithm and bus bandwidth.",
+        evidence={
+            "key": "collectives",
+            "matched": s.matched,
+            "unmatched_kernels": s.unmatched_kernels,
+            "methods": s.methods,
+            "clock_skew_ns": s.clock_skew_ns,
+            "skew_corrected_ranks": corrected,
+            "straggler_tally": s.straggler_tally,
+            "wait_caused_ns": s.wait_caused_ns,
+            "ops": s.ops,
+            "collectives": s.collectives,
+            "data_quality": s.data_quality,
+            "critical_path": s.critical_path,
+        },
+        windows=s.windows,
+    )
 
 
 def _ms(ns: int) -> str:
     return f"{ns / 1e6:.1f} ms"
 
 
-def _doing_text(rank: int, doing: dict, why: dict | None) -> str:
-    if why is None or not doing.get("window_ns"):
+def _doing_text(rank: int, doing: StragglerActivity, why: Lateness | None) -> str:
+    """What the straggler did while it was late and what its being on time would save."""
+    if why is None or not doing.window_ns:
         return (
             f"Rank {rank} took no longer than the other ranks to reach these collectives from a common point "
             "(the previous collective or the step start): the capture does not show why it was last."
         )
-    causes = ", ".join(f"{CAUSE_TEXT[c]} {_ms(ns)}" for c, ns in list(why["causes_ns"].items())[:3])
-    ranges = ", ".join(r["name"] for r in why["host_ranges"][:3])
-    unrecorded = why["main_cause"] == "unknown" and not why.get("covering_range")
+    causes = ", ".join(f"{CAUSE_TEXT[c]} {_ms(ns)}" for c, ns in list(why.causes_ns.items())[:3])
+    ranges = ", ".join(r["name"] for r in why.host_ranges[:3])
+    unrecorded = why.main_cause == "unknown" and not why.covering_range
     return (
-        f"Aligned at the previous collective (or the step start), rank {rank} took {_ms(why['late_ns'])} longer "
-        f"in all than the next-latest rank to arrive (its GPU busy {doing['gpu_busy_pct']:.0f}% in those "
-        f"{_ms(doing['window_ns'])}); its own trace accounts for {_ms(why['explained_ns'])} of it"
+        f"Aligned at the previous collective (or the step start), rank {rank} took {_ms(why.late_ns)} longer "
+        f"in all than the next-latest rank to arrive (its GPU busy {doing.gpu_busy_pct:.0f}% in those "
+        f"{_ms(doing.window_ns)}); its own trace accounts for {_ms(why.explained_ns)} of it"
         + (f": {causes}" if causes else "")
         + (
-            f"; {_ms(why['knock_on_ns'])} is knock-on (kernels the other ranks had already run while they waited)"
-            if why["knock_on_ns"] >= 1e5
+            f"; {_ms(why.knock_on_ns)} is knock-on (kernels the other ranks had already run while they waited)"
+            if why.knock_on_ns >= 1e5
             else ""
         )
         + (
@@ -410,12 +828,12 @@ def _doing_text(rank: int, doing: dict, why: dict | None) -> str:
             if ranges
             else ""
         )
-        + f". Were rank {rank} on time, the captured steps would take {_ms(why['what_if']['saving_ns'])} less in "
+        + f". Were rank {rank} on time, the captured steps would take {_ms(why.what_if['saving_ns'])} less in "
         "all (a what-if on the job's dependency graph)."
     )
 
 
-def _outside_text(rank: int, why: dict | None, outside: int) -> str:
+def _outside_text(rank: int, outside: int) -> str:
     return (
         f"{_ms(outside)} of this wait is rank {rank}'s first captured step starting later than this rank's: "
         f"counted from their own step starts, the ranks reached the collective at about the same offset. "
@@ -448,8 +866,8 @@ def _outside_recommendation(rank: int) -> str:
     )
 
 
-def _recommendation(rank: int, why: dict | None) -> str:
-    main = None if why is None else why["main_cause"]
+def _recommendation(rank: int, why: Lateness | None) -> str:
+    main = None if why is None else why.main_cause
     tail = " Every other rank waits for the slowest one at each collective."
     if main == "dataloader":
         return (
@@ -470,9 +888,9 @@ def _recommendation(rank: int, why: dict | None) -> str:
             "collection and whether that rank's CPU cores are oversubscribed (OMP_NUM_THREADS, pinning)."
             + tail
         )
-    if main == "unknown" and why.get("covering_range"):
+    if main == "unknown" and why.covering_range:
         return (
-            f"Rank {rank}'s host was inside `{why['covering_range']}` while it fell behind (no GPU work, no recorded "
+            f"Rank {rank}'s host was inside `{why.covering_range}` while it fell behind (no GPU work, no recorded "
             "operator): shorten or remove that work on that rank, or move it off the step." + tail
         )
     if main == "unknown":
@@ -520,78 +938,6 @@ def _skew_text(skew: dict[str, int]) -> str:
     named = ", ".join(f"rank {r} {skew[r]}" for r in off[:SKEWS_LISTED])
     more = f", and {len(off) - SKEWS_LISTED} more" if len(off) > SKEWS_LISTED else ""
     return f"0 on {zero} of {len(skew)} ranks" + (f"; {named}{more}" if off else "")
-
-
-def _summary(job, match: CollectiveMatch, parts, min_wait: int, tables: Tables) -> Finding:
-    """The job's ``info`` finding on its matched collectives; its ops and critical path also
-    go to ``tables`` (``collective_ops``, ``critical_path``: rows of the finding's place)."""
-    inst, rows = match.instances, match.rows
-    n = inst["op"].size
-    material = inst["max_wait_ns"] >= min_wait
-    tally = {str(r): int((inst["straggler_rank"][material] == r).sum()) for r, _, _ in parts}
-    ok = rows["inst"] >= 0
-    culprit = inst["straggler_rank"][rows["inst"][ok]] if n else np.zeros(0, dtype=np.int64)
-    ranks, at = np.unique(culprit, return_inverse=True)  # the wait each rank caused, at once
-    sums = dict(
-        zip(ranks.tolist(), np.bincount(at, rows["wait_ns"][ok], ranks.size).tolist(), strict=True)
-    )
-    caused = {str(r): int(sums.get(int(r), 0)) for r, _, _ in parts}
-    ops = _op_table(inst)
-    skew = {str(r): match.skew_ns.get((t, d), 0) for r, t, d in parts}
-    corrected = [r for r, t, d in parts if match.skew_corrected.get((t, d))]
-    worst = max(caused, key=lambda r: caused[r]) if n else None
-    path = critical_path_table(job, _lateness_of(job, match)[0]) if n else []
-    trace, rank = parts[0][1], parts[0][0]
-    tables.collective_ops.extend(
-        CollectiveOpRow(trace=trace, rank=rank, device=None, **op) for op in ops
-    )
-    tables.critical_path.extend(
-        CriticalPathRow(
-            trace=trace, rank=rank, device=None, step=s.step, time_ns=s.time_ns, segments=s.segments
-        )
-        for s in path
-    )
-    return Finding(
-        analyzer="nccl_wait",
-        trace=trace,
-        rank=rank,
-        device=None,
-        severity="info",
-        title=(
-            f"Collectives: {n} matched across {len(parts)} ranks"
-            + (
-                f"; rank {worst} arrived last in {tally[worst]} of {int(material.sum())} with waits"
-                if worst and material.any()
-                else ""
-            )
-        ),
-        detail=(
-            f"{n} collectives matched by {', '.join(sorted(set(match.methods.values())))} "
-            f"({int((~ok).sum())} kernels unmatched). Clock skew per rank (ns, from completion times): {_skew_text(skew)}"
-            + (f"; corrected for ranks {corrected}" if corrected else "; no correction needed")
-            + (f". Data quality: {' '.join(match.warnings)}" if match.warnings else ".")
-        ),
-        recommendation="See the per-rank nccl_wait findings; the table of collectives shows size, algorithm and bus bandwidth.",
-        evidence={
-            "key": "collectives",
-            "matched": n,
-            "unmatched_kernels": int((~ok).sum()),
-            "methods": match.methods,
-            "clock_skew_ns": skew,
-            "skew_corrected_ranks": corrected,
-            "straggler_tally": tally,
-            "wait_caused_ns": caused,
-            "ops": ops,
-            "collectives": [_instance_dict(inst, i) for i in range(min(n, MAX_INSTANCES))],
-            "data_quality": match.warnings,
-            "critical_path": path,
-        },
-        windows=[
-            [int(inst["start_ns"][i]), int(inst["last_ns"][i])]
-            for i in np.argsort(-inst["max_wait_ns"])[:MAX_WINDOWS]
-            if inst["max_wait_ns"][i] > 0
-        ],
-    )
 
 
 def _op_table(inst) -> list[dict]:

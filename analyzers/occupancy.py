@@ -26,6 +26,10 @@ and a healthy run must pass ``--fail-on low``.
 Metrics per trace and device: ``occupancy_weighted_pct`` (GPU-time-weighted
 theoretical occupancy of compute kernels), ``low_occupancy_time_pct``,
 ``achieved_occupancy_weighted_pct`` (ncu). docs/analyzers/occupancy.md.
+
+Measure, then speak (docs/architecture.md): :func:`measure` returns a typed
+:class:`DeviceOccupancy` per device; :func:`metrics`, :func:`occupancy_rows` and
+:func:`speak` read only it.
 """
 
 from __future__ import annotations
@@ -34,16 +38,20 @@ import hashlib
 import math
 import re
 
+import msgspec
+
 from stallscope.analyzers.base import (
     AnalyzerResult,
     AnalyzerSpec,
     Finding,
     Metric,
     Threshold,
+    Where,
     graded_severity,
 )
 from stallscope.gpu_specs import (
     DeviceLimits,
+    Occupancy,
     device_limits,
     occupancy,
     regs_for_blocks,
@@ -81,29 +89,155 @@ _OPTIONAL = (
 
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    """Measure every device's kernels (:func:`measure`), then write the metrics, findings and
+    ``occupancy`` table rows from those measurements alone."""
     result = AnalyzerResult()
+    for m in measure(job, params):
+        result.metrics.extend(metrics(m))
+        result.findings.extend(speak(m, params))
+        result.tables.occupancy.extend(occupancy_rows(m))
+    return result
+
+
+# -- what is measured --------------------------------------------------------------------
+class KernelOccupancy(msgspec.Struct, kw_only=True):
+    """One kernel signature (name, grid, block, registers, shared memory) of a device.
+
+    Field order is the evidence's key order (``kernels`` of the table finding); ``occ`` (the
+    :func:`stallscope.gpu_specs.occupancy` result the fix text reads) is not evidence."""
+
+    kernel: str
+    launches: int
+    gpu_ns: int  # summed duration of its launches
+    share_pct: float  # % of the device's kernel time (2 decimals)
+    is_comm: bool
+    grid: list[int | None]  # [x, y, z]
+    block: list[int | None]  # [x, y, z]
+    registers_per_thread: int | None
+    shared_mem_bytes: int | None  # static + dynamic per block
+    theoretical_occupancy_pct: float | None  # 4 decimals; None: not computable
+    occupancy_from: str  # launch configuration, Nsight Compute, or why not computable
+    limiter: list[str] | None  # the resources at the minimum
+    blocks_per_sm: int | None
+    limits_blocks_per_sm: dict[str, int | None] | None  # blocks per SM each resource allows
+    waves_per_sm: float | None  # grid blocks / (blocks per SM x SMs), 3 decimals
+    tail_idle_pct: float | None  # block slots left idle by the last wave, 1 decimal
+    kineto_est_achieved_occupancy_pct: float | None  # Kineto's grid-capped estimate
+    ncu: dict | str  # Nsight Compute's measurements (_ncu_part), or why there are none
+    occ: Occupancy | None = None
+
+    @property
+    def ncu_measured(self) -> dict | None:
+        """Nsight Compute's measurements, None when the kernel was not profiled."""
+        return self.ncu if isinstance(self.ncu, dict) else None
+
+
+class LowOccupancy(msgspec.Struct, kw_only=True):
+    """A kernel that loses time to occupancy (:func:`measure_low`), enough to report."""
+
+    kernel: KernelOccupancy
+    kind: str  # low_theoretical or achieved_gap (Nsight Compute)
+    achieved_pct: float | None  # Nsight Compute's achieved occupancy
+    lost_ns: int  # estimated time lost: gpu_ns x (1 - max(occupancy / target, SOL / 100))
+    library: bool  # a tuned library kernel seen on a timeline alone (no time claimed)
+    windows: list[list[int]] = []  # its longest launches (timelines)
+
+
+class DeviceOccupancy(msgspec.Struct, kw_only=True):
+    """One device's kernels and their occupancy (:func:`measure_device`). No prose:
+    :func:`speak` writes the findings from it."""
+
+    where: Where  # device None: a job of Nsight Compute results alone
+    source: str  # where GPU time comes from: "timeline" or "ncu" (its durations)
+    kineto: bool  # the timeline is a Kineto trace (its estimates are named so)
+    limits: DeviceLimits | None
+    total_ns: int  # the device's kernel time (> 0)
+    kernels: list[KernelOccupancy]  # most GPU time first
+    weighted_pct: float | None  # GPU-time-weighted theoretical occupancy of compute kernels
+    low_time_pct: float | None  # % of compute-kernel time below low_pct
+    achieved_weighted_pct: float | None  # the same of ncu's achieved occupancy
+    under_sm_count_pct: float  # see under_sm_count_pct()
+    low: list[LowOccupancy]  # the kernels that lose time, table order
+
+
+def measure(job: JobData, params: dict[str, float]) -> list[DeviceOccupancy]:
+    """Every device with kernel time: timelines (with their paired Nsight Compute results),
+    then the ranks that have Nsight Compute results alone."""
+    out = []
     timelines = [r for r in job.traces if r.meta.get("source") != "ncu"]
-    paired = {r.meta.get("rank") for r in timelines}
     for ref in timelines:
         groups = _timeline_groups(job, ref.trace_id)
         if not groups:
             continue
         ncu = profiles(job, timeline=ref.trace_id)
         for device in sorted({g["device"] for g in groups}):
-            rows = [g for g in groups if g["device"] == device]
-            dev = _limits(job, ref.trace_id, device)
-            _analyze(job, result, ref, device, rows, dev, ncu, params, source="timeline")
-    for rank in sorted(
-        {r.meta.get("rank") for r in job.traces if r.meta.get("source") == "ncu"} - paired
-    ):
-        refs = [
-            r for r in job.traces if r.meta.get("source") == "ncu" and r.meta.get("rank") == rank
-        ]
+            where = Where(ref.trace_id, int(ref.meta.get("rank") or 0), device)
+            m = measure_device(
+                job, where, [g for g in groups if g["device"] == device], ncu, params,
+                limits=_limits(job, ref.trace_id, device), source="timeline",
+                kineto=ref.meta.get("source") == "kineto",
+            )  # fmt: skip
+            out.extend([m] if m else [])
+    paired = {r.meta.get("rank") for r in timelines}
+    ncu_refs = [r for r in job.traces if r.meta.get("source") == "ncu"]
+    for rank in sorted({r.meta.get("rank") for r in ncu_refs} - paired):
+        refs = [r for r in ncu_refs if r.meta.get("rank") == rank]
         ncu = profiles(job, ncu_traces=[r.trace_id for r in refs])
-        rows = _ncu_groups(ncu)
-        dev = next((d for r in refs if (d := _limits(job, r.trace_id, None))), None)
-        _analyze(job, result, refs[0], None, rows, dev, ncu, params, source="ncu")
-    return result
+        where = Where(refs[0].trace_id, int(refs[0].meta.get("rank") or 0), None)
+        m = measure_device(
+            job, where, _ncu_groups(ncu), ncu, params,
+            limits=next((d for r in refs if (d := _limits(job, r.trace_id, None))), None),
+            source="ncu", kineto=False,
+        )  # fmt: skip
+        out.extend([m] if m else [])
+    return out
+
+
+def measure_device(
+    job: JobData,
+    where: Where,
+    groups: list[dict],
+    ncu: dict[tuple, Profile],
+    params: dict[str, float],
+    *,
+    limits: DeviceLimits | None,
+    source: str,
+    kineto: bool,
+) -> DeviceOccupancy | None:
+    """One device's kernel ``groups`` (:func:`_timeline_groups`, :func:`_ncu_groups`) with their
+    Nsight Compute profiles ``ncu``; None without kernel time. ``params`` set the flags."""
+    total = sum(r["gpu_ns"] for r in groups)
+    if not total:
+        return None
+    kernels = [_kernel(r, limits, ncu.get(_key(r)), total, params) for r in groups]
+    compute = [k for k in kernels if not k.is_comm and k.theoretical_occupancy_pct is not None]
+    measured = [k for k in kernels if not k.is_comm and k.ncu_measured
+                and k.ncu_measured.get("achieved_occupancy_pct") is not None]  # fmt: skip
+    low = [f for k in kernels if (f := measure_low(k, total, params))]
+    if source == "timeline":
+        for f in low:
+            f.windows = _windows(job, where, f.kernel)
+    return DeviceOccupancy(
+        where=where,
+        source=source,
+        kineto=kineto,
+        limits=limits,
+        total_ns=total,
+        kernels=kernels,
+        weighted_pct=_weighted(compute, lambda k: k.theoretical_occupancy_pct),
+        low_time_pct=_low_time_pct(compute, params["low_pct"]),
+        achieved_weighted_pct=_weighted(measured, lambda k: k.ncu["achieved_occupancy_pct"]),
+        under_sm_count_pct=under_sm_count_pct(kernels, limits, total),
+        low=low,
+    )
+
+
+def _low_time_pct(compute: list[KernelOccupancy], low_pct: float) -> float | None:
+    """% of compute-kernel time at a theoretical occupancy below ``low_pct``; None without it."""
+    ns = sum(k.gpu_ns for k in compute)
+    if not ns:
+        return None
+    return 100 * sum(k.gpu_ns for k in compute if k.theoretical_occupancy_pct < low_pct) / ns
 
 
 def _timeline_groups(job: JobData, trace: str) -> list[dict]:
@@ -163,82 +297,10 @@ def _limits(job: JobData, trace: str, device: int | None) -> DeviceLimits | None
     return dev
 
 
-def _analyze(job, result, ref, device, rows, dev, ncu, params, *, source: str) -> None:
-    trace, rank = ref.trace_id, int(ref.meta.get("rank") or 0)
-    total = sum(r["gpu_ns"] for r in rows)
-    if not total:
-        return
-    table = [_row(r, dev, ncu.get(_key(r)), total, params) for r in rows]
-    compute = [t for t in table if not t["is_comm"] and t["theoretical_occupancy_pct"] is not None]
-    weighted = _weighted(compute, lambda t: t["theoretical_occupancy_pct"])
-    if weighted is not None:
-        low_ns = sum(
-            t["gpu_ns"] for t in compute if t["theoretical_occupancy_pct"] < params["low_pct"]
-        )
-        low = 100 * low_ns / sum(t["gpu_ns"] for t in compute)
-        result.metrics.append(
-            Metric(trace, rank, device, "occupancy_weighted_pct", round(weighted, 3), "%")
-        )
-        result.metrics.append(
-            Metric(trace, rank, device, "low_occupancy_time_pct", round(low, 3), "%")
-        )
-    measured = [t for t in table if not t["is_comm"] and isinstance(t["ncu"], dict)
-                and t["ncu"].get("achieved_occupancy_pct") is not None]  # fmt: skip
-    achieved = _weighted(measured, lambda t: t["ncu"]["achieved_occupancy_pct"])
-    if achieved is not None:
-        result.metrics.append(
-            Metric(trace, rank, device, "achieved_occupancy_weighted_pct", round(achieved, 3), "%")
-        )
-    library = []
-    for row in table:
-        finding = _finding(trace, rank, device, row, dev, total, params, source)
-        if finding and source == "timeline":
-            finding.windows = _windows(job, trace, device, row)
-        if finding and finding.evidence.get("library_kernel"):
-            library.append(finding)
-        elif finding:
-            result.findings.append(finding)
-    if library:
-        result.findings.append(_library_finding(library))
-    kind = "kineto" if ref.meta.get("source") == "kineto" else source
-    result.findings.append(_table_finding(trace, rank, device, table, dev, total, weighted, kind))
-    result.tables.occupancy.extend(
-        occupancy_row(trace, rank, device, row) for row in table[:TABLE_ROWS]
-    )
-
-
-OCCUPANCY_COLUMNS = (
-    "kernel", "launches", "gpu_ns", "share_pct", "is_comm", "grid", "block",
-    "registers_per_thread", "shared_mem_bytes", "theoretical_occupancy_pct", "occupancy_from",
-    "limiter", "blocks_per_sm", "waves_per_sm", "tail_idle_pct", "kineto_est_achieved_occupancy_pct",
-)  # fmt: skip
-
-
-def occupancy_row(trace: str, rank: int, device: int | None, row: dict) -> OccupancyRow:
-    """A kernel signature's row of the report's ``occupancy`` table: its table row, with
-    Nsight Compute's achieved occupancy, bound and top stall when it was profiled."""
-    ncu = row["ncu"] if isinstance(row["ncu"], dict) else {}
-    stalls = ncu.get("top_stalls")
-    top_stall = (
-        f"{stalls[0]['reason']} {stalls[0]['share_pct']}%"
-        if isinstance(stalls, list) and stalls
-        else stalls
-    )
-    return OccupancyRow(
-        trace=trace,
-        rank=rank,
-        device=device,
-        **{k: row[k] for k in OCCUPANCY_COLUMNS},
-        ncu_achieved_occupancy_pct=ncu.get("achieved_occupancy_pct"),
-        ncu_bound=ncu.get("bound"),
-        ncu_top_stall=top_stall,
-    )
-
-
-def _weighted(rows: list[dict], value) -> float | None:
+def _weighted(rows: list[KernelOccupancy], value) -> float | None:
     """GPU-time-weighted mean of ``value(row)``; None without GPU time."""
-    ns = sum(t["gpu_ns"] for t in rows)
-    return sum(value(t) * t["gpu_ns"] for t in rows) / ns if ns else None
+    ns = sum(t.gpu_ns for t in rows)
+    return sum(value(t) * t.gpu_ns for t in rows) / ns if ns else None
 
 
 def _key(r: dict) -> tuple:
@@ -247,29 +309,32 @@ def _key(r: dict) -> tuple:
     return (r["kernel"], grid, block)
 
 
-def _row(r: dict, dev: DeviceLimits | None, prof: Profile | None, total: int, params) -> dict:
+def _kernel(
+    r: dict, dev: DeviceLimits | None, prof: Profile | None, total: int, params
+) -> KernelOccupancy:
+    """One kernel group's occupancy from its launch configuration (else Nsight Compute's)."""
     threads = (r["bx"] or 0) * (r["by"] or 0) * (r["bz"] or 0)
     # No register count (ROCm traces): the other limits alone would overstate it.
     occ = occupancy(dev, threads, r["regs"], r["smem"]) if dev and r["regs"] is not None else None
     grid_blocks = (r["gx"] or 0) * (r["gy"] or 0) * (r["gz"] or 0)
     wave = waves(dev, grid_blocks, occ.blocks_per_sm) if occ and dev else None
     theo = occ.occupancy_pct if occ else (prof.get("theoretical_pct") if prof else None)
-    return {
-        "kernel": r["kernel"], "launches": int(r["launches"]), "gpu_ns": int(r["gpu_ns"]),
-        "share_pct": round(100 * r["gpu_ns"] / total, 2), "is_comm": bool(r["is_comm"]),
-        "grid": [r["gx"], r["gy"], r["gz"]], "block": [r["bx"], r["by"], r["bz"]],
-        "registers_per_thread": r["regs"], "shared_mem_bytes": r["smem"],
-        "theoretical_occupancy_pct": None if theo is None else round(theo, 4),
-        "occupancy_from": _source_of(occ, theo, dev, r),
-        "limiter": occ.limiters if occ else (prof.limiters() if prof else None),
-        "blocks_per_sm": occ.blocks_per_sm if occ else None,
-        "limits_blocks_per_sm": occ.limits if occ else None,
-        "waves_per_sm": None if wave is None else round(wave, 3),
-        "tail_idle_pct": None if wave is None else round(tail_idle_pct(wave), 1),
-        "kineto_est_achieved_occupancy_pct": None if r["kineto_est"] is None else round(r["kineto_est"], 1),
-        "ncu": _ncu_part(prof, params) if prof else "no Nsight Compute profile of this kernel",
-        "_occ": occ,
-    }  # fmt: skip
+    return KernelOccupancy(
+        kernel=r["kernel"], launches=int(r["launches"]), gpu_ns=int(r["gpu_ns"]),
+        share_pct=round(100 * r["gpu_ns"] / total, 2), is_comm=bool(r["is_comm"]),
+        grid=[r["gx"], r["gy"], r["gz"]], block=[r["bx"], r["by"], r["bz"]],
+        registers_per_thread=r["regs"], shared_mem_bytes=r["smem"],
+        theoretical_occupancy_pct=None if theo is None else round(theo, 4),
+        occupancy_from=_source_of(occ, theo, dev, r),
+        limiter=occ.limiters if occ else (prof.limiters() if prof else None),
+        blocks_per_sm=occ.blocks_per_sm if occ else None,
+        limits_blocks_per_sm=occ.limits if occ else None,
+        waves_per_sm=None if wave is None else round(wave, 3),
+        tail_idle_pct=None if wave is None else round(tail_idle_pct(wave), 1),
+        kineto_est_achieved_occupancy_pct=None if r["kineto_est"] is None else round(r["kineto_est"], 1),
+        ncu=_ncu_part(prof, params) if prof else "no Nsight Compute profile of this kernel",
+        occ=occ,
+    )  # fmt: skip
 
 
 def _source_of(occ, theo, dev, r) -> str:
@@ -307,72 +372,159 @@ def _r(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def _finding(trace, rank, device, row, dev, total, params, source) -> Finding | None:
-    if (
-        row["is_comm"]
-        or row["share_pct"] < params["min_share_pct"]
-        or row["theoretical_occupancy_pct"] is None
-    ):
+def measure_low(k: KernelOccupancy, total: int, params) -> LowOccupancy | None:
+    """The time ``k`` loses to occupancy, when it is a compute kernel with ``min_share_pct`` of
+    the device's kernel time ``total`` below ``low_pct`` theoretical (or ``achieved_gap_pts``
+    under it, measured), not bound at ``near_sol_pct`` of a throughput peak, and the loss
+    reaches the severity ladder; else None."""
+    if k.is_comm or k.share_pct < params["min_share_pct"] or k.theoretical_occupancy_pct is None:
         return None
-    theo, ncu = (
-        row["theoretical_occupancy_pct"],
-        row["ncu"] if isinstance(row["ncu"], dict) else None,
-    )
+    theo, ncu = k.theoretical_occupancy_pct, k.ncu_measured
     achieved = ncu.get("achieved_occupancy_pct") if ncu else None
+    peak = _sol_peak(ncu)
+    if peak is not None and peak >= params["near_sol_pct"]:
+        return None  # bound by compute or memory throughput: occupancy is not what limits it
+    if theo < params["low_pct"]:
+        kind = "low_theoretical"
+        ratio = (achieved if achieved is not None else theo) / params["low_pct"]
+    elif achieved is not None and theo - achieved > params["achieved_gap_pts"]:
+        kind, ratio = "achieved_gap", achieved / theo
+    else:
+        return None
+    lost = int(k.gpu_ns * max(0.0, 1.0 - max(min(ratio, 1.0), (peak or 0.0) / 100)))
+    if _loss_severity(lost, total, params) is None:
+        return None
+    return LowOccupancy(
+        kernel=k, kind=kind, achieved_pct=achieved, lost_ns=lost,
+        library=ncu is None and LIBRARY_KERNEL.search(k.kernel) is not None,
+    )  # fmt: skip
+
+
+def _sol_peak(ncu: dict | None) -> float | None:
+    """The higher of Nsight Compute's compute and memory speed-of-light %, None: not measured."""
     sol = [
         v
         for v in ((ncu or {}).get("compute_sol_pct"), (ncu or {}).get("memory_sol_pct"))
         if isinstance(v, float | int)
     ]
-    peak = max(sol) if sol else None
-    if peak is not None and peak >= params["near_sol_pct"]:
-        return None  # bound by compute or memory throughput: occupancy is not what limits it
-    if theo < params["low_pct"]:
-        kind, ratio = (
-            "low_theoretical",
-            (achieved if achieved is not None else theo) / params["low_pct"],
-        )
-    elif achieved is not None and theo - achieved > params["achieved_gap_pts"]:
-        kind, ratio = "achieved_gap", achieved / theo
-    else:
-        return None
-    lost = int(row["gpu_ns"] * max(0.0, 1.0 - max(min(ratio, 1.0), (peak or 0.0) / 100)))
-    severity = graded_severity(100 * lost / total, lost, params, prefix="loss_pct")
-    if severity is None:
-        return None
-    capped = ncu is None and LIBRARY_KERNEL.search(row["kernel"]) is not None
-    name = kernel_base_name(row["kernel"]) or row["kernel"]
-    why, fix = _why_and_fix(kind, row, dev, achieved)
-    hurts = _hurts(ncu, name)
-    evidence = {k: v for k, v in row.items() if k != "_occ"}
-    evidence.update(
-        key=_key_of(row), kind=kind, estimated_loss_ns=lost, source=source, library_kernel=capped
+    return max(sol) if sol else None
+
+
+def _loss_severity(lost: int, total: int, params) -> str | None:
+    return graded_severity(100 * lost / total, lost, params, prefix="loss_pct")
+
+
+# -- the metrics, findings and table rows, written from the measurement alone -------------
+def metrics(m: DeviceOccupancy) -> list[Metric]:
+    """``occupancy_weighted_pct`` and ``low_occupancy_time_pct`` (when computable), and
+    ``achieved_occupancy_weighted_pct`` (Nsight Compute)."""
+    w, out = m.where, []
+    if m.weighted_pct is not None:
+        out.append(Metric(w.trace, w.rank, w.device, "occupancy_weighted_pct", round(m.weighted_pct, 3), "%"))  # fmt: skip
+        out.append(Metric(w.trace, w.rank, w.device, "low_occupancy_time_pct", round(m.low_time_pct, 3), "%"))  # fmt: skip
+    if m.achieved_weighted_pct is not None:
+        value = round(m.achieved_weighted_pct, 3)
+        out.append(Metric(w.trace, w.rank, w.device, "achieved_occupancy_weighted_pct", value, "%"))
+    return out
+
+
+def occupancy_rows(m: DeviceOccupancy) -> list[OccupancyRow]:
+    """The device's rows of the report's ``occupancy`` table (the first :data:`TABLE_ROWS`)."""
+    return [occupancy_row(m.where, k) for k in m.kernels[:TABLE_ROWS]]
+
+
+OCCUPANCY_COLUMNS = (
+    "kernel", "launches", "gpu_ns", "share_pct", "is_comm", "grid", "block",
+    "registers_per_thread", "shared_mem_bytes", "theoretical_occupancy_pct", "occupancy_from",
+    "limiter", "blocks_per_sm", "waves_per_sm", "tail_idle_pct", "kineto_est_achieved_occupancy_pct",
+)  # fmt: skip
+
+
+def occupancy_row(where: Where, k: KernelOccupancy) -> OccupancyRow:
+    """A kernel signature's row of the ``occupancy`` table, with Nsight Compute's achieved
+    occupancy, bound and top stall when it was profiled."""
+    ncu = k.ncu_measured or {}
+    stalls = ncu.get("top_stalls")
+    top_stall = (
+        f"{stalls[0]['reason']} {stalls[0]['share_pct']}%"
+        if isinstance(stalls, list) and stalls
+        else stalls
     )
+    return OccupancyRow(
+        trace=where.trace,
+        rank=where.rank,
+        device=where.device,
+        **{c: getattr(k, c) for c in OCCUPANCY_COLUMNS},
+        ncu_achieved_occupancy_pct=ncu.get("achieved_occupancy_pct"),
+        ncu_bound=ncu.get("bound"),
+        ncu_top_stall=top_stall,
+    )
+
+
+def speak(m: DeviceOccupancy, params: dict[str, float]) -> list[Finding]:
+    """The device's findings: one per kernel losing time (table order), one ``info`` finding
+    for the library kernels seen on a timeline alone, and the table finding."""
+    low = [(f, s) for f in m.low if (s := _loss_severity(f.lost_ns, m.total_ns, params))]
+    findings = [speak_low(m, f, severity) for f, severity in low if not f.library]
+    library = [f for f, _ in low if f.library]
+    if library:
+        findings.append(_library_finding(m, library))
+    findings.append(_table_finding(m))
+    return findings
+
+
+def _kernel_dict(k: KernelOccupancy) -> dict:
+    """The kernel as the evidence lists it (every field but ``occ``)."""
+    out = msgspec.structs.asdict(k)
+    del out["occ"]
+    return out
+
+
+def _low_evidence(m: DeviceOccupancy, f: LowOccupancy) -> dict:
+    return {
+        **_kernel_dict(f.kernel),
+        "key": _key_of(f.kernel),
+        "kind": f.kind,
+        "estimated_loss_ns": f.lost_ns,
+        "source": m.source,
+        "library_kernel": f.library,
+    }
+
+
+def speak_low(m: DeviceOccupancy, f: LowOccupancy, severity: str) -> Finding:
+    """A kernel's low-occupancy finding: why (the limiter), whether it hurts, the fix."""
+    k, achieved, ncu = f.kernel, f.achieved_pct, f.kernel.ncu_measured
+    theo, name = k.theoretical_occupancy_pct, kernel_base_name(k.kernel) or k.kernel
+    why, fix = _why_and_fix(f.kind, k, m.limits, achieved)
     return Finding(
-        analyzer="occupancy", trace=trace, rank=rank, device=device, severity=severity,
-        title=(f"{name}: {theo:.1f}% theoretical occupancy ({'/'.join(row['limiter'] or ['?'])}-limited), "
-               f"{row['share_pct']:.0f}% of GPU time" if kind == "low_theoretical" else
+        analyzer="occupancy", trace=m.where.trace, rank=m.where.rank, device=m.where.device,
+        severity=severity,
+        title=(f"{name}: {theo:.1f}% theoretical occupancy ({'/'.join(k.limiter or ['?'])}-limited), "
+               f"{k.share_pct:.0f}% of GPU time" if f.kind == "low_theoretical" else
                f"{name}: achieved occupancy {achieved:.1f}% of a theoretical {theo:.1f}%, "
-               f"{row['share_pct']:.0f}% of GPU time"),
-        detail=f"{row['launches']} launches, {row['gpu_ns'] / 1e6:.2f} ms. {why} {hurts}",
-        recommendation=fix, impact_ns=lost, evidence=evidence,
-        saving_ns=lost if ncu is not None else None,
+               f"{k.share_pct:.0f}% of GPU time"),
+        detail=f"{k.launches} launches, {k.gpu_ns / 1e6:.2f} ms. {why} {_hurts(ncu, name)}",
+        recommendation=fix, impact_ns=f.lost_ns, evidence=_low_evidence(m, f),
+        saving_ns=f.lost_ns if ncu is not None else None, windows=f.windows,
     )  # fmt: skip
 
 
-def _why_and_fix(kind: str, row: dict, dev: DeviceLimits | None, achieved) -> tuple[str, str]:
-    occ, threads = row["_occ"], math.prod(b or 1 for b in row["block"])
+def _why_and_fix(
+    kind: str, row: KernelOccupancy, dev: DeviceLimits | None, achieved: float | None
+) -> tuple[str, str]:
+    """Why the kernel runs at low occupancy (its limiters), and the fix for each."""
+    occ, threads = row.occ, math.prod(b or 1 for b in row.block)
     wave_text = ""
-    if row["waves_per_sm"] is not None and row["waves_per_sm"] < 1:
-        wave_text = (f" The grid fills only {100 * row['waves_per_sm']:.0f}% of the GPU's block slots "
+    if row.waves_per_sm is not None and row.waves_per_sm < 1:
+        wave_text = (f" The grid fills only {100 * row.waves_per_sm:.0f}% of the GPU's block slots "
                      "(less than one wave): launch more blocks (split the work, split-K).")  # fmt: skip
     if kind == "achieved_gap":
         tail = (
-            f"; the last of {row['waves_per_sm']:.2f} waves leaves {row['tail_idle_pct']:.0f}% of block slots idle"
-            if row["waves_per_sm"]
+            f"; the last of {row.waves_per_sm:.2f} waves leaves {row.tail_idle_pct:.0f}% of block slots idle"
+            if row.waves_per_sm
             else ""
         )
-        return (f"Warps are active only {achieved:.1f}% of the time against {row['theoretical_occupancy_pct']:.1f}% possible{tail}.",
+        return (f"Warps are active only {achieved:.1f}% of the time against {row.theoretical_occupancy_pct:.1f}% possible{tail}.",
                 "Look for load imbalance between blocks, a small or uneven grid (tail effect), or long-running "
                 "early-exit warps; give each block similar work and enough waves (several per SM)." + wave_text)  # fmt: skip
     if occ is None or dev is None:
@@ -382,7 +534,7 @@ def _why_and_fix(kind: str, row: dict, dev: DeviceLimits | None, achieved) -> tu
         "shared_memory": (f"Shared memory: each block takes {occ.smem_per_block} B (with {dev.reserved_smem_per_block} B reserved "
                           f"by the driver) of {dev.smem_per_sm} B per SM, so {b} block(s) fit.",
                           _smem_fix(dev, occ.warps_per_block, b, threads)),
-        "registers": (f"Registers: {row['registers_per_thread']} per thread ({occ.regs_per_warp} per warp) allow {b} block(s) "
+        "registers": (f"Registers: {row.registers_per_thread} per thread ({occ.regs_per_warp} per warp) allow {b} block(s) "
                       f"of {occ.warps_per_block} warps.",
                       f"Cap registers at {regs_for_blocks(dev, threads, b2)} per thread for {b2} blocks per SM: "
                       f"__launch_bounds__({threads}, {b2}) or -maxrregcount (check for spills); in Triton smaller "
@@ -448,9 +600,9 @@ def _hurts(ncu: dict | None, name: str) -> str:
     )
 
 
-def _library_finding(findings: list[Finding]) -> Finding:
+def _library_finding(m: DeviceOccupancy, library: list[LowOccupancy]) -> Finding:
     """Library kernels seen only on a timeline: one info finding, no time claimed as lost."""
-    first, rows = findings[0], [f.evidence for f in findings]
+    rows = [_low_evidence(m, f) for f in library]
     share = sum(r["share_pct"] for r in rows)
     occs = sorted({r["theoretical_occupancy_pct"] for r in rows})
     names = [kernel_base_name(r["kernel"]) for r in rows]
@@ -459,7 +611,7 @@ def _library_finding(findings: list[Finding]) -> Finding:
     occ_text = f"{occs[0]:.1f}%" if len(occs) == 1 else f"{occs[0]:.1f}-{occs[-1]:.1f}%"
     regex = "|".join(sorted({re.escape(n) for n in names}))[:200]
     return Finding(
-        analyzer="occupancy", trace=first.trace, rank=first.rank, device=first.device, severity="info",
+        analyzer="occupancy", trace=m.where.trace, rank=m.where.rank, device=m.where.device, severity="info",
         title=(f"{len(rows)} library GEMM/attention kernel(s) run at {occ_text} theoretical occupancy, "
                f"{share:.0f}% of GPU time (by design; whether it hurts is not measured)"),
         detail=(f"{listed}. cuBLAS, CUTLASS, cuDNN and flash-attention kernels use large register and "
@@ -470,7 +622,7 @@ def _library_finding(findings: list[Finding]) -> Finding:
         impact_ns=0,
         evidence={"key": "library", "kernels": rows,
                   "estimated_loss_upper_bound_ns": sum(r["estimated_loss_ns"] for r in rows)},
-        windows=first.windows,
+        windows=library[0].windows,
     )  # fmt: skip
 
 
@@ -478,10 +630,14 @@ def _pct(value) -> str:
     return f"{value:.0f}%" if isinstance(value, float | int) else "not measured"
 
 
-def _table_finding(trace, rank, device, table, dev, total, weighted, source) -> Finding:
-    rows = [{k: v for k, v in t.items() if k != "_occ"} for t in table[:TABLE_ROWS]]
+def _table_finding(m: DeviceOccupancy) -> Finding:
+    """The device's ``info`` finding: weighted occupancy, kernels under the SM count, the table."""
+    trace, rank, device = m.where.trace, m.where.rank, m.where.device
+    dev, weighted = m.limits, m.weighted_pct
+    source = "kineto" if m.kineto else m.source
+    rows = [_kernel_dict(k) for k in m.kernels[:TABLE_ROWS]]
     device_text = f"GPU {device}" if device is not None else "Nsight Compute kernels"
-    small_pct = under_sm_count_pct(table, dev, total)
+    small_pct = m.under_sm_count_pct
     small_text = (
         f"; {small_pct:.0f}% of compute-kernel time in grids with fewer blocks than SMs (SMs left empty)"
         if small_pct >= 25
@@ -491,7 +647,7 @@ def _table_finding(trace, rank, device, table, dev, total, weighted, source) -> 
         analyzer="occupancy", trace=trace, rank=rank, device=device, severity="info",
         title=(f"{device_text}: GPU-time-weighted theoretical occupancy {weighted:.1f}%{small_text}" if weighted is not None
                else f"{device_text}: occupancy unknown (no device limits or launch configuration)"),
-        detail=(f"{len(table)} kernel signatures, {total / 1e6:.2f} ms of kernel time; device limits: "
+        detail=(f"{len(m.kernels)} kernel signatures, {m.total_ns / 1e6:.2f} ms of kernel time; device limits: "
                 f"{dev.name + ' (' + dev.source + ')' if dev else 'unknown'}. The per-kernel table is in the evidence"
                 + (" (Kineto's est. achieved occupancy is a grid-capped estimate, not a measurement)." if source == "kineto"
                    else "." if source == "timeline" else "; GPU time is ncu's duration of the profiled launches.")),
@@ -502,7 +658,7 @@ def _table_finding(trace, rank, device, table, dev, total, weighted, source) -> 
     )  # fmt: skip
 
 
-def under_sm_count_pct(table: list[dict], dev: DeviceLimits | None, total: int) -> float:
+def under_sm_count_pct(table: list[KernelOccupancy], dev: DeviceLimits | None, total: int) -> float:
     """% of all kernel time in compute kernels whose grid has fewer blocks than the GPU has
     SMs: those SMs get no block at all, whatever the per-SM occupancy says.
 
@@ -512,9 +668,7 @@ def under_sm_count_pct(table: list[dict], dev: DeviceLimits | None, total: int) 
     """
     if not total or dev is None or not dev.sm_count:
         return 0.0
-    small = sum(
-        t["gpu_ns"] for t in table if not t["is_comm"] and 0 < _blocks(t["grid"]) < dev.sm_count
-    )
+    small = sum(t.gpu_ns for t in table if not t.is_comm and 0 < _blocks(t.grid) < dev.sm_count)
     return 100 * small / total
 
 
@@ -522,7 +676,7 @@ def _blocks(grid: list) -> int:
     return math.prod(int(g or 0) for g in grid) if grid else 0
 
 
-def _windows(job: JobData, trace: str, device: int, row: dict) -> list[list[int]]:
+def _windows(job: JobData, where: Where, row: KernelOccupancy) -> list[list[int]]:
     """The kernel's longest launches, [start_ns, end_ns]."""
     dims = " AND ".join(f"g.{c} IS NOT DISTINCT FROM ?" for c in
                         ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers_per_thread"))  # fmt: skip
@@ -530,13 +684,13 @@ def _windows(job: JobData, trace: str, device: int, row: dict) -> list[list[int]
         f"SELECT g.start_ns, g.end_ns FROM gpu g JOIN names n ON n.trace_id = g.trace_id AND n.name_id = g.name_id"
         f" WHERE g.trace_id = ? AND g.device = ? AND g.kind = 'kernel' AND n.name = ? AND {dims}"
         f" ORDER BY g.end_ns - g.start_ns DESC, g.start_ns LIMIT {MAX_WINDOWS}",
-        [trace, device, row["kernel"], *row["grid"], *row["block"], row["registers_per_thread"]],
+        [where.trace, where.device, row.kernel, *row.grid, *row.block, row.registers_per_thread],
     ).fetchall()
     return [[int(a), int(b)] for a, b in rows]
 
 
-def _key_of(row: dict) -> str:
-    text = f"{row['kernel']}|{row['grid']}|{row['block']}|{row['registers_per_thread']}|{row['shared_mem_bytes']}"
+def _key_of(row: KernelOccupancy) -> str:
+    text = f"{row.kernel}|{row.grid}|{row.block}|{row.registers_per_thread}|{row.shared_mem_bytes}"
     return "kernel-" + hashlib.blake2b(text.encode(), digest_size=5).hexdigest()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from stallscope.analyzers import nccl_wait
@@ -400,3 +401,170 @@ def test_summary_names_clock_skews_briefly_for_many_ranks():
     assert _skew_text(many) == "0 on 254 of 256 ranks; rank 9 -30000, rank 1 20480"
     lots = {str(r): r for r in range(20)}
     assert _skew_text(lots).endswith("rank 12 12, and 11 more")  # 19 non-zero: 8 named
+
+
+# --- measure, then speak (docs/architecture.md) -------------------------------------------
+
+
+def test_measurement_of_the_straggler_job_by_hand(store, tmp_path):
+    """straggler_job, measured: rank 0 waits 30 ms in each of 3 all-reduces for rank 1, with no
+    compute beside it; the findings, metrics and tables are written from the measurement."""
+    from stallscope.analyzers.base import Where
+
+    job, result = analyze(store, tmp_path, straggler_job())
+    params = nccl_wait.SPEC.params()
+    m = nccl_wait.measure(job, params)
+    p0, p1 = m.participants
+    assert (p0.where.rank, p0.collectives, p0.waited_ns) == (0, 3, 90 * MS)
+    assert (p1.where, p1.collectives, p1.waited_ns, p1.wait) == (
+        Where(p1.where.trace, 1, 1), 3, 0, None
+    )  # fmt: skip
+    w = p0.wait
+    assert (w.waited_ns, w.waits, w.exposed_ns) == (90 * MS, 3, 90 * MS)
+    # the steps' windows: [0,100) and [100,200) to the next step, [200,245) to its last op
+    assert w.span_ns == 245 * MS and w.share_pct == pytest.approx(100 * 90 / 245)
+    assert (w.straggler, w.caused_ns, w.material, w.last_in, w.main_in) == (
+        1,
+        {1: 90 * MS},
+        3,
+        3,
+        3,
+    )
+    assert [(s["step"], s["wait_ns"], s["straggler_rank"]) for s in w.steps] == [
+        (k, 30 * MS, 1) for k in range(3)
+    ]
+    assert w.windows == [[10 * MS, 40 * MS], [110 * MS, 140 * MS], [210 * MS, 240 * MS]]
+    assert (w.outside_ns, w.before_capture, w.clock_skew_ns) == (0, False, 0)
+    # rank 1's lateness intervals (230 ms, see test_straggler_activity_shows_its_host_work)
+    assert (w.activity.window_ns, w.activity.windows) == (230 * MS, 3)
+    why = w.lateness
+    assert (why.late_ns, why.explained_ns, why.main_cause) == (90 * MS, 90 * MS, "cpu")
+    # step 0 were rank 1 on time: its gemm at [8,10) ms, the all-reduce [10,15): 45 -> 15 ms
+    first = why.what_if["steps"][0]
+    assert (first["before_ns"], first["after_ns"]) == (45 * MS, 15 * MS)
+    assert w.saving_ns == why.what_if["saving_ns"] > 30 * MS
+    s = m.summary
+    assert (s.participants, s.matched, s.unmatched_kernels, s.material) == (2, 3, 0, 3)
+    assert s.straggler_tally == {"0": 0, "1": 3} and s.wait_caused_ns == {"0": 0, "1": 90 * MS}
+    assert s.worst == "1" and [p.time_ns for p in s.critical_path] == [45 * MS, 100 * MS, 100 * MS]
+    # speaking reads the measurement alone and gives exactly what run() gives
+    assert nccl_wait.speak(m, params) == result.findings
+    assert nccl_wait.metrics(m) == result.metrics
+    assert nccl_wait.rank_wait_rows(m) == result.tables.rank_waits
+    assert nccl_wait.collective_op_rows(s) == result.tables.collective_ops
+    assert nccl_wait.critical_path_rows(s) == result.tables.critical_path
+    job.close()
+
+
+def test_speaking_needs_no_job():
+    """The functions that write read a measurement (and the thresholds), never the job."""
+    import inspect
+
+    def parameters(f) -> list[str]:
+        return list(inspect.signature(f).parameters)
+
+    assert parameters(nccl_wait.speak) == ["m", "params"]
+    assert parameters(nccl_wait.speak_rank_wait) == ["w", "params"]
+    for one in (nccl_wait.metrics, nccl_wait.rank_wait_rows, nccl_wait.speak_summary):
+        assert len(parameters(one)) == 1
+
+
+def hand_wait(**changes) -> nccl_wait.RankWait:
+    """A hand-made measurement: rank 0 waited 40 ms in 4 collectives, 30 ms of it exposed, in
+    100 ms of steps; rank 1 (late 30 ms loading data, all of it in its own trace) arrived last
+    in 3 of them; were it on time, the steps would take 25 ms less."""
+    from stallscope.analyzers.base import Where
+
+    why = nccl_wait.Lateness(
+        late_ns=30 * MS, explained_ns=30 * MS, knock_on_ns=0,
+        causes_ns={"dataloader": 30 * MS}, main_cause="dataloader", reference_ranks=[0],
+        intervals=[[0, 30 * MS]], kernels=[], host_ranges=[], dataloader_range_ns=30 * MS,
+        covering_range=None, what_if={"saving_ns": 25 * MS, "steps": []},
+    )  # fmt: skip
+    fields = dict(
+        where=Where("t0", 0, 0), waited_ns=40 * MS, waits=4, exposed_ns=30 * MS,
+        span_ns=100 * MS, straggler=1, caused_ns={1: 40 * MS}, min_wait_ns=100_000,
+        material=4, last_in=3, main_in=2, top_waits=[],
+        steps=[{"step": k, "wait_ns": 20 * MS, "largest_wait_ns": 10 * MS,
+                "exposed_wait_ns": 15 * MS, "straggler_rank": 1} for k in (1, 2)],
+        activity=nccl_wait.StragglerActivity(window_ns=30 * MS, windows=1, gpu_busy_pct=10.0),
+        lateness=why, outside_ns=0, clock_skew_ns=0, data_quality=[], windows=[[0, 10 * MS]],
+    )  # fmt: skip
+    return nccl_wait.RankWait(**(fields | changes))
+
+
+def test_rank_wait_spoken_from_a_hand_made_measurement():
+    params = nccl_wait.SPEC.params()
+    w = hand_wait()
+    f = nccl_wait.speak_rank_wait(w, params)
+    assert f.severity == "high"  # 30 % of the span: high from 25 %
+    assert f.title == "Rank 0 sat 30.0 ms (30% of GPU 0's time) in collectives waiting for rank 1"
+    assert f.detail.startswith(
+        "Rank 0 spent 40.00 ms inside 4 collectives before the last rank arrived, 30.00 ms of it "
+        "with no compute of its own running. Rank 1 arrived last in 3 of the 4 collectives with a "
+        "wait of at least 100 µs and caused most of the wait in 2/2 steps. Aligned at the previous "
+        "collective (or the step start), rank 1 took 30.0 ms longer"
+    )
+    assert "would take 25.0 ms less" in f.detail
+    assert f.recommendation.startswith("Rank 1 was late because it waited for its input data")
+    assert (f.impact_ns, f.saving_ns, f.windows) == (30 * MS, 25 * MS, [[0, 10 * MS]])
+    ev = f.evidence
+    assert (ev["straggler_last_in"], ev["straggler_ranks"]) == ("3/4 collectives", {"1": 40 * MS})
+    assert ev["share_of_span_pct"] == 30.0 and ev["what_if"] == w.lateness.what_if
+    assert "what_if" not in ev["lateness"] and ev["lateness"]["main_cause"] == "dataloader"
+    row = nccl_wait.rank_wait_row(w)
+    assert (row.straggler_rank, row.waited_ns, row.exposed_wait_ns, row.saving_ns) == (
+        1, 40 * MS, 30 * MS, 25 * MS
+    )  # fmt: skip
+
+
+def test_wait_from_before_the_capture_is_low_and_claims_no_saving():
+    """40 ms of the wait is the straggler's first step starting later, more than the 30 ms its
+    own trace explains: the delay lies before its capture."""
+    w = hand_wait(outside_ns=40 * MS)
+    assert w.before_capture and w.saving_ns is None
+    f = nccl_wait.speak_rank_wait(w, nccl_wait.SPEC.params())
+    assert (f.severity, f.saving_ns, f.evidence["what_if"]) == ("low", None, None)
+    assert "40.0 ms of this wait is rank 1's first captured step starting later" in f.detail
+    assert f.recommendation.startswith("Capture what comes before this step on rank 1")
+    assert nccl_wait.rank_wait_row(w).saving_ns is None
+    assert not hand_wait(outside_ns=20 * MS).before_capture  # under what the trace explains
+
+
+def test_straggler_that_alone_saves_little_is_low():
+    """On time, rank 1 would save 1 ms of rank 0's 30 ms exposed wait (under a tenth)."""
+    w = hand_wait(
+        lateness=msgspec.structs.replace(hand_wait().lateness, what_if={"saving_ns": 1 * MS})
+    )
+    f = nccl_wait.speak_rank_wait(w, nccl_wait.SPEC.params())
+    assert (f.severity, f.saving_ns) == ("low", 1 * MS)
+    assert "making rank 1 on time recovers 1.0 ms" in f.detail
+    assert f.recommendation.startswith("Rank 1 is not the only late rank")
+
+
+def test_rank_wait_under_the_ladder_is_not_spoken():
+    params = nccl_wait.SPEC.params()
+    assert nccl_wait.speak_rank_wait(hand_wait(exposed_ns=900_000), params) is None  # < 1 ms
+    assert nccl_wait.speak_rank_wait(hand_wait(exposed_ns=2 * MS), params) is None  # 2 % < 3 %
+
+
+def test_summary_spoken_from_a_hand_made_measurement():
+    from stallscope.analyzers.base import Where
+
+    s = nccl_wait.JobCollectives(
+        where=Where("t0", 0, None), participants=2, matched=3, unmatched_kernels=1,
+        methods={"0": "seq"}, clock_skew_ns={"0": 0, "1": 5 * MS}, skew_corrected_ranks=[1],
+        material=2, straggler_tally={"0": 0, "1": 2}, wait_caused_ns={"0": 1, "1": 9 * MS},
+        ops=[], collectives=[], data_quality=[], critical_path=[], windows=[],
+    )  # fmt: skip
+    f = nccl_wait.speak_summary(s)
+    assert (f.severity, f.rank, f.device) == ("info", 0, None)
+    assert (
+        f.title == "Collectives: 3 matched across 2 ranks; rank 1 arrived last in 2 of 2 with waits"
+    )
+    assert f.detail == (
+        "3 collectives matched by seq (1 kernels unmatched). Clock skew per rank (ns, from "
+        "completion times): {'0': 0, '1': 5000000}; corrected for ranks [1]."
+    )
+    quiet = nccl_wait.speak_summary(msgspec.structs.replace(s, material=0))
+    assert quiet.title == "Collectives: 3 matched across 2 ranks"

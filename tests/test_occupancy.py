@@ -342,3 +342,113 @@ def test_grids_under_one_wave_leave_out_nccl_and_grids_over_the_sm_count(store, 
     ]
     assert table.evidence["under_one_wave_pct"] == 20.0
     assert "fewer blocks than SMs" not in table.title  # under 25 %
+
+
+# --- measure, then speak (docs/architecture.md) -------------------------------------------
+
+
+def a100_gemm_and_kernel():
+    """20 rounds on a 108-SM A100 of a cuBLAS GEMM (60 µs; 232 regs x 256 threads: 7424 regs
+    per warp, 2 warps per sub-partition = 1 block of 8 warps = 12.5 %) and a custom kernel
+    (30 µs; 128 regs x 512 threads = 65536 regs: 1 block of 16 warps = 25 %)."""
+    from tests.kineto_builder import KinetoTrace
+
+    t = KinetoTrace(device_props=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "computeMajor": 8,
+                                   "computeMinor": 0, "numSms": 108}])  # fmt: skip
+    for i in range(20):
+        t.kernel("ampere_bf16_s16816gemm_bf16_128x256_ldg8_f2f_stages_64x3_tn", i * 100_000, 60_000,
+                 grid=(108, 1, 1), block=(256, 1, 1), regs=232, smem=0)  # fmt: skip
+        t.kernel("my_kernel", i * 100_000 + 60_000, 30_000, grid=(1000, 1, 1), block=(512, 1, 1),
+                 regs=128)  # fmt: skip
+    return t
+
+
+def test_measurement_by_hand(store, tmp_path):
+    (res,) = ingest_paths(store, [str(a100_gemm_and_kernel().write(tmp_path / "a100.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    params = analyzer.SPEC.params({"min_impact_ms": 0})
+    (m,) = analyzer.measure(job, params)
+    assert (m.where.rank, m.where.device, m.source, m.kineto) == (0, 0, "timeline", True)
+    assert m.total_ns == 20 * 90_000 and m.limits.sm_count == 108
+    gemm, mine = m.kernels  # most GPU time first
+    assert (gemm.gpu_ns, gemm.theoretical_occupancy_pct, gemm.blocks_per_sm) == (1_200_000, 12.5, 1)
+    assert (mine.gpu_ns, mine.theoretical_occupancy_pct, mine.limiter) == (
+        600_000,
+        25.0,
+        ["registers"],
+    )
+    assert mine.waves_per_sm == round(1000 / 108, 3) and gemm.waves_per_sm == 1.0
+    assert m.weighted_pct == pytest.approx((12.5 * 1.2 + 25 * 0.6) / 1.8)
+    assert m.low_time_pct == 100.0 and m.under_sm_count_pct == 0.0  # both under 50 %, grids >= 108
+    assert m.achieved_weighted_pct is None  # no Nsight Compute
+    # lost = time x (1 - occupancy / 50 %): 1.2 ms x 0.75 and 0.6 ms x 0.5
+    assert [(f.kernel.kernel[:6], f.kind, f.lost_ns, f.library) for f in m.low] == [
+        ("ampere", "low_theoretical", 900_000, True),
+        ("my_ker", "low_theoretical", 300_000, False),
+    ]
+    assert m.low[1].windows[0] == [60_000, 90_000] and len(m.low[1].windows) == 20
+    result = analyzer.run(job, params)
+    assert analyzer.speak(m, params) == result.findings
+    assert analyzer.metrics(m) == result.metrics
+    assert analyzer.occupancy_rows(m) == result.tables.occupancy
+    job.close()
+
+
+def test_speaking_reads_the_measurement_only():
+    import inspect
+
+    assert list(inspect.signature(analyzer.speak).parameters) == ["m", "params"]
+    assert len(inspect.signature(analyzer.metrics).parameters) == 1
+    assert len(inspect.signature(analyzer.occupancy_rows).parameters) == 1
+
+
+def hand_device(lost_ns: int, kind: str = "achieved_gap") -> analyzer.DeviceOccupancy:
+    """A hand-made measurement of an ncu-only job: one 10 ms kernel at 100 % theoretical and 35 %
+    achieved occupancy, 20 % of compute and 30 % of memory speed-of-light."""
+    from stallscope.analyzers.base import Where
+
+    ncu = {"achieved_occupancy_pct": 35.0, "compute_sol_pct": 20.0, "memory_sol_pct": 30.0,
+           "bound": "latency", "top_stalls": [{"reason": "long_scoreboard", "share_pct": 40.0}]}  # fmt: skip
+    k = analyzer.KernelOccupancy(
+        kernel="my_reduce", launches=4, gpu_ns=10_000_000, share_pct=100.0, is_comm=False,
+        grid=[64, 1, 1], block=[256, 1, 1], registers_per_thread=32, shared_mem_bytes=0,
+        theoretical_occupancy_pct=100.0, occupancy_from="Nsight Compute", limiter=["warps"],
+        blocks_per_sm=None, limits_blocks_per_sm=None, waves_per_sm=None, tail_idle_pct=None,
+        kineto_est_achieved_occupancy_pct=None, ncu=ncu,
+    )  # fmt: skip
+    low = analyzer.LowOccupancy(kernel=k, kind=kind, achieved_pct=35.0, lost_ns=lost_ns, library=False)  # fmt: skip
+    return analyzer.DeviceOccupancy(
+        where=Where("t0", 0, None), source="ncu", kineto=False, limits=None,
+        total_ns=10_000_000, kernels=[k], weighted_pct=100.0, low_time_pct=0.0,
+        achieved_weighted_pct=35.0, under_sm_count_pct=0.0, low=[low],
+    )  # fmt: skip
+
+
+def test_findings_spoken_from_a_hand_made_measurement():
+    params = analyzer.SPEC.params()
+    low, table = analyzer.speak(hand_device(6_500_000), params)
+    assert (low.severity, low.impact_ns, low.saving_ns) == ("high", 6_500_000, 6_500_000)
+    assert (
+        low.title == "my_reduce: achieved occupancy 35.0% of a theoretical 100.0%, 100% of GPU time"
+    )
+    assert low.detail.startswith("4 launches, 10.00 ms. Warps are active only 35.0% of the time")
+    assert low.detail.endswith("Nsight Compute: latency-bound (compute 20%, memory 30% of peak); "
+                               "top warp stalls: long_scoreboard 40.0%.")  # fmt: skip
+    assert (low.evidence["kind"], low.evidence["source"], low.evidence["estimated_loss_ns"]) == (
+        "achieved_gap", "ncu", 6_500_000
+    )  # fmt: skip
+    assert "occ" not in low.evidence
+    assert table.title == "Nsight Compute kernels: GPU-time-weighted theoretical occupancy 100.0%"
+    assert [r["kernel"] for r in table.evidence["kernels"]] == ["my_reduce"]
+    # 0.3 ms lost is under the 0.5 ms floor: only the table finding is written
+    (only,) = analyzer.speak(hand_device(300_000), params)
+    assert only.evidence["key"] == "table"
+    (row,) = analyzer.occupancy_rows(hand_device(300_000))
+    assert (row.ncu_achieved_occupancy_pct, row.ncu_bound, row.ncu_top_stall) == (
+        35.0, "latency", "long_scoreboard 40.0%"
+    )  # fmt: skip
+    assert [(m.name, m.value) for m in analyzer.metrics(hand_device(300_000))] == [
+        ("occupancy_weighted_pct", 100.0),
+        ("low_occupancy_time_pct", 0.0),
+        ("achieved_occupancy_weighted_pct", 35.0),
+    ]
