@@ -173,3 +173,30 @@ def test_overlap_rows_from_the_report_table():
         {"rank": 1, "GPU": 1, "comm ms": 3.0, "hidden %": 50.0, "exposed ms": 1.5, "waiting ms": 1.23},
     ]  # fmt: skip
     assert overlap_rows({"tables": {}}).empty and isinstance(overlap_rows({}), pd.DataFrame)
+
+
+def test_compare_gpu_times_over_all_traces_at_once(tmp_path):
+    """Rank 0 has steps [0, 10) and [10, 20) ms: a kernel launched at 5 ms counts, one launched
+    at 25 ms (after the last step) does not, one launched in step 1 but running at 30 ms does
+    (the launch call decides). Rank 1 has no steps: all its kernels and copies count."""
+    from stallscope.compare import gpu_times
+    from tests.kineto_builder import KinetoTrace
+
+    r0, r1 = KinetoTrace(rank=0, world_size=2), KinetoTrace(rank=1, world_size=2)
+    r0.step(0, 0, 10 * MS)
+    r0.step(1, 10 * MS, 10 * MS)
+    r0.kernel("gemm", 5 * MS, 2 * MS)
+    r0.kernel("gemm", 25 * MS, 1 * MS)
+    corr = r0.kernel("late", 30 * MS, 3 * MS)
+    r0.runtime("cudaLaunchKernel", 12 * MS, 10_000, corr=corr)
+    r1.kernel("gemm", 1 * MS, 4 * MS, device=1)
+    r1.kernel("gemm", 40 * MS, 4 * MS, device=1)
+    paths = [str(t.write(tmp_path / f"rank{t.rank}.json")) for t in (r0, r1)]
+    store = Store(tmp_path / "store").ensure()
+    (res,) = ingest_paths(store, paths)
+    job = JobData(store, store.traces(res.job_id))
+    try:
+        kernels, _ = gpu_times(job)
+    finally:
+        job.close()
+    assert kernels == {"gemm": (2 * MS + 8 * MS, 3), "late": (3 * MS, 1)}
