@@ -1,6 +1,8 @@
 """Time every dashboard page against the real server on a ~50 MB trace.
 
     python benchmarks/bench_pages.py [TRACE.json] [--runs 1]
+    python benchmarks/bench_pages.py --store STORE [--job ID]
+
 
 The trace defaults to ``benchmarks/data/df_index_resolver.json`` (the corpus
 trace ``hta/df_index_resolver`` decompressed: 53.7 MB, 216k events), made if
@@ -12,11 +14,18 @@ A page's time runs from ``page.goto`` until Streamlit's script state is
 is visited twice: first (cold: nothing in the server's ``st.cache_*`` for this
 trace, apart from what earlier pages cached) and again (warm), each in a new
 browser tab. The issue's target is every page under 1 s after ingest.
+
+With ``--store`` the pages of a job already in that store are timed instead (the
+newest job, or ``--job``; the store is only read): e.g. the 1,024-rank job that
+``bench_crossrank.py --keep DIR`` leaves, analyzed once so that its report is stored
+(issue 15's target: any page of a 1,024-rank job <= 2 s after its report exists).
+Compare then compares the job with itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import os
 import shutil
@@ -43,12 +52,22 @@ DONE = """() => {
 }"""
 
 
-def visit(browser, url: str) -> float:
+def visit(browser, url: str, timeout_s: float = 120) -> float:
+    """Seconds until the page at ``url`` is drawn in a new tab (inf: not within ``timeout_s``;
+    a screenshot of it is then left beside the benchmark's data)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page = browser.new_page(viewport={"width": 1440, "height": 1000})
     t = time.perf_counter()
     page.goto(url, wait_until="commit")
-    page.wait_for_function(DONE, timeout=120_000, polling=20)
-    elapsed = time.perf_counter() - t
+    try:
+        page.wait_for_function(DONE, timeout=timeout_s * 1000, polling=20)
+        elapsed = time.perf_counter() - t
+    except PlaywrightTimeout:
+        elapsed = float("inf")
+        DATA.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(DATA / "bench_pages_timeout.png"), full_page=True)
+    print(f"  {url}: {elapsed:.2f} s", flush=True)
     page.close()
     return elapsed
 
@@ -67,61 +86,100 @@ def navigate(page, title: str, path: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace", nargs="?", type=Path, default=DATA / "df_index_resolver.json")
+    parser.add_argument("--store", type=Path, help="time a job already in this store (read only)")
+    parser.add_argument("--job", help="with --store: the job (default: the newest)")
+    parser.add_argument(
+        "--fresh", action="store_true",
+        help="a new server per page: each first visit reads the report and builds everything",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.store:
+        time_pages(args.store, args.job, f"store {args.store}", args.fresh)
+        return
     if not args.trace.is_file():
         args.trace.parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(SRC, "rb") as src, open(args.trace, "wb") as dst:
             shutil.copyfileobj(src, dst)
-    from playwright.sync_api import sync_playwright
-
     store = Path(tempfile.mkdtemp(prefix="stallscope-bench-pages-")) / "store"
     subprocess.run([str(STALLSCOPE), "ingest", "--store", str(store), str(args.trace)],
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    size = args.trace.stat().st_size / 1e6
+    try:
+        time_pages(store, None, f"trace {args.trace.name} ({size:.1f} MB)")
+    finally:
+        shutil.rmtree(store.parent, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _server(store: Path):
+    """A ``stallscope serve`` of ``store`` (its port), the browser's first request made."""
+    port = free_port()
+    server = start_server(store, port, samples=False)
+    try:
+        yield port
+    finally:
+        stop_server(server)
+
+
+def _in_app(browser, port: int, job: str, pages: dict[str, str]) -> dict[str, float]:
+    """Each page reached by its sidebar link from the open app (the Overview first)."""
+    app = browser.new_page(viewport={"width": 1440, "height": 1000})
+    app.goto(f"http://127.0.0.1:{port}/overview?job={job}")
+    app.wait_for_function(DONE, timeout=120_000, polling=20)
+    in_app = {}
+    for name, path in pages.items():
+        if name in ("library", "overview"):
+            continue
+        title = name.capitalize() if name != "sql" else "SQL"
+        in_app[name] = navigate(app, title, path.split("?")[0])
+    in_app["overview"] = navigate(app, "Overview", "overview")
+    app.close()
+    return in_app
+
+
+def time_pages(store: Path, job: str | None, what: str, fresh: bool = False) -> None:
+    """Open every page of ``job`` (default: the store's newest) in a real server and print the
+    table of times; ``fresh``: a new server for each page."""
+    from playwright.sync_api import sync_playwright
+
     from stallscope.store import Store
 
-    job = Store(store).jobs()[0]["job_id"]
+    job = job or Store(store).jobs()[0]["job_id"]
     pages = {
         "library": "",
         "overview": f"overview?job={job}",
         "timeline": f"timeline?job={job}",
         "kernels": f"kernels?job={job}",
         "distributed": f"distributed?job={job}",
+        "inference": f"inference?job={job}",
         "occupancy": f"occupancy?job={job}",
+        "memory": f"memory?job={job}",
         "compare": f"compare?base={job}&new={job}",
         "sql": "sql",
     }
-    size = args.trace.stat().st_size / 1e6
-    print(f"trace {args.trace.name} ({size:.1f} MB), job {job}; load average "
+    print(f"{what}, job {job}; load average "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f", {os.cpu_count()} cores")  # fmt: skip
-    port = free_port()
-    server = start_server(store, port, samples=False)
-    results = {}
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            warm = browser.new_page()
-            warm.goto(f"http://127.0.0.1:{port}/_stcore/health")  # start the browser itself
-            warm.close()
+    results: dict[str, tuple[float, float]] = {}
+    in_app: dict[str, float] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser.new_page().close()  # start the browser itself
+        if fresh:  # a new server per page: its first visit finds nothing cached
             for name, path in pages.items():
-                url = f"http://127.0.0.1:{port}/{path}"
-                results[name] = (visit(browser, url), visit(browser, url))
-            app = browser.new_page(viewport={"width": 1440, "height": 1000})
-            app.goto(f"http://127.0.0.1:{port}/overview?job={job}")
-            app.wait_for_function(DONE, timeout=120_000, polling=20)
-            in_app = {}
-            for name, path in pages.items():
-                if name in ("library", "overview"):
-                    continue
-                in_app[name] = navigate(
-                    app, name.capitalize() if name != "sql" else "SQL", path.split("?")[0]
-                )
-            in_app["overview"] = navigate(app, "Overview", "overview")
-            browser.close()
-    finally:
-        stop_server(server)
-        shutil.rmtree(store.parent, ignore_errors=True)
+                with _server(store) as port:
+                    url = f"http://127.0.0.1:{port}/{path}"
+                    results[name] = (visit(browser, url), visit(browser, url))
+        else:
+            with _server(store) as port:
+                for name, path in pages.items():
+                    url = f"http://127.0.0.1:{port}/{path}"
+                    results[name] = (visit(browser, url), visit(browser, url))
+                in_app = _in_app(browser, port, job, pages)
+        browser.close()
+    first = "first visit (a fresh server)" if fresh else "first visit"
     print(
-        "\n| page | new tab, first visit s | new tab, second visit s | in the open app s |\n|---|---:|---:|---:|"
+        f"\n| page | new tab, {first} s | new tab, second visit s | in the open app s |"
+        "\n|---|---:|---:|---:|"
     )
     for name, (cold, warm) in results.items():
         nav = in_app.get(name)

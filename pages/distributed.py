@@ -19,7 +19,7 @@ from stallscope.pages.links import padded, timeline_link
 from stallscope.pages.state import current_overrides, get_store, report_for, selected_job
 from stallscope.pages.text import finding_text, literal
 from stallscope.rank_charts import MAX_ROWS, rank_bins, wait_distribution_figure, wait_heatmap
-from stallscope.views import findings_of, grouped_findings, table_of, table_places
+from stallscope.views import findings_of, grouped_findings, overlap_rows, table_of, table_places
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -28,7 +28,7 @@ def _waits(job_id: str, skew_tolerance_us: float | None) -> pd.DataFrame:
     from stallscope.views import wait_matrix
 
     store = get_store()
-    job = JobData(store, store.traces(job_id))
+    job = JobData(store, store.traces(job_id), tables=("collectives",))  # all wait_matrix reads
     try:
         # the report's clock correction: the same nccl_wait threshold
         overrides = (
@@ -40,24 +40,6 @@ def _waits(job_id: str, skew_tolerance_us: float | None) -> pd.DataFrame:
         return wait_matrix(job)
     finally:
         job.close()
-
-
-def _overlap_rows(report: dict) -> pd.DataFrame:
-    """Per rank and GPU: communication, hidden share, exposed and waiting ms (the report's
-    ``comm_overlap`` table)."""
-    rows = [
-        {
-            "rank": r["rank"],
-            "GPU": r["device"],
-            "comm ms": r["comm_ns"] / 1e6,
-            "hidden %": r["comm_overlap_pct"],
-            "exposed ms": r["exposed_comm_ns"] / 1e6,
-            "waiting ms": r["exposed_wait_ns"] / 1e6,
-        }
-        for r in table_of(report, "comm_overlap")
-    ]
-    columns = ["rank", "GPU", "comm ms", "hidden %", "exposed ms", "waiting ms"]
-    return pd.DataFrame(rows, columns=columns).sort_values(["rank", "GPU"]).round(2)
 
 
 def render() -> None:
@@ -75,7 +57,7 @@ def render() -> None:
     trace_of = {int(t["rank"] or 0): t["id"] for t in report["traces"] if t["source"] != "ncu"}
     waiting = [f for f in findings_of(report, "nccl_wait") if f["severity"] != "info"]
     straggler_of = _stragglers(report)
-    overlap = _overlap_rows(report)
+    overlap = overlap_rows(report)
     for group in grouped_findings(waiting):
         _waiting_group(group, job_id, trace_of, straggler_of)
     _distribution(overlap, report)

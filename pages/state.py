@@ -182,9 +182,18 @@ class _NotStored(Exception):
     """No valid stored report (raised, not returned: st.cache_data caches return values only)."""
 
 
-@st.cache_data(show_spinner=False, max_entries=128)
+# Reports are cached as resources: one object shared by every session and rerun, never copied.
+# st.cache_data pickles its value when stored and unpickles a copy at every call: for the 14.6 MB
+# report of a 1,024-rank job that was ~0.3 s (host) at each rerun of any page. The pages only
+# read a report (never change it). Fewer entries than a cache of pickles: a large job's report
+# is ~100 MB of Python objects.
+REPORTS_KEPT = 16
+
+
+@st.cache_resource(show_spinner=False, max_entries=REPORTS_KEPT)
 def _stored_report(job_id: str, key: str, store_path: str) -> dict[str, Any]:
-    """The job's stored report of ``key`` (``stallscope.report_store``); raises _NotStored."""
+    """The job's stored report of ``key`` (``stallscope.report_store``); raises _NotStored.
+    Shared: callers must not change it."""
     from stallscope.report_store import load
 
     report = load(Store(store_path), job_id, key)
@@ -197,7 +206,7 @@ _BUILDING: dict[str, threading.Lock] = {}
 _BUILDING_LOCK = threading.Lock()
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
+@st.cache_resource(show_spinner=False, max_entries=REPORTS_KEPT)
 def _built_report(job_id: str, key: str, frozen: tuple, store_path: str) -> dict[str, Any]:
     """The report of ``key``, built by a child process (``stallscope.report_child``), which stores
     it; sessions asking for the same report at once wait for one child."""
@@ -218,6 +227,7 @@ def report_for(
 ) -> dict[str, Any]:
     """The whole job's report with these thresholds: the one stored beside the job, else built
     (and stored) by a child process. The analyzers never run in this (the server's) process.
+    The report is shared by every session (cached, not copied): read it, never change it.
 
     A job that cannot be analyzed (damaged, removed meanwhile, past the analysis time limit)
     shows its one-line error and stops the page: other jobs are unaffected.

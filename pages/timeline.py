@@ -128,8 +128,9 @@ def _ranks(by_rank: dict, findings: list[dict]) -> list[int]:
         wanted = [int(x) for x in text.split(",") if x != ""]
     except ValueError:
         wanted = []
+    worst_first = sorted(findings, key=lambda f: -(f.get("impact_ns") or 0))
     default = [r for r in wanted if r in by_rank] or default_ranks(
-        list(by_rank), {int(f["rank"]) for f in findings}
+        list(by_rank), [int(f["rank"]) for f in worst_first]
     )
     if linked is not None and linked not in default:
         default = sorted([*default, linked])

@@ -37,6 +37,7 @@ all-to-all (n−1)/n; others 1.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,18 +78,37 @@ OPS_INT_COLUMNS = ("device", "stream", "start_ns", "end_ns", "grid", "launch_ns"
 
 # pg_ranks is read as its hash: the text (thousands of characters per row at 1,024 ranks,
 # ~240 MB over a job's collectives) is fetched once per distinct value (_PG_RANKS_SQL).
+# {steps}: the step of each kernel from the rank cards (_CARD_STEPS_SQL), or -1 for all.
 _ROWS_SQL = """
 SELECT c.trace_id, c.rank, c.device, c.stream, c.pg_name, hash(c.pg_ranks) AS pg_ranks_hash,
   c.pg_ranks IS NULL AS pg_ranks_null, c.group_size, c.seq, c.op,
   CASE WHEN c.op IN ('allgather') THEN c.out_bytes ELSE coalesce(c.in_bytes, c.out_bytes) END AS bytes,
   c.start_ns, c.end_ns, c.order_in_group,
   nullif(regexp_extract(n.name, '{algo}', 1) || '_' || regexp_extract(n.name, '{algo}', 2), '_')
-    AS algorithm
+    AS algorithm, {step} AS step
 FROM collectives c LEFT JOIN names n ON n.trace_id = c.trace_id AND n.name_id = c.name_id
+{steps}
+"""
+# match_waits' rows: the same columns from the collectives alone (no step, algorithm, rank list)
+_ROWS_SQL_WAITS = """
+SELECT c.trace_id, c.rank, c.device, c.stream, c.pg_name, 0::UBIGINT AS pg_ranks_hash,
+  true AS pg_ranks_null, c.group_size, c.seq, c.op,
+  CASE WHEN c.op IN ('allgather') THEN c.out_bytes ELSE coalesce(c.in_bytes, c.out_bytes) END AS bytes,
+  c.start_ns, c.end_ns, c.order_in_group, NULL::VARCHAR AS algorithm, -1::BIGINT AS step
+FROM collectives c
+"""
+# A collective's step from the cards' `collective` rows of (trace, device, start): the first
+# such row of its card when several start at once (as _steps_of does with the cards in memory).
+_CARD_STEPS_SQL = """
+LEFT JOIN (
+  SELECT trace_id, coalesce(device, -1) AS device, start_ns,
+    arg_min(coalesce(step, -1), file_row_number) AS step
+  FROM read_parquet([{files}], file_row_number = true) WHERE kind = 'collective' GROUP BY ALL
+) k ON k.trace_id = c.trace_id AND k.device = c.device AND k.start_ns = c.start_ns
 """
 _PG_RANKS_SQL = """
-SELECT hash(pg_ranks) AS h, any_value(pg_ranks) AS text FROM collectives
-WHERE pg_ranks IS NOT NULL GROUP BY 1
+SELECT hash(pg_ranks) AS h, any_value(pg_ranks) AS text FROM {source}
+WHERE pg_ranks IS NOT NULL{only} GROUP BY 1
 """
 
 
@@ -227,18 +247,45 @@ def match_collectives(job: JobData, skew_tolerance_ns: int | None = None) -> Col
     return job.cache[key]
 
 
-def _match(job: JobData, tolerance: int) -> CollectiveMatch | None:
-    r = job.numpy(  # (no count(*) first: each query binds every rank's files, ~0.2 s at 1,024)
-        _ROWS_SQL.format(algo=ALGO_REGEX)
-        + " ORDER BY rank, trace_id, device, start_ns, order_in_group"
+def match_waits(job: JobData, skew_tolerance_ns: int | None = None) -> CollectiveMatch | None:
+    """The match of :func:`match_collectives` read from the ``collectives`` table alone (for
+    the Distributed page's wait matrix): the same ``rows`` and ``instances`` but for
+    ``rows['step']`` (all −1) and ``instances['algorithm']`` (all ''), and no ``warnings``
+    from the process groups' rank lists. No kernel names, rank cards or rank lists are read
+    (at 1,024 ranks a third of the files). The whole match when the job holds it already.
+    Cached per tolerance."""
+    if skew_tolerance_ns is None:
+        skew_tolerance_ns = job_settings.of(job).skew_tolerance_ns
+    whole = ("collectives", int(skew_tolerance_ns))
+    if whole in job.cache:
+        return job.cache[whole]
+    key = ("collective_waits", int(skew_tolerance_ns))
+    if key not in job.cache:
+        job.cache[key] = _match(job, int(skew_tolerance_ns), waits_only=True)
+    return job.cache[key]
+
+
+def _match(job: JobData, tolerance: int, waits_only: bool = False) -> CollectiveMatch | None:
+    cards = None if waits_only else _stored_cards(job)
+    sql = (
+        _ROWS_SQL_WAITS
+        if waits_only
+        else _ROWS_SQL.format(
+            algo=ALGO_REGEX,
+            step="-1" if cards is None else "coalesce(k.step, -1)",
+            steps="" if cards is None else _CARD_STEPS_SQL.format(files=_sql_list(cards)),
+        )
     )
+    # (no count(*) first: each query binds every rank's files, ~0.2 s at 1,024)
+    r = job.numpy(sql + " ORDER BY rank, trace_id, device, start_ns, order_in_group")
     if r["trace_id"].size == 0:
         return None
     # participants: runs of (rank, trace, device) in row order, so numbered by rank
     trace, device = r["trace_id"].astype(str), r["device"].astype(np.int64)
     new = np.r_[True, (trace[1:] != trace[:-1]) | (device[1:] != device[:-1])]
     part = np.cumsum(new) - 1
-    r["step"] = _steps_of(job, trace, device, r["start_ns"].astype(np.int64), new)
+    if cards is None and not waits_only:  # cards in memory already, or a card missing
+        r["step"] = _steps_of(job, trace, device, r["start_ns"].astype(np.int64), new)
     warnings: list[str] = []
     group = _groups(r, part, warnings)
     seq = _masked_int(r["seq"])
@@ -275,6 +322,26 @@ def _match(job: JobData, tolerance: int) -> CollectiveMatch | None:
         methods=methods,
         warnings=warnings,
     )
+
+
+def _stored_cards(job: JobData) -> list[str] | None:
+    """The rank cards' files when the rows query can read the collectives' steps from them
+    (every timeline trace has its card stored, and they are not in memory already: then
+    :func:`_steps_of` reads them there); else None."""
+    from stallscope.rank_card import CARD_FILE
+    from stallscope.schema import RANK_CARD
+
+    if "rank_cards" in job.cache:
+        return None
+    refs = [r for r in job.traces if r.meta.get("source") in RANK_CARD.formats]
+    files = [r.path / CARD_FILE for r in refs]
+    if not files or not all(f.is_file() for f in files):
+        return None
+    return [str(f) for f in files]
+
+
+def _sql_list(paths: list[str]) -> str:
+    return ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
 
 
 def _steps_of(job, trace, device, start, new) -> np.ndarray:
@@ -450,7 +517,9 @@ def _listed_ranks(r: dict, group: np.ndarray, job: JobData) -> dict[str, set[int
     ]
     if not firsts:
         return {}
-    texts = {int(h): text for h, text in job.sql(_PG_RANKS_SQL).fetchall()}
+    texts = _pg_ranks_texts(
+        job, {h for _, h in firsts}, {str(r["trace_id"][i]) for i in _first_index(group)[1]}
+    )
     out: dict[str, set[int]] = {}
     for g, h in firsts:
         body = str(texts.get(h, "")).strip("[] ")
@@ -460,6 +529,25 @@ def _listed_ranks(r: dict, group: np.ndarray, job: JobData) -> dict[str, set[int
             except ValueError:
                 continue
     return out
+
+
+def _pg_ranks_texts(job: JobData, hashes: set[int], traces: set[str]) -> dict[int, str]:
+    """``pg_ranks`` text of each hash: read from the collectives of ``traces`` (the ones
+    holding each group's first row, usually rank 0's alone) rather than every rank's; all
+    ranks' when one of ``hashes`` is not found there."""
+    refs = [r for r in job.traces if r.trace_id in traces]
+    files = [str(r.table_path("collectives")) for r in refs]
+    texts: dict[int, str] = {}
+    if files and all(os.path.isfile(f) for f in files):
+        only = " AND hash(pg_ranks) IN (" + ", ".join(str(int(h)) for h in sorted(hashes)) + ")"
+        source = f"read_parquet([{_sql_list(files)}])"
+        texts = {
+            int(h): t for h, t in job.sql(_PG_RANKS_SQL.format(source=source, only=only)).fetchall()
+        }
+    if not hashes <= texts.keys():
+        sql = _PG_RANKS_SQL.format(source="collectives", only="")
+        texts = {int(h): text for h, text in job.sql(sql).fetchall()}
+    return texts
 
 
 def _skew(inst, part, end, tolerance) -> tuple[np.ndarray, np.ndarray]:
@@ -476,13 +564,25 @@ def _skew(inst, part, end, tolerance) -> tuple[np.ndarray, np.ndarray]:
     usable = ok & (ref_end[np.where(ok, inst, 0)] != np.iinfo(np.int64).min)
     d = end[usable] - ref_end[inst[usable]]
     p = part[usable]
-    for q in np.unique(p):  # per participant
-        dq = d[p == q]
-        med = int(np.median(dq))
-        mad = float(np.median(np.abs(dq - med)))
-        skew[q] = med
-        corrected[q] = abs(med) > tolerance and mad < abs(med) / 2 and dq.size >= 3
+    # per participant at once (a sort, not a median call per participant): np.median's numbers
+    order = np.lexsort((d, p))
+    p, d = p[order], d[order]
+    q, first, count = np.unique(p, return_index=True, return_counts=True)
+    member = np.repeat(np.arange(q.size), count)
+    med = _sorted_median(d, first, count).astype(np.int64)  # int(np.median): toward zero
+    dev = np.abs(d - med[member])
+    mad = _sorted_median(dev[np.lexsort((dev, member))], first, count)
+    skew[q] = med
+    corrected[q] = (np.abs(med) > tolerance) & (mad < np.abs(med) / 2) & (count >= 3)
     return skew, corrected
+
+
+def _sorted_median(values: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """np.median (float64) of each run ``values[first:first + count]`` of sorted int64 values:
+    the middle value, or the mean of the two middle ones, as np.median computes it."""
+    lo = values[first + (count - 1) // 2].astype(np.float64)
+    hi = values[first + count // 2].astype(np.float64)
+    return (lo + hi) / 2.0
 
 
 def _waits(r, inst, part, start, end, group, op, key):

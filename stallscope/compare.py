@@ -28,7 +28,6 @@ import numpy as np
 from stallscope import report_store
 from stallscope.analyzers.base import SEVERITY_RANK
 from stallscope.compare_inference import inference_deltas, inference_summary, inference_table
-from stallscope.host_ops import LAUNCH_CTE
 from stallscope.jobdata import JobData
 from stallscope.report_types import IDLE_CAUSES
 from stallscope.store import Store, TraceRef
@@ -85,20 +84,26 @@ def rank_step_means(job: JobData) -> dict[int, float]:
     return {rank: total / count for rank, (total, count) in totals.items() if count}
 
 
-# The GPU operations of one trace launched inside a step (the launch call's start, else the
-# operation's own, inside a step range; scope.py's rule), or all of them when it has no steps.
-_IN_STEPS_SQL = f"""
-WITH {LAUNCH_CTE}, steps AS (
-  SELECT start_ns AS step_start, end_ns AS step_end FROM ranges WHERE trace_id = $trace AND kind = 'step'
+# The GPU operations of every trace launched inside a step (the launch call's start, else the
+# operation's own, inside a step range of its trace; scope.py's rule), or all of a trace's when
+# it has no steps. Set-wise over the traces: a query per trace binds every rank's files, which
+# at 1,024 ranks took minutes.
+_IN_STEPS_SQL = """
+WITH launch AS (
+  SELECT trace_id, correlation, min(start_ns) AS launch_ns FROM host
+  WHERE kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1, 2
+), steps AS (
+  SELECT trace_id, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE kind = 'step'
 ), ops AS (
-  SELECT g.kind, g.name_id, g.start_ns, g.end_ns, coalesce(g.bytes, 0) AS bytes,
+  SELECT g.trace_id, g.kind, g.name_id, g.start_ns, g.end_ns, coalesce(g.bytes, 0) AS bytes,
          coalesce(g.copy_kind, '') AS copy_kind, coalesce(g.src_kind, '') AS src_kind,
          coalesce(g.dst_kind, '') AS dst_kind, coalesce(l.launch_ns, g.start_ns) AS anchor_ns
-  FROM gpu g LEFT JOIN launch l USING (correlation)
-  WHERE g.trace_id = $trace AND g.kind IN ('kernel', 'memcpy', 'memset')
+  FROM gpu g LEFT JOIN launch l ON l.trace_id = g.trace_id AND l.correlation = g.correlation
+  WHERE g.kind IN ('kernel', 'memcpy', 'memset')
 ), scoped AS (
-  SELECT ops.* FROM ops ASOF LEFT JOIN steps s ON ops.anchor_ns >= s.step_start
-  WHERE ops.anchor_ns < s.step_end OR NOT EXISTS (SELECT 1 FROM steps)
+  SELECT ops.* FROM ops ASOF LEFT JOIN steps s
+    ON ops.trace_id = s.trace_id AND ops.anchor_ns >= s.step_start
+  WHERE ops.anchor_ns < s.step_end OR ops.trace_id NOT IN (SELECT trace_id FROM steps)
 )
 """
 
@@ -109,26 +114,23 @@ def gpu_times(job: JobData) -> tuple[dict[str, tuple[int, int]], dict[tuple[str,
     operation of a trace without steps). GPU time is summed durations, not a union."""
     kernels: dict[str, tuple[int, int]] = {}
     copies: dict[tuple[str, str], list[int]] = {}
-    for ref in job.traces:
-        job.con.execute(
-            "CREATE OR REPLACE TEMP TABLE compare_ops AS " + _IN_STEPS_SQL + "SELECT * FROM scoped",
-            {"trace": ref.trace_id},
-        )
-        for name, total, count in job.sql(
-            "SELECT n.name, sum(end_ns - start_ns), count(*) FROM compare_ops o JOIN names n "
-            "ON n.trace_id = ? AND n.name_id = o.name_id WHERE o.kind = 'kernel' GROUP BY 1",
-            [ref.trace_id],
-        ).fetchall():
-            old = kernels.get(name, (0, 0))
-            kernels[name] = (old[0] + int(total), old[1] + int(count))
-        for kind, copy_kind, src, dst, total, nbytes, count in job.sql(
-            "SELECT kind, copy_kind, src_kind, dst_kind, sum(end_ns - start_ns), sum(bytes), "
-            "count(*) FROM compare_ops WHERE kind <> 'kernel' GROUP BY 1, 2, 3, 4"
-        ).fetchall():
-            acc = copies.setdefault(copy_key(kind, copy_kind, src, dst), [0, 0, 0])
-            acc[0] += int(total)
-            acc[1] += int(nbytes)
-            acc[2] += int(count)
+    job.con.execute(
+        "CREATE OR REPLACE TEMP TABLE compare_ops AS " + _IN_STEPS_SQL + "SELECT * FROM scoped"
+    )
+    for name, total, count in job.sql(
+        "SELECT n.name, sum(end_ns - start_ns), count(*) FROM compare_ops o JOIN names n "
+        "ON n.trace_id = o.trace_id AND n.name_id = o.name_id WHERE o.kind = 'kernel' "
+        "GROUP BY 1 ORDER BY 1"
+    ).fetchall():
+        kernels[name] = (int(total), int(count))
+    for kind, copy_kind, src, dst, total, nbytes, count in job.sql(
+        "SELECT kind, copy_kind, src_kind, dst_kind, sum(end_ns - start_ns), sum(bytes), "
+        "count(*) FROM compare_ops WHERE kind <> 'kernel' GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+    ).fetchall():
+        acc = copies.setdefault(copy_key(kind, copy_kind, src, dst), [0, 0, 0])
+        acc[0] += int(total)
+        acc[1] += int(nbytes)
+        acc[2] += int(count)
     job.sql("DROP TABLE IF EXISTS compare_ops")
     return kernels, copies
 

@@ -38,8 +38,10 @@ class JobData:
         *,
         parent: JobData | None = None,
         load: bool = False,
+        tables: tuple[str, ...] | None = None,
     ):
         self.store = store
+        self.tables = tables  # the canonical tables with a view (None: all)
         self.parent = parent  # a part's job: the part's views live on a cursor of its database
         self.load = load  # a part's tables are read into memory once (for many queries)
         self.traces = sorted(traces, key=lambda r: r.meta.get("rank", 0))
@@ -115,7 +117,7 @@ class JobData:
     def con(self) -> duckdb.DuckDBPyConnection:
         if self.parent is not None:
             return self.store.connect(self.traces, cursor_of=self.parent.con, load=self.load)
-        return self.store.connect(self.traces)
+        return self.store.connect(self.traces, tables=self.tables)
 
     def sql(self, query: str, params: list[Any] | None = None) -> duckdb.DuckDBPyConnection:
         """Run a query on this job's views; returns the cursor (fetchall/fetchnumpy...)."""

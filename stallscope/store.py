@@ -352,6 +352,7 @@ class Store:
         *,
         cursor_of: duckdb.DuckDBPyConnection | None = None,
         load: bool = False,
+        tables: tuple[str, ...] | None = None,
     ) -> duckdb.DuckDBPyConnection:
         """In-memory DuckDB with one view per canonical table over ``traces``.
 
@@ -363,6 +364,8 @@ class Store:
         closed, and cost no new database (about 20 ms of CPU each).
         With ``load`` as well, they are temporary tables holding the rows
         (read once, then queried in memory): for many queries on few traces.
+        ``tables``: views of these canonical tables only (default: all; each view's
+        creation lists and binds its files, ~0.03 s per table at 1,024 ranks).
         """
         refs = self.traces() if traces is None else traces
         if cursor_of is None:
@@ -374,8 +377,10 @@ class Store:
         # position. Across jobs (stores of several versions) columns are matched by name,
         # which reads every file's footer at each bind: ~1 ms per file and query.
         by_name = "true" if len({r.job_id for r in refs}) > 1 else "false"
-        for table in TABLES:
-            files = [str(r.table_path(table)) for r in refs if r.table_path(table).is_file()]
+        wanted = TABLES if tables is None else tuple(t for t in TABLES if t in tables)
+        present = _table_files(refs, wanted)
+        for table in wanted:
+            files = present[table]
             if files:
                 listing = ", ".join(_sql_str(f) for f in files)
                 con.execute(
@@ -389,11 +394,68 @@ class Store:
         return con
 
 
+def _table_files(refs: list[TraceRef], tables: tuple[str, ...]) -> dict[str, list[str]]:
+    """Per table of ``tables``, the paths of its files among ``refs`` (in ``refs`` order): one
+    directory listing per trace, not a ``stat`` per trace and table (~10 k at 1,024 ranks)."""
+    wanted = {f"{table}.parquet": table for table in tables}
+    out: dict[str, list[str]] = {table: [] for table in tables}
+    for ref in refs:
+        prefix = os.path.join(str(ref.path), "")
+        try:
+            with os.scandir(ref.path) as entries:
+                here = [e.name for e in entries if e.name in wanted and e.is_file()]
+        except OSError:
+            continue
+        for name in here:
+            out[wanted[name]].append(prefix + name)
+    return out
+
+
+# Python types that go into each catalog column unchanged (create_catalog's one-statement insert)
+_CATALOG_PY_TYPES = {"VARCHAR": (str,), "INTEGER": (int,), "BIGINT": (int,), "DOUBLE": (int, float),
+                     "BOOLEAN": (bool,)}  # fmt: skip
+_CATALOG_ARROW_TYPES = {"VARCHAR": "string", "INTEGER": "int32", "BIGINT": "int64",
+                        "DOUBLE": "float64", "BOOLEAN": "bool_"}  # fmt: skip
+
+
 def create_catalog(con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]]) -> None:
     """A ``catalog`` table with one row per trace catalog row (``meta.json``): the scalar fields
-    declared in :data:`stallscope.schema.CATALOG` (:data:`CATALOG_COLUMNS`), in that order."""
+    declared in :data:`stallscope.schema.CATALOG` (:data:`CATALOG_COLUMNS`), in that order.
+
+    The rows go in as one Arrow table (1,024 rows: a few ms, against ~0.3 s as statement
+    parameters) when every value has its column's Python type (``int`` for an integer
+    column, and so on); else (a ``meta.json`` written by hand) as parameters, which DuckDB
+    casts."""
     cols = ", ".join(f"{name} {typ}" for name, typ in CATALOG_COLUMNS)
     con.execute(f"CREATE TEMP TABLE catalog ({cols})")
+    import pyarrow as pa
+
+    columns = {}
+    for name, typ in CATALOG_COLUMNS:
+        values = [meta.get(name) for meta in metas]
+        fits = _CATALOG_PY_TYPES[typ]
+        if not all(v is None or (type(v) in fits) for v in values):
+            _insert_catalog_rows(con, metas)
+            return
+        columns[name] = values
+    try:
+        table = pa.table(
+            {
+                name: pa.array(columns[name], getattr(pa, _CATALOG_ARROW_TYPES[typ])())
+                for name, typ in CATALOG_COLUMNS
+            }
+        )
+    except (pa.ArrowException, OverflowError):  # an integer too large for its column
+        _insert_catalog_rows(con, metas)
+        return
+    con.register("_catalog_rows", table)
+    try:
+        con.execute("INSERT INTO catalog SELECT * FROM _catalog_rows")
+    finally:
+        con.unregister("_catalog_rows")
+
+
+def _insert_catalog_rows(con: duckdb.DuckDBPyConnection, metas: list[dict[str, Any]]) -> None:
     rows = [[meta.get(name) for name, _ in CATALOG_COLUMNS] for meta in metas]
     marks = "(" + ", ".join("?" for _ in CATALOG_COLUMNS) + ")"
     for at in range(0, len(rows), 500):  # a statement per 500 rows, not one per row (executemany)

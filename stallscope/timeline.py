@@ -19,6 +19,7 @@ frame, the search results and the flow pairs share.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -162,13 +163,22 @@ def first_step_starts(job: JobData, trace_ids: list[str]) -> dict[str, int]:
     return {str(t): int(s) for t, s in rows}
 
 
-def default_ranks(ranks: list[int], finding_ranks: set[int], limit: int = 8) -> list[int]:
+def default_ranks(ranks: list[int], finding_ranks: Iterable[int], limit: int = 8) -> list[int]:
     """The ranks the timeline opens with: all of them up to ``limit``, else rank 0 and the
-    ranks named in findings (ascending)."""
+    ranks named in findings (ascending), at most ``limit`` in all: when more ranks have
+    findings (a 1,024-rank job where every rank waits), the first ones of ``finding_ranks``
+    (give them worst first)."""
     if len(ranks) <= limit:
         return sorted(ranks)
     first = min(ranks)
-    return sorted({first} | (set(finding_ranks) & set(ranks)))
+    have = set(ranks)
+    chosen = {first}
+    for rank in finding_ranks:
+        if len(chosen) >= limit:
+            break
+        if rank in have:
+            chosen.add(rank)
+    return sorted(chosen)
 
 
 def _ids(trace_ids: str | list[str]) -> list[str]:

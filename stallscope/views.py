@@ -16,6 +16,7 @@ from stallscope.jobdata import JobData
 __all__ = [
     "findings_of",
     "grouped_findings",
+    "overlap_rows",
     "table_of",
     "table_places",
     "wait_matrix",
@@ -58,17 +59,38 @@ def table_places(report: dict[str, Any], name: str) -> list[tuple[str, int, int 
     return list(dict.fromkeys((r["trace"], r["rank"], r["device"]) for r in table_of(report, name)))
 
 
+def overlap_rows(report: dict[str, Any]) -> pd.DataFrame:
+    """Per rank and GPU (the report's ``comm_overlap`` table): ``rank``, ``GPU``, ``comm ms``,
+    ``hidden %``, ``exposed ms``, ``waiting ms`` (exposed time waiting for a late rank);
+    sorted by rank and GPU, rounded to 0.01."""
+    rows = [
+        {
+            "rank": r["rank"],
+            "GPU": r["device"],
+            "comm ms": r["comm_ns"] / 1e6,
+            "hidden %": r["comm_overlap_pct"],
+            "exposed ms": r["exposed_comm_ns"] / 1e6,
+            "waiting ms": r["exposed_wait_ns"] / 1e6,
+        }
+        for r in table_of(report, "comm_overlap")
+    ]
+    columns = ["rank", "GPU", "comm ms", "hidden %", "exposed ms", "waiting ms"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["rank", "GPU"]).round(2)
+
+
 def wait_matrix(job: JobData) -> pd.DataFrame:
     """Per matched collective and rank: wait (ns) before the last rank arrived.
 
     Columns: ``collective`` (0-based instance index in time order), ``op``,
     ``rank``, ``wait_ms``, ``last`` (this rank arrived last). Empty without
     matched collectives. Collectives are matched with the job's skew tolerance
-    (:mod:`stallscope.job_settings`: apply the thresholds first), as in the report.
+    (:mod:`stallscope.job_settings`: apply the thresholds first), as in the report
+    (:func:`stallscope.collectives.match_waits`: the report's match, from the
+    ``collectives`` table alone).
     """
-    from stallscope.collectives import match_collectives
+    from stallscope.collectives import match_waits
 
-    match = match_collectives(job)
+    match = match_waits(job)
     if match is None:
         return pd.DataFrame(columns=["collective", "op", "rank", "wait_ms", "last"])
     rows, inst = match.rows, match.instances

@@ -292,6 +292,17 @@ def test_window_around_an_event_and_default_ranks():
     assert window_around(999_990, 1_000_000, Window(0, 1_000_000)) == Window(980_000, 1_000_000)
     assert default_ranks([0, 1, 2], set()) == [0, 1, 2]
     assert default_ranks(list(range(16)), {5, 11, 99}) == [0, 5, 11]
+    # many ranks with findings (every rank of a large job waits): rank 0 and the first 7 given
+    assert default_ranks(list(range(1024)), [900, 3, 900, 512, *range(100, 200)]) == [
+        0,
+        3,
+        100,
+        101,
+        102,
+        103,
+        512,
+        900,
+    ]
 
 
 def test_flow_arrow_drawn_from_launch_to_kernel(two_ranks):
