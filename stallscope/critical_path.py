@@ -130,33 +130,67 @@ def _part_axis(part: np.ndarray, *times: np.ndarray) -> list[np.ndarray]:
 
 
 def compress_times(times: np.ndarray, parts: np.ndarray, cuts: list[Compression]) -> np.ndarray:
-    """Map each time of ``parts`` through that participant's compressions (vectorized)."""
-    out = np.asarray(times, dtype=np.int64).copy()
+    """Map each time of ``parts`` through that participant's compressions (vectorized; only
+    the rows of participants with cuts are touched)."""
+    times = np.asarray(times, dtype=np.int64)
+    out = times.copy()
+    by_part: dict[int, list[Compression]] = {}
     for c in sorted(cuts, key=lambda c: (c.part, c.start_ns)):
-        length = c.end_ns - c.start_ns
-        if length <= 0:
-            continue
-        mine = (parts == c.part) & (times >= 0)
-        t = np.asarray(times, dtype=np.int64)
-        inside = mine & (t > c.start_ns) & (t < c.end_ns)
-        after = mine & (t >= c.end_ns)
-        removed = length - c.new_len_ns
-        out[after] -= removed
-        frac = (t[inside] - c.start_ns) / length
-        out[inside] -= (t[inside] - c.start_ns) - np.round(frac * c.new_len_ns).astype(np.int64)
+        if c.end_ns - c.start_ns > 0:
+            by_part.setdefault(c.part, []).append(c)
+    for p, mine in by_part.items():
+        rows = np.flatnonzero((parts == p) & (times >= 0))
+        t = times[rows]
+        shifted = t.copy()
+        for c in mine:
+            length = c.end_ns - c.start_ns
+            inside = (t > c.start_ns) & (t < c.end_ns)
+            shifted[t >= c.end_ns] -= length - c.new_len_ns
+            frac = (t[inside] - c.start_ns) / length
+            shifted[inside] -= (t[inside] - c.start_ns) - np.round(frac * c.new_len_ns).astype(
+                np.int64
+            )
+        out[rows] = shifted
     return out
 
 
 def replay(
-    ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression] | None = None
+    ops: pd.DataFrame,
+    syncs: pd.DataFrame,
+    cuts: list[Compression] | None = None,
+    method: str = "auto",
 ) -> pd.DataFrame:
     """Re-time ``dependencies(ops)`` after ``cuts``; adds ``new_start_ns`` and ``new_end_ns``.
 
-    A sweep in observed-time order (syncs returning before ops starting at the
-    same time, collective arrivals before other ops): one Python step per op.
+    The replay's order is a sweep in observed-time order (syncs returning
+    before ops starting at the same time, collective arrivals before other
+    ops). ``method``: ``"sweep"`` steps once per op and sync in that order
+    (:func:`_sweep`); ``"waves"`` (:func:`_waves`) advances every participant
+    by one of its own events per numpy step, a collective's end becoming
+    readable once all its ranks arrived: one Python step per event of the
+    busiest participant instead of one per event of the job, with the same
+    times to the nanosecond (it declines, and the sweep runs, on a graph where
+    the sweep would read a value before its last write, e.g. an op that starts
+    before a collective it follows has ended on a badly skewed clock).
+    ``"auto"``: waves when the job has many participants.
     """
-    cuts = cuts or []
     g = ops if "binding" in ops else dependencies(ops)
+    new_start, new_end = replay_times(g, syncs, cuts, method)
+    out = g.copy()
+    out["new_start_ns"] = new_start
+    out["new_end_ns"] = new_end
+    return out
+
+
+def replay_times(
+    g: pd.DataFrame,
+    syncs: pd.DataFrame,
+    cuts: list[Compression] | None = None,
+    method: str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`replay`'s new (start, end) per row of ``g`` (a :func:`dependencies` table), as
+    int64 arrays, without copying ``g``."""
+    cuts = cuts or []
     n = len(g)
     part = g["part"].to_numpy(np.int64)
     start = g["start_ns"].to_numpy(np.int64)
@@ -170,9 +204,6 @@ def replay(
     prev, dep = g["prev"].to_numpy(np.int64), g["dep"].to_numpy(np.int64)
     binding, gap = g["binding"].to_numpy(), g["gap_ns"].to_numpy(np.int64)
     comm = inst >= 0
-    members: dict[int, list[int]] = {}
-    for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
-        members.setdefault(k, []).append(i)
     sync_part = syncs["part"].to_numpy(np.int64)
     s_a, s_b = syncs["start_ns"].to_numpy(np.int64), syncs["end_ns"].to_numpy(np.int64)
     c_sa, c_sb = compress_times(s_a, sync_part, cuts), compress_times(s_b, sync_part, cuts)
@@ -181,7 +212,20 @@ def replay(
     kinds = np.r_[np.zeros(s_b.size, dtype=np.int64), np.where(comm, 1, 2)]
     index = np.r_[np.arange(s_b.size), np.arange(n)]
     order = np.lexsort((index, kinds, times))
-    new_start, new_end = _sweep(
+    found = None
+    if method == "waves" or (method == "auto" and _waves_pay(part, sync_part)):
+        found = _waves(
+            order,
+            _Graph(part, start, end, c_start, c_end, launch, c_launch, inst, transfer,
+                   prev, dep, binding, gap),
+            (sync_part, s_a, s_b, c_sa, c_sb, awaited),
+        )  # fmt: skip
+    if found is not None:
+        return found
+    members: dict[int, list[int]] = {}
+    for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
+        members.setdefault(k, []).append(i)
+    return _sweep(
         kinds[order].tolist(),
         index[order].tolist(),
         ops=_OpLists(
@@ -209,10 +253,179 @@ def replay(
             awaited.tolist(),
         ),  # fmt: skip
     )
-    out = g.copy()
-    out["new_start_ns"] = new_start
-    out["new_end_ns"] = new_end
-    return out
+
+
+WAVES_MIN_PARTS = 32  # below this many participants the per-op sweep is as fast
+
+
+def _waves_pay(part: np.ndarray, sync_part: np.ndarray) -> bool:
+    """Whether :func:`_waves` beats the sweep: its Python steps follow the busiest participant's
+    events, the sweep's every event; each wave costs some tens of numpy calls."""
+    if part.size == 0:
+        return False
+    counts = np.bincount(np.r_[part, sync_part])
+    return int((counts > 0).sum()) >= WAVES_MIN_PARTS and counts.sum() > 24 * counts.max()
+
+
+@dataclass
+class _Graph:
+    """The replay's per-op columns (numpy), for :func:`_waves`."""
+
+    part: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    c_start: np.ndarray
+    c_end: np.ndarray
+    launch: np.ndarray
+    c_launch: np.ndarray
+    inst: np.ndarray
+    transfer: np.ndarray
+    prev: np.ndarray
+    dep: np.ndarray
+    binding: np.ndarray
+    gap: np.ndarray
+
+
+def _waves(order: np.ndarray, g: _Graph, syncs: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+    """The sweep's result computed participant-parallel (see :func:`replay`), or None when the
+    graph has a read the sweep makes before that value's last write (the sweep then runs).
+
+    Events: syncs ``0..S-1``, ops ``S..S+n-1``; ``order`` the sweep's order of them. Each
+    participant's events keep their sweep order. A wave takes every participant's next event
+    whose inputs are final (a collective's end once its last rank arrived) and computes them
+    all at once; the values each event reads are the ones the sweep reads at its turn, so the
+    times are the sweep's exactly.
+    """
+    sync_part, s_a, s_b, c_sa, c_sb, awaited = syncs
+    n_sync, n = s_b.size, g.part.size
+    pos = np.empty(n_sync + n, dtype=np.int64)
+    pos[order] = np.arange(order.size)
+    op_pos = pos[n_sync:]
+    comm = g.inst >= 0
+    n_inst = int(g.inst.max()) + 1 if comm.any() else 0
+    done_at = np.full(n_inst, -1, dtype=np.int64)  # sweep position where each instance ends
+    np.maximum.at(done_at, g.inst[comm], op_pos[comm])
+    final_at = np.where(comm, done_at[np.maximum(g.inst, 0)], op_pos)  # of each op's end
+
+    def reads(reader_pos: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Instance a read of ``src``'s end waits for (−1: none); False where the sweep reads
+        it before its last write."""
+        ok = (src < 0) | (final_at[np.maximum(src, 0)] < reader_pos)
+        need = np.where((src >= 0) & comm[np.maximum(src, 0)], g.inst[np.maximum(src, 0)], -1)
+        return need, ok
+
+    need_prev, ok_prev = reads(op_pos, g.prev)
+    need_dep, ok_dep = reads(op_pos, g.dep)
+    need_wait, ok_wait = reads(pos[:n_sync], awaited)
+    if not (ok_prev.all() and ok_dep.all() and ok_wait.all()):
+        return None
+    need_a = np.r_[need_wait, need_prev, -1]
+    need_b = np.r_[np.full(n_sync, -1, dtype=np.int64), need_dep, -1]
+    launch_sync, sync_before = _host_syncs(g, syncs)
+    # per participant, its events in sweep order (CSR)
+    ev_part = np.r_[sync_part, g.part]
+    seq = np.lexsort((pos, ev_part))
+    parts, first, count = np.unique(ev_part[seq], return_index=True, return_counts=True)
+    ptr, stop = first.astype(np.int64), (first + count).astype(np.int64)
+    members = n_sync + np.flatnonzero(comm)[np.argsort(g.inst[comm], kind="stable")]
+    m_cut = np.r_[0, np.cumsum(np.bincount(g.inst[comm], minlength=n_inst))]
+    left = np.diff(m_cut).astype(np.int64)  # arrivals still to come per instance
+    done = np.zeros(n_inst + 1, dtype=bool)
+    done[-1] = True  # index −1: no instance needed
+    # Per event (syncs, then ops, then one sentinel at −1), the constants of an op's rule
+    # t = max(end[prev] + stream gap, launch + host offset + launch gap, end[dep] + gap), its
+    # start where no constraint applies; a missing constraint reads the sentinel (−2^62).
+    floor = -(1 << 62)
+    binding = np.asarray(g.binding)
+    no_sync, zero = np.full(n_sync, -1, dtype=np.int64), np.zeros(n_sync + 1, dtype=np.int64)
+
+    def events(values: np.ndarray, pad: int) -> np.ndarray:
+        return np.r_[np.full(n_sync, pad, dtype=np.int64), values, pad]
+
+    prev_e = np.r_[no_sync, np.where(g.prev >= 0, g.prev + n_sync, -1), -1]
+    dep_e = np.r_[no_sync, np.where(g.dep >= 0, g.dep + n_sync, -1), -1]
+    stream_gap = events(np.where(binding == STREAM, g.gap, 0), 0)
+    dep_gap = events(g.gap, 0)
+    launch_at = events(
+        np.where(g.launch >= 0, g.c_launch + np.where(binding == LAUNCH, g.gap, 0), floor), floor
+    )
+    launch_sync = np.r_[no_sync, launch_sync, -1]
+    c_start, dur = events(g.c_start, 0), events(g.c_end - g.c_start, 0)
+    inst_e, comm_e = events(g.inst, -1), np.r_[np.zeros(n_sync, bool), comm, False]
+    transfer = events(g.transfer, 0)
+    waited = np.where(awaited >= 0, awaited + n_sync, -1)
+    waited_shift = s_b - g.end[np.maximum(awaited, 0)] if n_sync else zero[:0]
+    new_start = np.zeros(n_sync + n + 1, dtype=np.int64)
+    new_end = np.zeros(n_sync + n + 1, dtype=np.int64)
+    new_end[-1] = floor
+    sync_off = zero  # index −1: no sync before, offset 0
+    live = np.arange(parts.size)
+    while live.size:
+        ev = seq[ptr[live]]
+        ready = done[need_a[ev]] & done[need_b[ev]]
+        go = live[ready]
+        if not go.size:
+            return None  # cannot happen when every read follows its write in the sweep
+        if go.size < live.size:
+            ev = ev[ready]
+        if n_sync and ev.min() < n_sync:  # syncs return: their host offsets
+            sy = ev[ev < n_sync]
+            a_new = c_sa[sy] + sync_off[sync_before[sy]]
+            b_new = np.where(
+                waited[sy] >= 0,
+                np.maximum(a_new, new_end[waited[sy]] + waited_shift[sy]),
+                a_new + c_sb[sy] - c_sa[sy],
+            )
+            sync_off[sy] = b_new - c_sb[sy]
+        # every event as an op (a sync's row is never read)
+        t = np.maximum(new_end[prev_e[ev]] + stream_gap[ev], new_end[dep_e[ev]] + dep_gap[ev])
+        t = np.maximum(t, launch_at[ev] + sync_off[launch_sync[ev]])
+        t = np.where(t < floor // 2, c_start[ev], t)
+        new_start[ev] = t
+        new_end[ev] = t + dur[ev]
+        arrived = inst_e[ev[comm_e[ev]]]
+        if arrived.size:
+            np.subtract.at(left, arrived, 1)
+            ended = np.unique(arrived[left[arrived] == 0])
+            for k in ended.tolist():  # one Python step per collective instance
+                rows = members[m_cut[k] : m_cut[k + 1]]
+                last = new_start[rows].max()
+                new_end[rows] = np.maximum(new_start[rows], last) + transfer[rows]
+            done[ended] = True
+        ptr[go] += 1
+        live = live[ptr[live] < stop[live]]
+    return new_start[n_sync:-1], new_end[n_sync:-1]
+
+
+def _host_syncs(g: _Graph, syncs: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """The sync whose host offset the sweep applies (−1: none), per op's launch and per sync's
+    call: the participant's latest sync (sweep order) that returned by then, among those
+    already swept (an op's: returned by its start; a sync's: before it in the order)."""
+    sync_part, s_a, s_b = syncs[0], syncs[1], syncs[2]
+    n_sync = s_b.size
+    none_op = np.full(g.part.size, -1, dtype=np.int64)
+    if n_sync == 0:
+        return none_op, np.zeros(0, dtype=np.int64)
+    by = np.lexsort((np.arange(n_sync), s_b, sync_part))  # per part by return, then index
+    has_launch = g.launch >= 0
+    at = np.where(has_launch, np.minimum(g.launch, g.start), g.start)
+    lo = min(int(s_b.min()), int(s_a.min()), int(at.min()) if at.size else 0)
+    hi = max(int(s_b.max()), int(s_a.max()), int(at.max()) if at.size else 0)
+    width = hi - lo + 1  # times laid out per participant on one axis, as in _part_axis
+    sorted_keys = sync_part[by] * width + (s_b[by] - lo)
+    # an op: the last sync with s_b <= min(launch, start) of its part
+    k = np.searchsorted(sorted_keys, g.part * width + (at - lo), side="right") - 1
+    cand = by[np.maximum(k, 0)]
+    ok = (k >= 0) & (sync_part[cand] == g.part) & has_launch
+    launch_sync = np.where(ok, cand, -1)
+    # a sync: the last sync before it in the order with s_b' <= its s_a
+    rank_in = np.empty(n_sync, dtype=np.int64)
+    rank_in[by] = np.arange(n_sync)
+    c = np.searchsorted(sorted_keys, sync_part * width + (s_a - lo), side="right")
+    k2 = np.minimum(c, rank_in) - 1
+    cand2 = by[np.maximum(k2, 0)]
+    ok2 = (k2 >= 0) & (sync_part[cand2] == sync_part)
+    return launch_sync, np.where(ok2, cand2, -1)
 
 
 class _OpLists:
@@ -335,9 +548,11 @@ def saving(ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression]) -> d
     ``{step, before_ns, after_ns}``.
     """
     g = ops if "binding" in ops else dependencies(ops)
-    what_if = replay(g, syncs, cuts)
+    new_start, new_end = replay_times(g, syncs, cuts)
     before = step_times(g)  # replaying without cuts reproduces the observed times
-    after = step_times(what_if, "new_start_ns", "new_end_ns")
+    after = step_times(
+        pd.DataFrame({"step": g["step"].to_numpy(), "start_ns": new_start, "end_ns": new_end})
+    )
     steps = [
         {"step": int(s), "before_ns": int(before[s]), "after_ns": int(after.get(s, before[s]))}
         for s in before.index
