@@ -55,6 +55,8 @@ OP_COLUMNS = (
 SYNC_COLUMNS = ("part", "start_ns", "end_ns")
 GAP_TOLERANCE_NS = 2_000  # an op starting this close after its known constraints is bound by them
 NONE, STREAM, LAUNCH, DEP, JOIN = "start", "stream", "launch", "dep", "join"
+BINDINGS = (NONE, STREAM, LAUNCH, DEP)  # dependencies()' binding categories, in code order
+_NONE, _STREAM, _LAUNCH, _DEP = range(len(BINDINGS))
 
 
 @dataclass(frozen=True)
@@ -93,16 +95,25 @@ def dependencies(ops: pd.DataFrame) -> pd.DataFrame:
     d_val = np.where(dep >= 0, end[np.maximum(dep, 0)], lo)
     known = np.maximum(p_val, l_val)
     use_dep = (start - known > GAP_TOLERANCE_NS) & (d_val > known) & (dep != prev)
-    binding = np.where(
-        use_dep, DEP, np.where(p_val >= l_val, np.where(prev >= 0, STREAM, NONE), LAUNCH)
+    code = np.where(
+        use_dep, _DEP, np.where(p_val >= l_val, np.where(prev >= 0, _STREAM, _NONE), _LAUNCH)
     )
-    binding = np.where((prev < 0) & (launch < 0) & ~use_dep, NONE, binding)
+    code = np.where((prev < 0) & (launch < 0) & ~use_dep, _NONE, code)
     bound = np.where(use_dep, d_val, known)
     ops["prev"] = prev
     ops["dep"] = np.where(use_dep, dep, -1)
-    ops["binding"] = binding
-    ops["gap_ns"] = np.where(binding == NONE, 0, start - bound)
+    ops["binding"] = pd.Categorical.from_codes(code, categories=BINDINGS)
+    ops["gap_ns"] = np.where(code == _NONE, 0, start - bound)
     return ops
+
+
+def binding_codes(g: pd.DataFrame) -> np.ndarray:
+    """``g``'s ``binding`` column as int codes: the index of each in :data:`BINDINGS`."""
+    b = g["binding"]
+    if isinstance(b.dtype, pd.CategoricalDtype) and list(b.cat.categories) == list(BINDINGS):
+        return b.cat.codes.to_numpy(np.int64)
+    values = b.to_numpy()
+    return np.select([values == k for k in BINDINGS], np.arange(len(BINDINGS)), 0)
 
 
 def _latest_end_before(part: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -202,7 +213,7 @@ def replay_times(
     inst = g["inst"].to_numpy(np.int64)
     transfer = g["transfer_ns"].to_numpy(np.int64)
     prev, dep = g["prev"].to_numpy(np.int64), g["dep"].to_numpy(np.int64)
-    binding, gap = g["binding"].to_numpy(), g["gap_ns"].to_numpy(np.int64)
+    binding, gap = binding_codes(g), g["gap_ns"].to_numpy(np.int64)
     comm = inst >= 0
     sync_part = syncs["part"].to_numpy(np.int64)
     s_a, s_b = syncs["start_ns"].to_numpy(np.int64), syncs["end_ns"].to_numpy(np.int64)
@@ -336,7 +347,7 @@ def _waves(order: np.ndarray, g: _Graph, syncs: tuple) -> tuple[np.ndarray, np.n
     # t = max(end[prev] + stream gap, launch + host offset + launch gap, end[dep] + gap), its
     # start where no constraint applies; a missing constraint reads the sentinel (−2^62).
     floor = -(1 << 62)
-    binding = np.asarray(g.binding)
+    binding = g.binding  # codes (BINDINGS)
     no_sync, zero = np.full(n_sync, -1, dtype=np.int64), np.zeros(n_sync + 1, dtype=np.int64)
 
     def events(values: np.ndarray, pad: int) -> np.ndarray:
@@ -344,10 +355,10 @@ def _waves(order: np.ndarray, g: _Graph, syncs: tuple) -> tuple[np.ndarray, np.n
 
     prev_e = np.r_[no_sync, np.where(g.prev >= 0, g.prev + n_sync, -1), -1]
     dep_e = np.r_[no_sync, np.where(g.dep >= 0, g.dep + n_sync, -1), -1]
-    stream_gap = events(np.where(binding == STREAM, g.gap, 0), 0)
+    stream_gap = events(np.where(binding == _STREAM, g.gap, 0), 0)
     dep_gap = events(g.gap, 0)
     launch_at = events(
-        np.where(g.launch >= 0, g.c_launch + np.where(binding == LAUNCH, g.gap, 0), floor), floor
+        np.where(g.launch >= 0, g.c_launch + np.where(binding == _LAUNCH, g.gap, 0), floor), floor
     )
     launch_sync = np.r_[no_sync, launch_sync, -1]
     c_start, dur = events(g.c_start, 0), events(g.c_end - g.c_start, 0)
@@ -443,9 +454,9 @@ class _OpLists:
         )
         self.inst, self.transfer = inst.tolist(), transfer.tolist()
         self.prev, self.dep = prev.tolist(), dep.tolist()
-        binding = np.asarray(binding)
-        self.stream_gap = np.where(binding == STREAM, gap, 0).tolist()
-        self.launch_gap = np.where(binding == LAUNCH, gap, 0).tolist()
+        binding = np.asarray(binding)  # codes (BINDINGS)
+        self.stream_gap = np.where(binding == _STREAM, gap, 0).tolist()
+        self.launch_gap = np.where(binding == _LAUNCH, gap, 0).tolist()
         self.gap = np.asarray(gap).tolist()
         self.members = members
         self.n = len(self.part)
@@ -587,18 +598,15 @@ def critical_path(
     ``index`` is :func:`path_index` of ``g`` (computed when not given).
     """
     cols = ["rank", "part", "what", "start_ns", "end_ns", "duration_ns"]
-    mine = g.index[g["step"] == step]
-    if mine.empty:
+    ix = index if index is not None else path_index(g)
+    mine = np.flatnonzero(ix.step == step)
+    if not mine.size:
         return pd.DataFrame(columns=cols)
-    floor = int(g.loc[mine, "start_ns"].min())
-    start = g["start_ns"].to_numpy(np.int64)
-    end = g["end_ns"].to_numpy(np.int64)
-    inst = g["inst"].to_numpy(np.int64)
-    part = g["part"].to_numpy(np.int64)
-    is_comm = g["is_comm"].to_numpy(bool)
-    names, bindings = g["name"].to_numpy(), g["binding"].to_numpy()
-    prevs, deps = g["prev"].to_numpy(np.int64), g["dep"].to_numpy(np.int64)
-    comm_rows, ends_of = index if index is not None else path_index(g)
+    start, end, inst, part = ix.start, ix.end, ix.inst, ix.part
+    floor = int(start[mine].min())
+    is_comm, names, bindings = ix.is_comm, ix.names, ix.bindings
+    prevs, deps = ix.prevs, ix.deps
+    comm_rows, ends_of = ix.comm_rows, ix.ends_of
     segs: list[tuple[int, str, int, int, str]] = []  # part, kind, start, end, name
     i = int(mine[np.argmax(end[mine])])
     seen = 0
@@ -627,8 +635,8 @@ def critical_path(
                 )
             )
         b = bindings[i]
-        nxt = int(prevs[i]) if b == STREAM else int(deps[i]) if b == DEP else -1
-        if b == LAUNCH or (b == NONE and s > floor):
+        nxt = int(prevs[i]) if b == _STREAM else int(deps[i]) if b == _DEP else -1
+        if b == _LAUNCH or (b == _NONE and s > floor):
             by_end = ends_of.get(int(part[i]))
             k = int(np.searchsorted(end[by_end], s, side="right")) - 1 if by_end is not None else -1
             nxt = int(by_end[k]) if k >= 0 else -1
@@ -653,25 +661,60 @@ def critical_path(
         if nxt < 0 or end[nxt] <= floor:
             break
         i = nxt
-    rank_of = g.groupby("part")["rank"].first().to_dict()
-    return _merge(segs[::-1], rank_of, floor, cols)
+    return _merge(segs[::-1], ix.rank_of, floor, cols)
 
 
-def path_index(g: pd.DataFrame) -> tuple[dict[int, list[int]], dict[int, np.ndarray]]:
-    """For :func:`critical_path` over many steps: the rows of each collective instance, and per
-    part its op indices sorted by end."""
-    inst, part = g["inst"].to_numpy(np.int64), g["part"].to_numpy(np.int64)
-    end = g["end_ns"].to_numpy(np.int64)
-    comm_rows: dict[int, list[int]] = {}
-    comm = inst >= 0
-    for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
-        comm_rows.setdefault(k, []).append(i)
-    by_end = np.lexsort((np.arange(part.size), end, part))  # per part by end, stable
-    cuts = np.flatnonzero(np.r_[True, part[by_end][1:] != part[by_end][:-1], True])
-    ends_of = {
-        int(part[by_end[lo]]): by_end[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)
-    } if part.size else {}  # fmt: skip
-    return comm_rows, ends_of
+class PathIndex:
+    """:func:`critical_path`'s view of a :func:`dependencies` table, built once for many
+    steps: its columns as arrays, the rows of each collective instance, per part its op
+    indices sorted by end, each part's rank. ``names[i]``: op ``i``'s name (a categorical
+    ``name`` column is read through its codes: no string per op)."""
+
+    def __init__(self, g: pd.DataFrame):
+        self.start = g["start_ns"].to_numpy(np.int64)
+        self.end = g["end_ns"].to_numpy(np.int64)
+        self.inst = g["inst"].to_numpy(np.int64)
+        self.part = g["part"].to_numpy(np.int64)
+        self.step = g["step"].to_numpy(np.int64)
+        self.is_comm = g["is_comm"].to_numpy(bool)
+        self.prevs = g["prev"].to_numpy(np.int64)
+        self.deps = g["dep"].to_numpy(np.int64)
+        self.bindings = binding_codes(g)
+        self.names = _Names(g["name"])
+        self.rank_of = g.groupby("part")["rank"].first().to_dict()
+        inst, part, end = self.inst, self.part, self.end
+        self.comm_rows: dict[int, list[int]] = {}
+        comm = inst >= 0
+        for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
+            self.comm_rows.setdefault(k, []).append(i)
+        by_end = np.lexsort((np.arange(part.size), end, part))  # per part by end, stable
+        cuts = np.flatnonzero(np.r_[True, part[by_end][1:] != part[by_end][:-1], True])
+        self.ends_of = {
+            int(part[by_end[lo]]): by_end[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)
+        } if part.size else {}  # fmt: skip
+
+
+class _Names:
+    """Op names by row: a categorical column through its codes, else its values."""
+
+    def __init__(self, column: pd.Series):
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            self.codes = column.cat.codes.to_numpy(np.int64)
+            self.categories = column.cat.categories.to_numpy(dtype=object)
+            self.values = None
+        else:
+            self.values = column.to_numpy()
+
+    def __getitem__(self, i: int):
+        if self.values is not None:
+            return self.values[i]
+        code = self.codes[i]
+        return self.categories[code] if code >= 0 else np.nan
+
+
+def path_index(g: pd.DataFrame) -> PathIndex:
+    """For :func:`critical_path` over many steps: :class:`PathIndex` of ``g``."""
+    return PathIndex(g)
 
 
 def _label(label_gap, part, a: int, b: int) -> str:
