@@ -322,7 +322,8 @@ def lateness(match: CollectiveMatch, tl: Timeline) -> pd.DataFrame:
     at = keys.get_indexer(pd.MultiIndex.from_arrays([df["part"], df["step"]]))
     has_step = at >= 0
     first = first_op.to_numpy(np.int64)[first_op.index.get_indexer(df["part"])]
-    step_start = np.where(has_step, values[np.maximum(at, 0)], first)
+    known = values[np.maximum(at, 0)] if values.size else np.zeros(at.size, dtype=np.int64)
+    step_start = np.where(has_step, known, first)
     df["align_ns"] = np.where(shared, df["prev_end"], step_start)
     df["aligned_on"] = np.where(shared, "collective", np.where(has_step, "step", "capture"))
     df["offset_ns"] = df["start_ns"] - df["align_ns"]
