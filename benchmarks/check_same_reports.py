@@ -1,6 +1,7 @@
 """Do two stallscope commands give the same JSON report for every sample job?
 
-    python benchmarks/check_same_reports.py BEFORE_CMD AFTER_CMD [--ranks 16]
+    python benchmarks/check_same_reports.py BEFORE_CMD AFTER_CMD [--ranks 16] [--corpus DIR]
+        [--only NAME ...]
 
 E.g. ``/work/main/.venv/bin/stallscope .venv/bin/stallscope``: the same
 analysis before and after a change that must not alter findings. Every job
@@ -9,7 +10,10 @@ export, the Nsight Compute occupancy results with their Kineto timeline) and
 an N-rank job grown from ``ddp_straggler`` (``bench_ranks.py``) is ingested
 once (by AFTER_CMD) into a temporary store, then analyzed by each command
 (``analyze <job id> --format json``); the reports must be equal, key for key
-(the report holds no timings). Exit 1 on any difference.
+(the report holds no timings). Exit 1 on any difference. ``--corpus`` adds the
+corpus's multi-rank jobs (``param/dlrm_kineto``: 8 ranks; ``hta/trace_filter``: 2
+sampled ranks) when they are there; ``--only`` keeps the jobs whose name holds one of
+the given words (e.g. ``--only ddp_straggler corpus``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,22 @@ def sample_jobs() -> dict[str, list[Path]]:
     }
 
 
+CORPUS_JOBS = {  # corpus multi-rank jobs: name -> (folder, file glob)
+    "corpus/param/dlrm_kineto": ("param/dlrm_kineto", "worker*.pt.trace.json*"),
+    "corpus/hta/trace_filter": ("hta/trace_filter", "sampled_rank-*.json*"),
+}
+
+
+def corpus_jobs(corpus: Path) -> dict[str, list[Path]]:
+    """The corpus's multi-rank jobs that are present, name -> files."""
+    found = {}
+    for name, (folder, pattern) in CORPUS_JOBS.items():
+        files = sorted((corpus / folder).glob(pattern))
+        if files:
+            found[name] = files
+    return found
+
+
 def ingest(cmd: list[str], store: Path, files: list[Path]) -> str:
     """The job id of ``files`` ingested as one job."""
     before = set((store / "jobs").iterdir()) if (store / "jobs").is_dir() else set()
@@ -70,6 +90,8 @@ def main() -> int:
     parser.add_argument("before", help="command that runs stallscope before the change")
     parser.add_argument("after", help="command that runs stallscope after the change")
     parser.add_argument("--ranks", type=int, default=16, help="ranks of the grown job (default 16)")
+    parser.add_argument("--corpus", type=Path, help="also the corpus's multi-rank jobs")
+    parser.add_argument("--only", nargs="*", help="only the jobs whose name holds one of these")
     args = parser.parse_args()
     before, after = shlex.split(args.before), shlex.split(args.after)
     differ = 0
@@ -78,6 +100,10 @@ def main() -> int:
         jobs = sample_jobs()
         grown = Path(tmp) / f"ddp_straggler_x{args.ranks}"
         jobs[grown.name] = bench_ranks.build_job(bench_ranks.load_sample(), args.ranks, grown)
+        if args.corpus:
+            jobs.update(corpus_jobs(args.corpus))
+        if args.only:
+            jobs = {k: v for k, v in jobs.items() if any(w in k for w in args.only)}
         for name, files in jobs.items():
             job_id = ingest(after, store, files)
             a, b = report(before, store, job_id), report(after, store, job_id)

@@ -55,6 +55,8 @@ OP_COLUMNS = (
 SYNC_COLUMNS = ("part", "start_ns", "end_ns")
 GAP_TOLERANCE_NS = 2_000  # an op starting this close after its known constraints is bound by them
 NONE, STREAM, LAUNCH, DEP, JOIN = "start", "stream", "launch", "dep", "join"
+BINDINGS = (NONE, STREAM, LAUNCH, DEP)  # dependencies()' binding categories, in code order
+_NONE, _STREAM, _LAUNCH, _DEP = range(len(BINDINGS))
 
 
 @dataclass(frozen=True)
@@ -93,16 +95,25 @@ def dependencies(ops: pd.DataFrame) -> pd.DataFrame:
     d_val = np.where(dep >= 0, end[np.maximum(dep, 0)], lo)
     known = np.maximum(p_val, l_val)
     use_dep = (start - known > GAP_TOLERANCE_NS) & (d_val > known) & (dep != prev)
-    binding = np.where(
-        use_dep, DEP, np.where(p_val >= l_val, np.where(prev >= 0, STREAM, NONE), LAUNCH)
+    code = np.where(
+        use_dep, _DEP, np.where(p_val >= l_val, np.where(prev >= 0, _STREAM, _NONE), _LAUNCH)
     )
-    binding = np.where((prev < 0) & (launch < 0) & ~use_dep, NONE, binding)
+    code = np.where((prev < 0) & (launch < 0) & ~use_dep, _NONE, code)
     bound = np.where(use_dep, d_val, known)
     ops["prev"] = prev
     ops["dep"] = np.where(use_dep, dep, -1)
-    ops["binding"] = binding
-    ops["gap_ns"] = np.where(binding == NONE, 0, start - bound)
+    ops["binding"] = pd.Categorical.from_codes(code, categories=BINDINGS)
+    ops["gap_ns"] = np.where(code == _NONE, 0, start - bound)
     return ops
+
+
+def binding_codes(g: pd.DataFrame) -> np.ndarray:
+    """``g``'s ``binding`` column as int codes: the index of each in :data:`BINDINGS`."""
+    b = g["binding"]
+    if isinstance(b.dtype, pd.CategoricalDtype) and list(b.cat.categories) == list(BINDINGS):
+        return b.cat.codes.to_numpy(np.int64)
+    values = b.to_numpy()
+    return np.select([values == k for k in BINDINGS], np.arange(len(BINDINGS)), 0)
 
 
 def _latest_end_before(part: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -130,33 +141,67 @@ def _part_axis(part: np.ndarray, *times: np.ndarray) -> list[np.ndarray]:
 
 
 def compress_times(times: np.ndarray, parts: np.ndarray, cuts: list[Compression]) -> np.ndarray:
-    """Map each time of ``parts`` through that participant's compressions (vectorized)."""
-    out = np.asarray(times, dtype=np.int64).copy()
+    """Map each time of ``parts`` through that participant's compressions (vectorized; only
+    the rows of participants with cuts are touched)."""
+    times = np.asarray(times, dtype=np.int64)
+    out = times.copy()
+    by_part: dict[int, list[Compression]] = {}
     for c in sorted(cuts, key=lambda c: (c.part, c.start_ns)):
-        length = c.end_ns - c.start_ns
-        if length <= 0:
-            continue
-        mine = (parts == c.part) & (times >= 0)
-        t = np.asarray(times, dtype=np.int64)
-        inside = mine & (t > c.start_ns) & (t < c.end_ns)
-        after = mine & (t >= c.end_ns)
-        removed = length - c.new_len_ns
-        out[after] -= removed
-        frac = (t[inside] - c.start_ns) / length
-        out[inside] -= (t[inside] - c.start_ns) - np.round(frac * c.new_len_ns).astype(np.int64)
+        if c.end_ns - c.start_ns > 0:
+            by_part.setdefault(c.part, []).append(c)
+    for p, mine in by_part.items():
+        rows = np.flatnonzero((parts == p) & (times >= 0))
+        t = times[rows]
+        shifted = t.copy()
+        for c in mine:
+            length = c.end_ns - c.start_ns
+            inside = (t > c.start_ns) & (t < c.end_ns)
+            shifted[t >= c.end_ns] -= length - c.new_len_ns
+            frac = (t[inside] - c.start_ns) / length
+            shifted[inside] -= (t[inside] - c.start_ns) - np.round(frac * c.new_len_ns).astype(
+                np.int64
+            )
+        out[rows] = shifted
     return out
 
 
 def replay(
-    ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression] | None = None
+    ops: pd.DataFrame,
+    syncs: pd.DataFrame,
+    cuts: list[Compression] | None = None,
+    method: str = "auto",
 ) -> pd.DataFrame:
     """Re-time ``dependencies(ops)`` after ``cuts``; adds ``new_start_ns`` and ``new_end_ns``.
 
-    A sweep in observed-time order (syncs returning before ops starting at the
-    same time, collective arrivals before other ops): one Python step per op.
+    The replay's order is a sweep in observed-time order (syncs returning
+    before ops starting at the same time, collective arrivals before other
+    ops). ``method``: ``"sweep"`` steps once per op and sync in that order
+    (:func:`_sweep`); ``"waves"`` (:func:`_waves`) advances every participant
+    by one of its own events per numpy step, a collective's end becoming
+    readable once all its ranks arrived: one Python step per event of the
+    busiest participant instead of one per event of the job, with the same
+    times to the nanosecond (it declines, and the sweep runs, on a graph where
+    the sweep would read a value before its last write, e.g. an op that starts
+    before a collective it follows has ended on a badly skewed clock).
+    ``"auto"``: waves when the job has many participants.
     """
-    cuts = cuts or []
     g = ops if "binding" in ops else dependencies(ops)
+    new_start, new_end = replay_times(g, syncs, cuts, method)
+    out = g.copy()
+    out["new_start_ns"] = new_start
+    out["new_end_ns"] = new_end
+    return out
+
+
+def replay_times(
+    g: pd.DataFrame,
+    syncs: pd.DataFrame,
+    cuts: list[Compression] | None = None,
+    method: str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`replay`'s new (start, end) per row of ``g`` (a :func:`dependencies` table), as
+    int64 arrays, without copying ``g``."""
+    cuts = cuts or []
     n = len(g)
     part = g["part"].to_numpy(np.int64)
     start = g["start_ns"].to_numpy(np.int64)
@@ -168,11 +213,8 @@ def replay(
     inst = g["inst"].to_numpy(np.int64)
     transfer = g["transfer_ns"].to_numpy(np.int64)
     prev, dep = g["prev"].to_numpy(np.int64), g["dep"].to_numpy(np.int64)
-    binding, gap = g["binding"].to_numpy(), g["gap_ns"].to_numpy(np.int64)
+    binding, gap = binding_codes(g), g["gap_ns"].to_numpy(np.int64)
     comm = inst >= 0
-    members: dict[int, list[int]] = {}
-    for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
-        members.setdefault(k, []).append(i)
     sync_part = syncs["part"].to_numpy(np.int64)
     s_a, s_b = syncs["start_ns"].to_numpy(np.int64), syncs["end_ns"].to_numpy(np.int64)
     c_sa, c_sb = compress_times(s_a, sync_part, cuts), compress_times(s_b, sync_part, cuts)
@@ -181,7 +223,20 @@ def replay(
     kinds = np.r_[np.zeros(s_b.size, dtype=np.int64), np.where(comm, 1, 2)]
     index = np.r_[np.arange(s_b.size), np.arange(n)]
     order = np.lexsort((index, kinds, times))
-    new_start, new_end = _sweep(
+    found = None
+    if method == "waves" or (method == "auto" and _waves_pay(part, sync_part)):
+        found = _waves(
+            order,
+            _Graph(part, start, end, c_start, c_end, launch, c_launch, inst, transfer,
+                   prev, dep, binding, gap),
+            (sync_part, s_a, s_b, c_sa, c_sb, awaited),
+        )  # fmt: skip
+    if found is not None:
+        return found
+    members: dict[int, list[int]] = {}
+    for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
+        members.setdefault(k, []).append(i)
+    return _sweep(
         kinds[order].tolist(),
         index[order].tolist(),
         ops=_OpLists(
@@ -209,10 +264,179 @@ def replay(
             awaited.tolist(),
         ),  # fmt: skip
     )
-    out = g.copy()
-    out["new_start_ns"] = new_start
-    out["new_end_ns"] = new_end
-    return out
+
+
+WAVES_MIN_PARTS = 32  # below this many participants the per-op sweep is as fast
+
+
+def _waves_pay(part: np.ndarray, sync_part: np.ndarray) -> bool:
+    """Whether :func:`_waves` beats the sweep: its Python steps follow the busiest participant's
+    events, the sweep's every event; each wave costs some tens of numpy calls."""
+    if part.size == 0:
+        return False
+    counts = np.bincount(np.r_[part, sync_part])
+    return int((counts > 0).sum()) >= WAVES_MIN_PARTS and counts.sum() > 24 * counts.max()
+
+
+@dataclass
+class _Graph:
+    """The replay's per-op columns (numpy), for :func:`_waves`."""
+
+    part: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    c_start: np.ndarray
+    c_end: np.ndarray
+    launch: np.ndarray
+    c_launch: np.ndarray
+    inst: np.ndarray
+    transfer: np.ndarray
+    prev: np.ndarray
+    dep: np.ndarray
+    binding: np.ndarray
+    gap: np.ndarray
+
+
+def _waves(order: np.ndarray, g: _Graph, syncs: tuple) -> tuple[np.ndarray, np.ndarray] | None:
+    """The sweep's result computed participant-parallel (see :func:`replay`), or None when the
+    graph has a read the sweep makes before that value's last write (the sweep then runs).
+
+    Events: syncs ``0..S-1``, ops ``S..S+n-1``; ``order`` the sweep's order of them. Each
+    participant's events keep their sweep order. A wave takes every participant's next event
+    whose inputs are final (a collective's end once its last rank arrived) and computes them
+    all at once; the values each event reads are the ones the sweep reads at its turn, so the
+    times are the sweep's exactly.
+    """
+    sync_part, s_a, s_b, c_sa, c_sb, awaited = syncs
+    n_sync, n = s_b.size, g.part.size
+    pos = np.empty(n_sync + n, dtype=np.int64)
+    pos[order] = np.arange(order.size)
+    op_pos = pos[n_sync:]
+    comm = g.inst >= 0
+    n_inst = int(g.inst.max()) + 1 if comm.any() else 0
+    done_at = np.full(n_inst, -1, dtype=np.int64)  # sweep position where each instance ends
+    np.maximum.at(done_at, g.inst[comm], op_pos[comm])
+    final_at = np.where(comm, done_at[np.maximum(g.inst, 0)], op_pos)  # of each op's end
+
+    def reads(reader_pos: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Instance a read of ``src``'s end waits for (−1: none); False where the sweep reads
+        it before its last write."""
+        ok = (src < 0) | (final_at[np.maximum(src, 0)] < reader_pos)
+        need = np.where((src >= 0) & comm[np.maximum(src, 0)], g.inst[np.maximum(src, 0)], -1)
+        return need, ok
+
+    need_prev, ok_prev = reads(op_pos, g.prev)
+    need_dep, ok_dep = reads(op_pos, g.dep)
+    need_wait, ok_wait = reads(pos[:n_sync], awaited)
+    if not (ok_prev.all() and ok_dep.all() and ok_wait.all()):
+        return None
+    need_a = np.r_[need_wait, need_prev, -1]
+    need_b = np.r_[np.full(n_sync, -1, dtype=np.int64), need_dep, -1]
+    launch_sync, sync_before = _host_syncs(g, syncs)
+    # per participant, its events in sweep order (CSR)
+    ev_part = np.r_[sync_part, g.part]
+    seq = np.lexsort((pos, ev_part))
+    parts, first, count = np.unique(ev_part[seq], return_index=True, return_counts=True)
+    ptr, stop = first.astype(np.int64), (first + count).astype(np.int64)
+    members = n_sync + np.flatnonzero(comm)[np.argsort(g.inst[comm], kind="stable")]
+    m_cut = np.r_[0, np.cumsum(np.bincount(g.inst[comm], minlength=n_inst))]
+    left = np.diff(m_cut).astype(np.int64)  # arrivals still to come per instance
+    done = np.zeros(n_inst + 1, dtype=bool)
+    done[-1] = True  # index −1: no instance needed
+    # Per event (syncs, then ops, then one sentinel at −1), the constants of an op's rule
+    # t = max(end[prev] + stream gap, launch + host offset + launch gap, end[dep] + gap), its
+    # start where no constraint applies; a missing constraint reads the sentinel (−2^62).
+    floor = -(1 << 62)
+    binding = g.binding  # codes (BINDINGS)
+    no_sync, zero = np.full(n_sync, -1, dtype=np.int64), np.zeros(n_sync + 1, dtype=np.int64)
+
+    def events(values: np.ndarray, pad: int) -> np.ndarray:
+        return np.r_[np.full(n_sync, pad, dtype=np.int64), values, pad]
+
+    prev_e = np.r_[no_sync, np.where(g.prev >= 0, g.prev + n_sync, -1), -1]
+    dep_e = np.r_[no_sync, np.where(g.dep >= 0, g.dep + n_sync, -1), -1]
+    stream_gap = events(np.where(binding == _STREAM, g.gap, 0), 0)
+    dep_gap = events(g.gap, 0)
+    launch_at = events(
+        np.where(g.launch >= 0, g.c_launch + np.where(binding == _LAUNCH, g.gap, 0), floor), floor
+    )
+    launch_sync = np.r_[no_sync, launch_sync, -1]
+    c_start, dur = events(g.c_start, 0), events(g.c_end - g.c_start, 0)
+    inst_e, comm_e = events(g.inst, -1), np.r_[np.zeros(n_sync, bool), comm, False]
+    transfer = events(g.transfer, 0)
+    waited = np.where(awaited >= 0, awaited + n_sync, -1)
+    waited_shift = s_b - g.end[np.maximum(awaited, 0)] if n_sync else zero[:0]
+    new_start = np.zeros(n_sync + n + 1, dtype=np.int64)
+    new_end = np.zeros(n_sync + n + 1, dtype=np.int64)
+    new_end[-1] = floor
+    sync_off = zero  # index −1: no sync before, offset 0
+    live = np.arange(parts.size)
+    while live.size:
+        ev = seq[ptr[live]]
+        ready = done[need_a[ev]] & done[need_b[ev]]
+        go = live[ready]
+        if not go.size:
+            return None  # cannot happen when every read follows its write in the sweep
+        if go.size < live.size:
+            ev = ev[ready]
+        if n_sync and ev.min() < n_sync:  # syncs return: their host offsets
+            sy = ev[ev < n_sync]
+            a_new = c_sa[sy] + sync_off[sync_before[sy]]
+            b_new = np.where(
+                waited[sy] >= 0,
+                np.maximum(a_new, new_end[waited[sy]] + waited_shift[sy]),
+                a_new + c_sb[sy] - c_sa[sy],
+            )
+            sync_off[sy] = b_new - c_sb[sy]
+        # every event as an op (a sync's row is never read)
+        t = np.maximum(new_end[prev_e[ev]] + stream_gap[ev], new_end[dep_e[ev]] + dep_gap[ev])
+        t = np.maximum(t, launch_at[ev] + sync_off[launch_sync[ev]])
+        t = np.where(t < floor // 2, c_start[ev], t)
+        new_start[ev] = t
+        new_end[ev] = t + dur[ev]
+        arrived = inst_e[ev[comm_e[ev]]]
+        if arrived.size:
+            np.subtract.at(left, arrived, 1)
+            ended = np.unique(arrived[left[arrived] == 0])
+            for k in ended.tolist():  # one Python step per collective instance
+                rows = members[m_cut[k] : m_cut[k + 1]]
+                last = new_start[rows].max()
+                new_end[rows] = np.maximum(new_start[rows], last) + transfer[rows]
+            done[ended] = True
+        ptr[go] += 1
+        live = live[ptr[live] < stop[live]]
+    return new_start[n_sync:-1], new_end[n_sync:-1]
+
+
+def _host_syncs(g: _Graph, syncs: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """The sync whose host offset the sweep applies (−1: none), per op's launch and per sync's
+    call: the participant's latest sync (sweep order) that returned by then, among those
+    already swept (an op's: returned by its start; a sync's: before it in the order)."""
+    sync_part, s_a, s_b = syncs[0], syncs[1], syncs[2]
+    n_sync = s_b.size
+    none_op = np.full(g.part.size, -1, dtype=np.int64)
+    if n_sync == 0:
+        return none_op, np.zeros(0, dtype=np.int64)
+    by = np.lexsort((np.arange(n_sync), s_b, sync_part))  # per part by return, then index
+    has_launch = g.launch >= 0
+    at = np.where(has_launch, np.minimum(g.launch, g.start), g.start)
+    lo = min(int(s_b.min()), int(s_a.min()), int(at.min()) if at.size else 0)
+    hi = max(int(s_b.max()), int(s_a.max()), int(at.max()) if at.size else 0)
+    width = hi - lo + 1  # times laid out per participant on one axis, as in _part_axis
+    sorted_keys = sync_part[by] * width + (s_b[by] - lo)
+    # an op: the last sync with s_b <= min(launch, start) of its part
+    k = np.searchsorted(sorted_keys, g.part * width + (at - lo), side="right") - 1
+    cand = by[np.maximum(k, 0)]
+    ok = (k >= 0) & (sync_part[cand] == g.part) & has_launch
+    launch_sync = np.where(ok, cand, -1)
+    # a sync: the last sync before it in the order with s_b' <= its s_a
+    rank_in = np.empty(n_sync, dtype=np.int64)
+    rank_in[by] = np.arange(n_sync)
+    c = np.searchsorted(sorted_keys, sync_part * width + (s_a - lo), side="right")
+    k2 = np.minimum(c, rank_in) - 1
+    cand2 = by[np.maximum(k2, 0)]
+    ok2 = (k2 >= 0) & (sync_part[cand2] == sync_part)
+    return launch_sync, np.where(ok2, cand2, -1)
 
 
 class _OpLists:
@@ -230,9 +454,9 @@ class _OpLists:
         )
         self.inst, self.transfer = inst.tolist(), transfer.tolist()
         self.prev, self.dep = prev.tolist(), dep.tolist()
-        binding = np.asarray(binding)
-        self.stream_gap = np.where(binding == STREAM, gap, 0).tolist()
-        self.launch_gap = np.where(binding == LAUNCH, gap, 0).tolist()
+        binding = np.asarray(binding)  # codes (BINDINGS)
+        self.stream_gap = np.where(binding == _STREAM, gap, 0).tolist()
+        self.launch_gap = np.where(binding == _LAUNCH, gap, 0).tolist()
         self.gap = np.asarray(gap).tolist()
         self.members = members
         self.n = len(self.part)
@@ -335,9 +559,11 @@ def saving(ops: pd.DataFrame, syncs: pd.DataFrame, cuts: list[Compression]) -> d
     ``{step, before_ns, after_ns}``.
     """
     g = ops if "binding" in ops else dependencies(ops)
-    what_if = replay(g, syncs, cuts)
+    new_start, new_end = replay_times(g, syncs, cuts)
     before = step_times(g)  # replaying without cuts reproduces the observed times
-    after = step_times(what_if, "new_start_ns", "new_end_ns")
+    after = step_times(
+        pd.DataFrame({"step": g["step"].to_numpy(), "start_ns": new_start, "end_ns": new_end})
+    )
     steps = [
         {"step": int(s), "before_ns": int(before[s]), "after_ns": int(after.get(s, before[s]))}
         for s in before.index
@@ -372,18 +598,15 @@ def critical_path(
     ``index`` is :func:`path_index` of ``g`` (computed when not given).
     """
     cols = ["rank", "part", "what", "start_ns", "end_ns", "duration_ns"]
-    mine = g.index[g["step"] == step]
-    if mine.empty:
+    ix = index if index is not None else path_index(g)
+    mine = np.flatnonzero(ix.step == step)
+    if not mine.size:
         return pd.DataFrame(columns=cols)
-    floor = int(g.loc[mine, "start_ns"].min())
-    start = g["start_ns"].to_numpy(np.int64)
-    end = g["end_ns"].to_numpy(np.int64)
-    inst = g["inst"].to_numpy(np.int64)
-    part = g["part"].to_numpy(np.int64)
-    is_comm = g["is_comm"].to_numpy(bool)
-    names, bindings = g["name"].to_numpy(), g["binding"].to_numpy()
-    prevs, deps = g["prev"].to_numpy(np.int64), g["dep"].to_numpy(np.int64)
-    comm_rows, ends_of = index if index is not None else path_index(g)
+    start, end, inst, part = ix.start, ix.end, ix.inst, ix.part
+    floor = int(start[mine].min())
+    is_comm, names, bindings = ix.is_comm, ix.names, ix.bindings
+    prevs, deps = ix.prevs, ix.deps
+    comm_rows, ends_of = ix.comm_rows, ix.ends_of
     segs: list[tuple[int, str, int, int, str]] = []  # part, kind, start, end, name
     i = int(mine[np.argmax(end[mine])])
     seen = 0
@@ -412,8 +635,8 @@ def critical_path(
                 )
             )
         b = bindings[i]
-        nxt = int(prevs[i]) if b == STREAM else int(deps[i]) if b == DEP else -1
-        if b == LAUNCH or (b == NONE and s > floor):
+        nxt = int(prevs[i]) if b == _STREAM else int(deps[i]) if b == _DEP else -1
+        if b == _LAUNCH or (b == _NONE and s > floor):
             by_end = ends_of.get(int(part[i]))
             k = int(np.searchsorted(end[by_end], s, side="right")) - 1 if by_end is not None else -1
             nxt = int(by_end[k]) if k >= 0 else -1
@@ -438,25 +661,60 @@ def critical_path(
         if nxt < 0 or end[nxt] <= floor:
             break
         i = nxt
-    rank_of = g.groupby("part")["rank"].first().to_dict()
-    return _merge(segs[::-1], rank_of, floor, cols)
+    return _merge(segs[::-1], ix.rank_of, floor, cols)
 
 
-def path_index(g: pd.DataFrame) -> tuple[dict[int, list[int]], dict[int, np.ndarray]]:
-    """For :func:`critical_path` over many steps: the rows of each collective instance, and per
-    part its op indices sorted by end."""
-    inst, part = g["inst"].to_numpy(np.int64), g["part"].to_numpy(np.int64)
-    end = g["end_ns"].to_numpy(np.int64)
-    comm_rows: dict[int, list[int]] = {}
-    comm = inst >= 0
-    for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
-        comm_rows.setdefault(k, []).append(i)
-    by_end = np.lexsort((np.arange(part.size), end, part))  # per part by end, stable
-    cuts = np.flatnonzero(np.r_[True, part[by_end][1:] != part[by_end][:-1], True])
-    ends_of = {
-        int(part[by_end[lo]]): by_end[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)
-    } if part.size else {}  # fmt: skip
-    return comm_rows, ends_of
+class PathIndex:
+    """:func:`critical_path`'s view of a :func:`dependencies` table, built once for many
+    steps: its columns as arrays, the rows of each collective instance, per part its op
+    indices sorted by end, each part's rank. ``names[i]``: op ``i``'s name (a categorical
+    ``name`` column is read through its codes: no string per op)."""
+
+    def __init__(self, g: pd.DataFrame):
+        self.start = g["start_ns"].to_numpy(np.int64)
+        self.end = g["end_ns"].to_numpy(np.int64)
+        self.inst = g["inst"].to_numpy(np.int64)
+        self.part = g["part"].to_numpy(np.int64)
+        self.step = g["step"].to_numpy(np.int64)
+        self.is_comm = g["is_comm"].to_numpy(bool)
+        self.prevs = g["prev"].to_numpy(np.int64)
+        self.deps = g["dep"].to_numpy(np.int64)
+        self.bindings = binding_codes(g)
+        self.names = _Names(g["name"])
+        self.rank_of = g.groupby("part")["rank"].first().to_dict()
+        inst, part, end = self.inst, self.part, self.end
+        self.comm_rows: dict[int, list[int]] = {}
+        comm = inst >= 0
+        for i, k in zip(np.flatnonzero(comm).tolist(), inst[comm].tolist(), strict=True):
+            self.comm_rows.setdefault(k, []).append(i)
+        by_end = np.lexsort((np.arange(part.size), end, part))  # per part by end, stable
+        cuts = np.flatnonzero(np.r_[True, part[by_end][1:] != part[by_end][:-1], True])
+        self.ends_of = {
+            int(part[by_end[lo]]): by_end[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)
+        } if part.size else {}  # fmt: skip
+
+
+class _Names:
+    """Op names by row: a categorical column through its codes, else its values."""
+
+    def __init__(self, column: pd.Series):
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            self.codes = column.cat.codes.to_numpy(np.int64)
+            self.categories = column.cat.categories.to_numpy(dtype=object)
+            self.values = None
+        else:
+            self.values = column.to_numpy()
+
+    def __getitem__(self, i: int):
+        if self.values is not None:
+            return self.values[i]
+        code = self.codes[i]
+        return self.categories[code] if code >= 0 else np.nan
+
+
+def path_index(g: pd.DataFrame) -> PathIndex:
+    """For :func:`critical_path` over many steps: :class:`PathIndex` of ``g``."""
+    return PathIndex(g)
 
 
 def _label(label_gap, part, a: int, b: int) -> str:

@@ -157,11 +157,20 @@ def _participant_ops(job: JobData, parts: list[tuple[int, str, int]], skew: dict
             "part": part,
             "rank": np.array([r for r, _, _ in parts], dtype=np.int64)[part] if parts else part,
             "name_code": allops["name_code"][take],
-            "name": allops["names"][allops["name_code"][take]],
+            "name": _names(allops["names"], allops["name_code"][take]),
             "own_start": allops["start_ns"][take],
             "own_end": allops["end_ns"][take],
         }
     )
+
+
+def _names(names: np.ndarray, codes: np.ndarray):
+    """Each op's name: a categorical over the job's distinct names (one string per name, not
+    per op: a column of a million strings costs seconds in every copy and filter), the plain
+    strings where a name is missing (as before)."""
+    if any(n is None for n in names):
+        return names[codes]
+    return pd.Categorical.from_codes(codes, categories=pd.Index(names, dtype=object))
 
 
 def _card_frame(job: JobData, kind: str) -> pd.DataFrame:
@@ -184,12 +193,14 @@ def _own_process_rows(rows: pd.DataFrame, parts, pids, only_if_any: bool) -> pd.
     )
     rows = rows.reset_index(drop=True).rename_axis("_row").reset_index()
     mine = owners.merge(rows, on="trace_id", how="inner")
-    launching = {(p, pid) for p, ps in pids.items() for pid in ps}
-    on_launcher = np.array(
-        [(p, pid) in launching for p, pid in zip(mine["part"].tolist(), mine["pid"].tolist(), strict=True)],
-        dtype=bool,
+    launching = pd.MultiIndex.from_arrays(
+        [np.array([p for p, ps in pids.items() for _ in ps], dtype=np.int64),
+         np.array([pid for ps in pids.values() for pid in ps], dtype=np.int64)]
     )  # fmt: skip
-    has_pids = mine["part"].map(lambda p: bool(pids[p])).to_numpy(bool)
+    part = mine["part"].to_numpy(np.int64)
+    pid = mine["pid"].fillna(-1).to_numpy(np.int64)
+    on_launcher = launching.get_indexer(pd.MultiIndex.from_arrays([part, pid])) >= 0
+    has_pids = np.array([bool(pids.get(p)) for p in range(len(parts))], dtype=bool)[part]
     keep = ~has_pids | on_launcher
     if only_if_any:
         any_on = pd.Series(on_launcher).groupby(mine["part"].to_numpy()).transform("any")
@@ -219,15 +230,38 @@ def _step_starts(job, parts, pids, skew) -> dict[tuple[int, int], int]:
     return {(int(p), int(step)): int(start) - skew[int(p)] for (p, step), start in first.items()}
 
 
+def part_index(parts: list[tuple[int, str, int]], traces, devices) -> np.ndarray:
+    """The participant index of each (trace, device) (−1: none), hashed columnar."""
+    known = pd.MultiIndex.from_arrays(
+        [pd.Index([t for _, t, _ in parts], dtype=object), [int(d) for _, _, d in parts]]
+    )
+    wanted = pd.MultiIndex.from_arrays(
+        [pd.Index(np.asarray(traces), dtype=object), np.asarray(devices, dtype=np.int64)]
+    )
+    return known.get_indexer(wanted).astype(np.int64)
+
+
+def _step_start_index(tl: Timeline) -> tuple[pd.MultiIndex, np.ndarray]:
+    """``tl.step_start`` as a (part, step) index and its int64 values (cached)."""
+    if "step_start" not in tl.kernels:
+        keys = list(tl.step_start)
+        tl.kernels["step_start"] = (
+            pd.MultiIndex.from_arrays(
+                [np.array([p for p, _ in keys], dtype=np.int64),
+                 np.array([st for _, st in keys], dtype=np.int64)]
+            ),
+            np.array(list(tl.step_start.values()), dtype=np.int64),
+        )  # fmt: skip
+    return tl.kernels["step_start"]
+
+
 def _tag_collectives(ops: pd.DataFrame, rows: dict, parts: list) -> pd.DataFrame:
     """``inst`` and ``transfer_ns`` of the matched communication kernels (−1/0 elsewhere),
     found by each participant's own (start, end); ``is_comm`` = matched."""
-    part_of = {(t, d): p for p, (_, t, d) in enumerate(parts)}
     ok = rows["inst"] >= 0
-    keys = list(zip(rows["trace_id"][ok].tolist(), rows["device"][ok].tolist(), strict=True))
     tags = pd.DataFrame(
         {
-            "part": np.array([part_of.get(k, -1) for k in keys], dtype=np.int64),
+            "part": part_index(parts, rows["trace_id"][ok], rows["device"][ok]),
             "own_start": rows["start_ns"][ok],
             "own_end": rows["end_ns"][ok],
             "inst": rows["inst"][ok],
@@ -253,15 +287,11 @@ def lateness(match: CollectiveMatch, tl: Timeline) -> pd.DataFrame:
     starting later than this rank's: before the capture).
     """
     rows = match.rows
-    part_of = {(t, d): p for p, (_, t, d) in enumerate(tl.parts)}
     ok = rows["inst"] >= 0
     df = pd.DataFrame(
         {
             "inst": rows["inst"][ok],
-            "part": [
-                part_of[(t, int(d))]
-                for t, d in zip(rows["trace_id"][ok], rows["device"][ok], strict=True)
-            ],
+            "part": part_index(tl.parts, rows["trace_id"][ok], rows["device"][ok]),
             "rank": rows["rank"][ok],
             "step": rows["step"][ok],
             "start_ns": rows["start_ns"][ok],
@@ -288,16 +318,12 @@ def lateness(match: CollectiveMatch, tl: Timeline) -> pd.DataFrame:
     prev = df.groupby("inst")["prev_inst"]
     shared = (prev.transform("min") == prev.transform("max")) & (prev.transform("min") >= 0)
     first_op = tl.ops.groupby("part")["start_ns"].min()
-    step_start = np.array(
-        [
-            tl.step_start.get((p, s), first_op[p])
-            for p, s in zip(df["part"], df["step"], strict=True)
-        ],
-        dtype=np.int64,
-    )
-    has_step = np.array(
-        [(p, s) in tl.step_start for p, s in zip(df["part"], df["step"], strict=True)]
-    )
+    keys, values = _step_start_index(tl)
+    at = keys.get_indexer(pd.MultiIndex.from_arrays([df["part"], df["step"]]))
+    has_step = at >= 0
+    first = first_op.to_numpy(np.int64)[first_op.index.get_indexer(df["part"])]
+    known = values[np.maximum(at, 0)] if values.size else np.zeros(at.size, dtype=np.int64)
+    step_start = np.where(has_step, known, first)
     df["align_ns"] = np.where(shared, df["prev_end"], step_start)
     df["aligned_on"] = np.where(shared, "collective", np.where(has_step, "step", "capture"))
     df["offset_ns"] = df["start_ns"] - df["align_ns"]

@@ -202,3 +202,41 @@ def test_exposed_wait_metric_on_a_straggler(store, tmp_path):
     m = metrics(analyze(store, tmp_path, straggler_job()))
     assert m[(0, "exposed_comm_wait_ns")] == 3 * 30 * MS and m[(0, "comm_ns")] == 3 * 35 * MS
     assert m[(1, "exposed_comm_wait_ns")] == 0 and m[(1, "exposed_comm_ns")] == 3 * 5 * MS
+
+
+def test_all_devices_at_once_equal_each_alone(store, tmp_path):
+    """measure_devices (every device on one axis) gives measure_device's numbers, per step
+    rows and windows, on three ranks: steps in order, no steps, steps out of time order
+    (that one is measured alone)."""
+    import msgspec
+    import numpy as np
+
+    from stallscope.analyzers.base import Where
+    from stallscope.collectives import gpu_activity, match_collectives
+
+    ranks = [hand_trace(), hand_trace(), hand_trace()]
+    for r, t in enumerate(ranks):
+        t.rank, t.world_size = r, 3
+    ranks[1].events = [e for e in ranks[1].events if "ProfilerStep#" not in e]
+    swap = {"ProfilerStep#0": "ProfilerStep#1", "ProfilerStep#1": "ProfilerStep#0"}
+    ranks[2].events = [  # steps 0 and 1 swap names: step 1 runs first
+        next((e.replace(a, b) for a, b in swap.items() if a in e), e) for e in ranks[2].events
+    ]
+    paths = [str(t.write(tmp_path / f"rank{r}.json")) for r, t in enumerate(ranks)]
+    (res,) = ingest_paths(store, paths)
+    job = JobData(store, store.traces(res.job_id))
+    act = gpu_activity(job)
+    wheres = [Where(ref.trace_id, int(ref.meta.get("rank", 0)), d) for ref in job.traces for (t, d) in act if t == ref.trace_id]  # fmt: skip
+    match = match_collectives(job)
+    together = overlap.measure_devices(job, wheres, match, ranked=True)
+    opss = [act[(w.trace, w.device)] for w in wheres]
+    batch = overlap._Batch(opss, [match.waits_of(w.trace, w.device) for w in wheres])
+    assert batch.irregular.tolist() == [False, False, True]  # rank 2 is measured alone
+    scopes = []
+    for w, m in zip(wheres, together, strict=True):
+        waits = match.waits_of(w.trace, w.device) if match else (np.zeros(0, np.int64),) * 2
+        alone = overlap.measure_device(job, w, act[(w.trace, w.device)], waits, ranked=True)
+        assert msgspec.to_builtins(m) == msgspec.to_builtins(alone)
+        scopes.append((m.scope, [s["step"] for s in m.steps]))
+    assert sorted(scopes) == [("steps", [0, 1]), ("steps", [0, 1]), ("trace", [])]
+    job.close()
