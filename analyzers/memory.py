@@ -30,12 +30,20 @@ allocator churn in every step (medium).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    Where,
+)
 from stallscope.jobdata import JobData
 from stallscope.report_types import MemoryDeviceRow, MemoryLiveRow
 
@@ -93,7 +101,6 @@ class Peaks:
     reserved_peak_ns: int | None = None
     allocated_at_reserved_peak: int | None = None
     fragmentation_pct: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def device_memory(cols: dict[str, np.ndarray]) -> DeviceMemory:
@@ -185,99 +192,147 @@ def capacity_bytes(row: dict[str, Any] | None) -> tuple[int | None, str]:
 
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    """Measure every device (:func:`measure`), then speak: metrics, findings and table rows
+    are written only from the measurements."""
     result = AnalyzerResult()
-    for ref in job.traces:
-        rank = int(ref.meta.get("rank", 0))
-        cols = job.numpy(
-            "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
-            "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
-            "ORDER BY device, ts_ns, seq",
-            [ref.trace_id],
-        )
-        free_blocks = dict(
-            job.sql(
-                "SELECT device, max(bytes) FROM memory WHERE trace_id = ? AND action = 'free_block' "
-                "GROUP BY device",
-                [ref.trace_id],
-            ).fetchall()
-        )
-        for device in np.unique(cols["device"]):
-            mask = cols["device"] == device
-            mem = device_memory({k: v[mask] for k, v in cols.items()})
-            mem.largest_free_block = free_blocks.get(device)
-            _device(job, result, ref.trace_id, rank, int(device), mem, params)
+    for m in measure(job):
+        result.metrics.extend(metrics(m))
+        result.findings.extend(speak(m, params))
+        result.tables.memory_devices.append(device_row(m))
+        result.tables.memory_live_at_peak.extend(live_rows(m))
     return result
 
 
-def _device(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
-    if not mem.allocated_known:
-        _segments_only(job, result, trace, rank, device, mem, params)
-        return
-    top = peaks(mem)
-    row = _device_row(job, trace, device)
-    capacity, capacity_source = capacity_bytes(row)
-    metrics = {"mem_allocated_peak_bytes": (top.allocated_peak, "bytes")}
+class DeviceMeasure(msgspec.Struct, kw_only=True):
+    """Every number of one device's memory (:func:`measure_device`); no prose.
+
+    Sizes in bytes, times in ns on the trace's clock. ``source`` is
+    :func:`memory_source`'s; with ``segments`` the allocated side is unknown
+    (``peaks.allocated_peak`` None, no live allocations).
+    """
+
+    where: Where
+    source: str  # allocator, allocator_deltas or segments
+    events: int  # allocator events of the device (free_block rows not counted)
+    first_ns: int  # the first event
+    last_ns: int  # the last event
+    peaks: Peaks
+    capacity_bytes: int | None  # the device's memory; None: unknown
+    capacity_source: str  # where capacity_bytes comes from (:func:`capacity_bytes`)
+    held_bytes: int  # the reserved peak, else (no reserved totals) the allocated peak
+    headroom_pct: float | None  # (capacity - held) / capacity, %; None without a capacity
+    window: list[int]  # the peak event to the next event
+    live_at_peak: list[dict[str, Any]]  # op, bytes, count: the :data:`TOP_OPS` largest
+    largest_free_block: int | None  # snapshots: the largest inactive block at the end
+    driver_frees: int  # segments only: events that shrank the reservation
+    steps: list[dict[str, Any]]  # churn per ProfilerStep (:func:`step_churn`); [] without steps
+    whole: dict[str, int] | None  # churn over the capture (:func:`capture_churn`), without steps
+
+    @property
+    def allocated_from_deltas(self) -> bool:
+        return self.source == "allocator_deltas"
+
+
+def measure(job: JobData) -> list[DeviceMeasure]:
+    """Every device with allocator events, trace by trace (job order), device by device."""
+    out = []
+    for ref in job.traces:
+        rank = int(ref.meta.get("rank", 0))
+        for device, mem in trace_memory(job, ref.trace_id).items():
+            out.append(measure_device(job, Where(ref.trace_id, rank, device), mem))
+    return out
+
+
+def trace_memory(job: JobData, trace: str) -> dict[int, DeviceMemory]:
+    """Each device's allocator history in one trace (devices in ascending order)."""
+    cols = job.numpy(
+        "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
+        "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
+        "ORDER BY device, ts_ns, seq",
+        [trace],
+    )
+    free_blocks = dict(
+        job.sql(
+            "SELECT device, max(bytes) FROM memory WHERE trace_id = ? AND action = 'free_block' "
+            "GROUP BY device",
+            [trace],
+        ).fetchall()
+    )
+    out = {}
+    for device in np.unique(cols["device"]):
+        mask = cols["device"] == device
+        mem = device_memory({k: v[mask] for k, v in cols.items()})
+        mem.largest_free_block = free_blocks.get(device)
+        out[int(device)] = mem
+    return out
+
+
+def measure_device(job: JobData, where: Where, mem: DeviceMemory) -> DeviceMeasure:
+    """One device's peaks, capacity and headroom, what is live at the peak and churn."""
+    if mem.allocated_known:
+        top = peaks(mem)
+        index = top.allocated_peak_index
+        held = top.reserved_peak if top.reserved_peak is not None else top.allocated_peak
+        ops = _with_earlier(live_ops(job, where.trace, mem, index), mem, top)
+    else:  # driver-level segments only (nsys): the reserved side
+        index = int(np.argmax(mem.reserved))
+        top = Peaks(None, None, None, int(mem.reserved[index]), int(mem.ts_ns[index]))
+        held, ops = top.reserved_peak, []
+    capacity, capacity_source = capacity_bytes(_device_row(job, where.trace, where.device))
+    steps = step_churn(job, where.trace, mem)
+    return DeviceMeasure(
+        where=where,
+        source=memory_source(mem),
+        events=int(mem.ts_ns.size),
+        first_ns=int(mem.ts_ns[0]),
+        last_ns=int(mem.ts_ns[-1]),
+        peaks=top,
+        capacity_bytes=capacity,
+        capacity_source=capacity_source,
+        held_bytes=held,
+        headroom_pct=round(100.0 * (capacity - held) / capacity, 3) if capacity else None,
+        window=_peak_window(mem, index),
+        live_at_peak=ops,
+        largest_free_block=mem.largest_free_block,
+        driver_frees=0
+        if mem.allocated_known
+        else int((np.diff(mem.reserved, prepend=0) < 0).sum()),
+        steps=steps,
+        whole=None if steps else capture_churn(job, where.trace, mem),
+    )
+
+
+def metrics(m: DeviceMeasure) -> list[Metric]:
+    """The device's metrics: the allocated peak, the reserved peak and fragmentation (when the
+    source has them), the headroom (when the capacity is known)."""
+    w, top = m.where, m.peaks
+    named: dict[str, tuple[Any, str]] = {}
+    if top.allocated_peak is not None:
+        named["mem_allocated_peak_bytes"] = (top.allocated_peak, "bytes")
     if top.reserved_peak is not None:
-        metrics["mem_reserved_peak_bytes"] = (top.reserved_peak, "bytes")
-        metrics["mem_fragmentation_pct"] = (top.fragmentation_pct, "%")
-    held = top.reserved_peak if top.reserved_peak is not None else top.allocated_peak
-    headroom = round(100.0 * (capacity - held) / capacity, 3) if capacity else None
-    if headroom is not None:
-        metrics["mem_headroom_pct"] = (headroom, "%")
-    for name, (value, unit) in metrics.items():
-        result.metrics.append(Metric(trace, rank, device, name, value, unit))
-    ops = live_ops(job, trace, mem, top.allocated_peak_index)
-    ops = _with_earlier(ops, mem, top)
-    window = _peak_window(mem, top.allocated_peak_index)
-    result.findings.append(_summary(trace, rank, device, mem, top, capacity, headroom, ops, window))
-    where = (trace, rank, device)
-    result.tables.memory_devices.append(
-        device_row(where, mem, top, (capacity, capacity_source), headroom)
-    )
-    result.tables.memory_live_at_peak.extend(live_rows(where, ops))
-    if headroom is not None and headroom < params["headroom_pct"]:
-        result.findings.append(
-            _headroom(trace, rank, device, top, held, capacity, capacity_source, headroom, window)
-        )
-    if top.fragmentation_pct is not None and top.fragmentation_pct > params["fragmentation_pct"]:
-        result.findings.append(_fragmentation(trace, rank, device, top, mem, window))
-    _churn_findings(job, result, trace, rank, device, mem, params)
+        named["mem_reserved_peak_bytes"] = (top.reserved_peak, "bytes")
+    if top.fragmentation_pct is not None:
+        named["mem_fragmentation_pct"] = (top.fragmentation_pct, "%")
+    if m.headroom_pct is not None:
+        named["mem_headroom_pct"] = (m.headroom_pct, "%")
+    return [Metric(w.trace, w.rank, w.device, k, v, unit) for k, (v, unit) in named.items()]
 
 
-def _churn_findings(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
-    """Churn in every step (medium), or over a capture without steps (low)."""
-    churn = step_churn(job, trace, mem)
-    if churn and all(s["reserved_changes"] or s["driver_calls"] for s in churn):
-        only = not mem.allocated_known
-        result.findings.append(_churn(trace, rank, device, churn, segments_only=only))
-    elif not churn:
-        whole = capture_churn(job, trace, mem)
-        if whole["reserved_changes"] + whole["driver_calls"] >= params["churn_events_no_steps"]:
-            result.findings.append(_churn_unstepped(trace, rank, device, mem, whole))
-
-
-def _segments_only(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
-    """A device whose rows are all driver-level segments (nsys): reserved peak, headroom, churn."""
-    index = int(np.argmax(mem.reserved))
-    top = Peaks(None, None, None, int(mem.reserved[index]), int(mem.ts_ns[index]))
-    capacity, capacity_source = capacity_bytes(_device_row(job, trace, device))
-    held = top.reserved_peak
-    headroom = round(100.0 * (capacity - held) / capacity, 3) if capacity else None
-    result.metrics.append(Metric(trace, rank, device, "mem_reserved_peak_bytes", held, "bytes"))
-    if headroom is not None:
-        result.metrics.append(Metric(trace, rank, device, "mem_headroom_pct", headroom, "%"))
-    window = _peak_window(mem, index)
-    result.findings.append(
-        _segments_summary(trace, rank, device, mem, top, capacity, headroom, window)
-    )
-    result.tables.memory_devices.append(
-        device_row((trace, rank, device), mem, top, (capacity, capacity_source), headroom)
-    )
-    if headroom is not None and headroom < params["headroom_pct"]:
-        result.findings.append(
-            _headroom(trace, rank, device, top, held, capacity, capacity_source, headroom, window)
-        )
-    _churn_findings(job, result, trace, rank, device, mem, params)
+def speak(m: DeviceMeasure, params: dict[str, float]) -> list[Finding]:
+    """The device's findings in report order, written only from ``m``: the summary, then
+    headroom, fragmentation and churn when they pass their thresholds."""
+    segments = m.source == "segments"
+    out = [_segments_summary(m) if segments else _summary(m)]
+    if m.headroom_pct is not None and m.headroom_pct < params["headroom_pct"]:
+        out.append(_headroom(m))
+    frag = m.peaks.fragmentation_pct
+    if not segments and frag is not None and frag > params["fragmentation_pct"]:
+        out.append(_fragmentation(m))
+    if m.steps and all(s["reserved_changes"] or s["driver_calls"] for s in m.steps):
+        out.append(_churn(m))
+    elif m.whole is not None and sum(m.whole.values()) >= params["churn_events_no_steps"]:
+        out.append(_churn_unstepped(m))
+    return out
 
 
 def memory_source(mem: DeviceMemory) -> str:
@@ -288,44 +343,37 @@ def memory_source(mem: DeviceMemory) -> str:
     return "allocator_deltas" if mem.allocated_from_deltas else "allocator"
 
 
-def device_row(
-    where: tuple[str, int, int],
-    mem: DeviceMemory,
-    top: Peaks,
-    capacity: tuple[int | None, str],
-    headroom: float | None,
-) -> MemoryDeviceRow:
+def device_row(m: DeviceMeasure) -> MemoryDeviceRow:
     """The device's row of the report's ``memory_devices`` table: the figures of its summary
     finding's evidence (bytes, ns, %), with where the capacity came from and the headroom."""
-    trace, rank, device = where
-    segments = not mem.allocated_known
+    w, top = m.where, m.peaks
     return MemoryDeviceRow(
-        trace=trace,
-        rank=rank,
-        device=device,
-        source=memory_source(mem),
-        events=int(mem.ts_ns.size),
+        trace=w.trace,
+        rank=w.rank,
+        device=w.device,
+        source=m.source,
+        events=m.events,
         allocated_peak_bytes=top.allocated_peak,
         allocated_peak_ns=top.allocated_peak_ns,
         reserved_peak_bytes=top.reserved_peak,
         reserved_peak_ns=top.reserved_peak_ns,
         allocated_at_reserved_peak_bytes=top.allocated_at_reserved_peak,
-        capacity_bytes=capacity[0],
-        capacity_source=capacity[1],
-        headroom_pct=headroom,
+        capacity_bytes=m.capacity_bytes,
+        capacity_source=m.capacity_source,
+        headroom_pct=m.headroom_pct,
         fragmentation_pct=top.fragmentation_pct,
-        largest_free_block_bytes=None if segments else mem.largest_free_block,
+        largest_free_block_bytes=None if m.source == "segments" else m.largest_free_block,
     )
 
 
-def live_rows(where: tuple[str, int, int], ops: list[dict[str, Any]]) -> list[MemoryLiveRow]:
-    """The device's rows of the ``memory_live_at_peak`` table (``ops`` as in the summary's
+def live_rows(m: DeviceMeasure) -> list[MemoryLiveRow]:
+    """The device's rows of the ``memory_live_at_peak`` table (as in the summary's
     ``live_at_peak``: op, bytes, count; most bytes first)."""
-    trace, rank, device = where
+    w = m.where
     return [
-        MemoryLiveRow(trace=trace, rank=rank, device=device, op=o["op"], bytes=o["bytes"],
+        MemoryLiveRow(trace=w.trace, rank=w.rank, device=w.device, op=o["op"], bytes=o["bytes"],
                       count=o["count"])
-        for o in ops
+        for o in m.live_at_peak
     ]  # fmt: skip
 
 
@@ -472,8 +520,10 @@ def _mb(value: int | None) -> str:
     return "?" if value is None else f"{value / 2**20:,.1f} MiB"
 
 
-def _summary(trace, rank, device, mem, top: Peaks, capacity, headroom, ops, window) -> Finding:
-    after_ms = (top.allocated_peak_ns - int(mem.ts_ns[0])) / 1e6
+def _summary(m: DeviceMeasure) -> Finding:
+    """The info summary of a device whose allocated memory is known."""
+    top, capacity, headroom, ops = m.peaks, m.capacity_bytes, m.headroom_pct, m.live_at_peak
+    after_ms = (top.allocated_peak_ns - m.first_ns) / 1e6
     lines = [
         f"Allocated peaked at {_mb(top.allocated_peak)}, {after_ms:,.3f} ms after the first "
         "allocator event of the capture"
@@ -492,34 +542,34 @@ def _summary(trace, rank, device, mem, top: Peaks, capacity, headroom, ops, wind
     caveat = (
         " The trace records no allocator totals: allocated is counted from 0 at the first event, "
         "so memory allocated before the capture is missing."
-        if mem.allocated_from_deltas
+        if m.allocated_from_deltas
         else ""
     )
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="info",
-        title=f"GPU {device} memory peak {_mb(top.allocated_peak)} allocated"
+        title=f"GPU {m.where.device} memory peak {_mb(top.allocated_peak)} allocated"
         + (f", {_mb(top.reserved_peak)} reserved" if top.reserved_peak is not None else ""),
         detail="; ".join(lines) + "." + caveat,
         recommendation="See the Memory page for the timeline; the ops live at the peak are the "
         "ones to shrink (activation checkpointing, smaller batch, lower precision).",
         evidence={
             "key": "summary",
-            "events": int(mem.ts_ns.size),
+            "events": m.events,
             "allocated_peak_bytes": top.allocated_peak,
             "allocated_peak_ns": top.allocated_peak_ns,
             "reserved_peak_bytes": top.reserved_peak,
             "reserved_peak_ns": top.reserved_peak_ns,
             "allocated_at_reserved_peak_bytes": top.allocated_at_reserved_peak,
             "capacity_bytes": capacity,
-            "allocated_from_deltas": mem.allocated_from_deltas,
-            "largest_free_block_bytes": mem.largest_free_block,
+            "allocated_from_deltas": m.allocated_from_deltas,
+            "largest_free_block_bytes": m.largest_free_block,
             "live_at_peak": ops,
         },
-        windows=[window],
+        windows=[m.window],
     )
 
 
@@ -530,31 +580,33 @@ NOT_SHOWN = (
 )
 
 
-def _segments_summary(trace, rank, device, mem, top: Peaks, capacity, headroom, window) -> Finding:
+def _segments_summary(m: DeviceMeasure) -> Finding:
     """The info summary of a segments-only device (nsys): the reserved peak and what is not shown."""
-    after_ms = (top.reserved_peak_ns - int(mem.ts_ns[0])) / 1e6
-    frees = int((np.diff(mem.reserved, prepend=0) < 0).sum())
+    top, capacity, headroom = m.peaks, m.capacity_bytes, m.headroom_pct
+    after_ms = (top.reserved_peak_ns - m.first_ns) / 1e6
+    frees = m.driver_frees
     lines = [
         f"The process held at most {_mb(top.reserved_peak)} of device memory from the driver, "
         f"{after_ms:,.3f} ms after its first device allocation in the trace "
-        f"({int(mem.ts_ns.size) - frees} allocations, {frees} frees)"
+        f"({m.events - frees} allocations, {frees} frees)"
     ]
     if capacity:
         lines.append(f"{headroom:.1f}% of the device's {_mb(capacity)} left free")
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="info",
-        title=f"GPU {device} memory peak {_mb(top.reserved_peak)} reserved (allocated not recorded)",
+        title=f"GPU {m.where.device} memory peak {_mb(top.reserved_peak)} reserved "
+        "(allocated not recorded)",
         detail="; ".join(lines) + ". " + NOT_SHOWN + ".",
         recommendation="For allocated memory, fragmentation and the tensors live at the peak, "
         "capture the same run with torch.profiler.profile(profile_memory=True) or a CUDA memory "
         "snapshot (torch.cuda.memory._record_memory_history).",
         evidence={
             "key": "summary",
-            "events": int(mem.ts_ns.size),
+            "events": m.events,
             "allocated_peak_bytes": None,
             "allocated_peak_ns": None,
             "reserved_peak_bytes": top.reserved_peak,
@@ -566,20 +618,22 @@ def _segments_summary(trace, rank, device, mem, top: Peaks, capacity, headroom, 
             "largest_free_block_bytes": None,
             "live_at_peak": [],
         },
-        windows=[window],
+        windows=[m.window],
     )
 
 
-def _headroom(trace, rank, device, top, held, capacity, source, headroom, window) -> Finding:
+def _headroom(m: DeviceMeasure) -> Finding:
+    held, capacity, headroom = m.held_bytes, m.capacity_bytes, m.headroom_pct
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="high",
-        title=f"GPU {device} has {headroom:.1f}% memory headroom",
+        title=f"GPU {m.where.device} has {headroom:.1f}% memory headroom",
         detail=(
-            f"The allocator held {_mb(held)} of the device's {_mb(capacity)} ({source}): "
+            f"The allocator held {_mb(held)} of the device's {_mb(capacity)} "
+            f"({m.capacity_source}): "
             "a larger batch, a longer sequence or another process's context can run out of memory."
         ),
         recommendation="Free headroom before scaling up: activation checkpointing, a smaller "
@@ -588,27 +642,28 @@ def _headroom(trace, rank, device, top, held, capacity, source, headroom, window
             "key": "headroom",
             "held_bytes": held,
             "capacity_bytes": capacity,
-            "capacity_source": source,
+            "capacity_source": m.capacity_source,
             "headroom_pct": headroom,
         },  # fmt: skip
-        windows=[window],
+        windows=[m.window],
     )
 
 
-def _fragmentation(trace, rank, device, top: Peaks, mem: DeviceMemory, window) -> Finding:
+def _fragmentation(m: DeviceMeasure) -> Finding:
+    top = m.peaks
     unused = top.reserved_peak - top.allocated_at_reserved_peak
     block = (
-        f"When the snapshot was taken, the largest free block was {_mb(mem.largest_free_block)}."
-        if mem.largest_free_block is not None
+        f"When the snapshot was taken, the largest free block was {_mb(m.largest_free_block)}."
+        if m.largest_free_block is not None
         else "The trace has no segment map, so the largest free block is not known."
     )
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="medium",
-        title=f"GPU {device}: {top.fragmentation_pct:.1f}% of reserved memory unused at its peak",
+        title=f"GPU {m.where.device}: {top.fragmentation_pct:.1f}% of reserved memory unused at its peak",
         detail=(
             f"While the allocator held its peak of {_mb(top.reserved_peak)}, live tensors used at "
             f"most {_mb(top.allocated_at_reserved_peak)}: {_mb(unused)} sat in cached blocks "
@@ -623,28 +678,29 @@ def _fragmentation(trace, rank, device, top: Peaks, mem: DeviceMemory, window) -
             "allocated_at_reserved_peak_bytes": top.allocated_at_reserved_peak,
             "unused_bytes": unused,
             "fragmentation_pct": top.fragmentation_pct,
-            "largest_free_block_bytes": mem.largest_free_block,
+            "largest_free_block_bytes": m.largest_free_block,
         },
-        windows=[window],
+        windows=[m.window],
     )
 
 
-def _churn(trace, rank, device, churn: list[dict[str, Any]], *, segments_only=False) -> Finding:
+def _churn(m: DeviceMeasure) -> Finding:
+    churn = m.steps
     changes = sum(s["reserved_changes"] for s in churn)
     calls = sum(s["driver_calls"] for s in churn)
     same = (
         " (nsys records each cudaMalloc/cudaFree as a reservation change: the two counts are "
         "the same calls)"
-        if segments_only
+        if m.source == "segments"
         else ""
     )
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="medium",
-        title=f"GPU {device}: the allocator grows or shrinks its reservation in every step",
+        title=f"GPU {m.where.device}: the allocator grows or shrinks its reservation in every step",
         detail=(
             f"In each of the {len(churn)} steps the reserved total changed or the allocator "
             f"called cudaMalloc/cudaFree ({changes} reservation changes, {calls} driver calls in "
@@ -663,15 +719,16 @@ def _churn(trace, rank, device, churn: list[dict[str, Any]], *, segments_only=Fa
     )
 
 
-def _churn_unstepped(trace, rank, device, mem: DeviceMemory, whole: dict[str, int]) -> Finding:
-    span = [int(mem.ts_ns[0]), int(mem.ts_ns[-1])]
+def _churn_unstepped(m: DeviceMeasure) -> Finding:
+    whole = m.whole or {"reserved_changes": 0, "driver_calls": 0}
+    span = [m.first_ns, m.last_ns]
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="low",
-        title=f"GPU {device}: the allocator went back to the driver "
+        title=f"GPU {m.where.device}: the allocator went back to the driver "
         f"{whole['reserved_changes'] + whole['driver_calls']} times during the capture",
         detail=(
             f"The reserved total changed {whole['reserved_changes']} times and the host made "
