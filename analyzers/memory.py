@@ -72,6 +72,9 @@ TOP_OPS = 10
 BEFORE_CAPTURE = "(allocated before the capture)"
 OUTSIDE = "(outside any op)"
 EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+SNAPSHOT_SOURCE = "memory-snapshot"  # the catalog source of a CUDA memory snapshot's trace
+EPOCH_FLOOR_NS = 10**18  # Unix-epoch ns are above this since 2001: smaller snapshot times are not
+CLOCK_GAP_NS = 600 * 10**9  # a paired snapshot's events within 10 min of the trace's: one clock
 
 
 @dataclass
@@ -200,7 +203,31 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
         result.findings.extend(speak(m, params))
         result.tables.memory_devices.append(device_row(m))
         result.tables.memory_live_at_peak.extend(live_rows(m))
+        if m.snapshot is not None:
+            result.tables.memory_live_at_snapshot.extend(live_rows(m, m.snapshot.live))
     return result
+
+
+class SnapshotState(msgspec.Struct, kw_only=True):
+    """A paired memory snapshot's view of one device (:func:`measure_snapshot`): the
+    allocator's state when the snapshot was taken, from its segments and recorded history.
+
+    Sizes in bytes. ``last_event_ns`` is the snapshot's last recorded event on the timeline
+    trace's clock (None when the two clocks cannot be lined up: see
+    :func:`snapshot_clock_offset`); the state is the one at the dump, at or after it.
+    """
+
+    trace: str  # the snapshot's trace id
+    file_name: str
+    events: int  # the snapshot's allocator events of the device
+    last_event_ns: int | None
+    after_trace_ns: int | None  # last_event_ns minus the trace's last allocator event
+    reserved_bytes: int | None  # the segments' total size; None: no segments recorded
+    allocated_bytes: int | None  # the live (active) blocks' total
+    fragmentation_pct: float | None  # (reserved - allocated) / reserved, % (3 decimals)
+    largest_free_block_bytes: int | None  # the largest inactive block
+    free_blocks: int  # inactive blocks
+    live: list[dict[str, Any]]  # op (the Python stack), bytes, count: the TOP_OPS largest
 
 
 class DeviceMeasure(msgspec.Struct, kw_only=True):
@@ -227,6 +254,7 @@ class DeviceMeasure(msgspec.Struct, kw_only=True):
     driver_frees: int  # segments only: events that shrank the reservation
     steps: list[dict[str, Any]]  # churn per ProfilerStep (:func:`step_churn`); [] without steps
     whole: dict[str, int] | None  # churn over the capture (:func:`capture_churn`), without steps
+    snapshot: SnapshotState | None = None  # a memory snapshot paired with this trace's rank
 
     @property
     def allocated_from_deltas(self) -> bool:
@@ -234,13 +262,52 @@ class DeviceMeasure(msgspec.Struct, kw_only=True):
 
 
 def measure(job: JobData) -> list[DeviceMeasure]:
-    """Every device with allocator events, trace by trace (job order), device by device."""
+    """Every device with allocator events, trace by trace (job order), device by device.
+
+    A memory snapshot paired with a timeline trace of its rank (the job's ingest gave it that
+    rank: docs/analyzers/memory.md#paired) adds its state to that trace's device
+    (:attr:`DeviceMeasure.snapshot`); a device only the snapshot recorded is measured from
+    the snapshot alone, as a snapshot that is a job of its own."""
     out = []
+    paired: set[tuple[str, int]] = set()  # (snapshot trace, device) added to a timeline's
     for ref in job.traces:
         rank = int(ref.meta.get("rank", 0))
+        if ref.meta.get("source") == SNAPSHOT_SOURCE:
+            continue
+        snapshots = _snapshots_of(job, rank)
         for device, mem in trace_memory(job, ref.trace_id).items():
-            out.append(measure_device(job, Where(ref.trace_id, rank, device), mem))
-    return out
+            m = measure_device(job, Where(ref.trace_id, rank, device), mem)
+            for snap in snapshots:
+                if device in snap[1]:
+                    m.snapshot = measure_snapshot(job, snap[0], snap[1][device], ref, m)
+                    m.largest_free_block = m.snapshot.largest_free_block_bytes
+                    paired.add((snap[0].trace_id, device))
+                    break
+            out.append(m)
+    for ref in job.traces:
+        if ref.meta.get("source") != SNAPSHOT_SOURCE:
+            continue
+        rank = int(ref.meta.get("rank", 0))
+        for device, mem in trace_memory(job, ref.trace_id).items():
+            if (ref.trace_id, device) not in paired:
+                out.append(measure_device(job, Where(ref.trace_id, rank, device), mem))
+    return sorted(out, key=lambda m: _job_order(job, m))
+
+
+def _job_order(job: JobData, m: DeviceMeasure) -> tuple[int, int]:
+    """Trace (job order) then device: the order the report always had."""
+    ids = [r.trace_id for r in job.traces]
+    return ids.index(m.where.trace), m.where.device or 0
+
+
+def _snapshots_of(job: JobData, rank: int) -> list[tuple[Any, dict[int, DeviceMemory]]]:
+    """The memory snapshots of ``rank`` beside its timeline (their ref, then each device's
+    history), in job order."""
+    return [
+        (ref, trace_memory(job, ref.trace_id))
+        for ref in job.traces
+        if ref.meta.get("source") == SNAPSHOT_SOURCE and int(ref.meta.get("rank", 0)) == rank
+    ]
 
 
 def trace_memory(job: JobData, trace: str) -> dict[int, DeviceMemory]:
@@ -273,7 +340,8 @@ def measure_device(job: JobData, where: Where, mem: DeviceMemory) -> DeviceMeasu
         top = peaks(mem)
         index = top.allocated_peak_index
         held = top.reserved_peak if top.reserved_peak is not None else top.allocated_peak
-        ops = _with_earlier(live_ops(job, where.trace, mem, index), mem, top)
+        ops = live_ops(job, where.trace, mem, index)
+        ops = _with_earlier(ops, top.allocated_peak, mem.allocated_from_deltas)
     else:  # driver-level segments only (nsys): the reserved side
         index = int(np.argmax(mem.reserved))
         top = Peaks(None, None, None, int(mem.reserved[index]), int(mem.ts_ns[index]))
@@ -300,6 +368,59 @@ def measure_device(job: JobData, where: Where, mem: DeviceMemory) -> DeviceMeasu
         steps=steps,
         whole=None if steps else capture_churn(job, where.trace, mem),
     )
+
+
+def measure_snapshot(
+    job: JobData, ref: Any, mem: DeviceMemory, timeline: Any, m: DeviceMeasure
+) -> SnapshotState:
+    """The state a paired snapshot ``ref`` recorded for ``m``'s device (``mem``: its history
+    there), placed on the clock of the ``timeline`` trace when the clocks line up."""
+    free = job.numpy(
+        "SELECT bytes FROM memory WHERE trace_id = ? AND device = ? AND action = 'free_block'",
+        [ref.trace_id, m.where.device],
+    )["bytes"]
+    known = mem.reserved is not None and not mem.allocated_from_deltas
+    reserved = int(mem.reserved[-1]) if known else None
+    allocated = int(mem.allocated[-1]) if known else None
+    offset = snapshot_clock_offset(timeline.meta, mem, m)
+    last = None if offset is None else int(mem.ts_ns[-1]) - offset
+    live = live_ops(job, ref.trace_id, mem, int(mem.ts_ns.size) - 1)
+    return SnapshotState(
+        trace=ref.trace_id,
+        file_name=str(ref.meta.get("file_name") or ref.trace_id),
+        events=int(mem.ts_ns.size),
+        last_event_ns=last,
+        after_trace_ns=None if last is None else last - m.last_ns,
+        reserved_bytes=reserved,
+        allocated_bytes=allocated,
+        fragmentation_pct=round(100.0 * (reserved - allocated) / reserved, 3) if reserved else None,
+        largest_free_block_bytes=int(free.max()) if free.size else None,
+        free_blocks=int(free.size),
+        live=_with_earlier(live, allocated, mem.allocated_from_deltas),
+    )
+
+
+def snapshot_clock_offset(
+    timeline: dict[str, Any], mem: DeviceMemory, m: DeviceMeasure
+) -> int | None:
+    """ns to subtract from a snapshot's times to put them on the timeline trace's clock, or
+    None when they cannot be lined up.
+
+    A snapshot's times are Unix-epoch µs (``time_us``; PyTorch ≥ 2.1); a trace's are
+    counted from its ``base_time_ns`` (Kineto ``baseTimeNanoseconds``, nsys the session
+    start; a Kineto trace without one counts from the epoch). The two are taken as one clock
+    only when the snapshot's recorded events then overlap the trace's allocator events, or
+    come within :data:`CLOCK_GAP_NS` of them: otherwise (a snapshot without times, a trace
+    on another clock, or a snapshot of another run) its time is not placed on the trace.
+    """
+    if mem.ts_ns.size == 0 or int(mem.ts_ns[0]) < EPOCH_FLOOR_NS:
+        return None
+    base = timeline.get("base_time_ns")
+    offset = int(base) if isinstance(base, int) else 0
+    first, last = int(mem.ts_ns[0]) - offset, int(mem.ts_ns[-1]) - offset
+    if first > m.last_ns + CLOCK_GAP_NS or last < m.first_ns - CLOCK_GAP_NS:
+        return None
+    return offset
 
 
 def metrics(m: DeviceMeasure) -> list[Metric]:
@@ -363,17 +484,32 @@ def device_row(m: DeviceMeasure) -> MemoryDeviceRow:
         headroom_pct=m.headroom_pct,
         fragmentation_pct=top.fragmentation_pct,
         largest_free_block_bytes=None if m.source == "segments" else m.largest_free_block,
+        **_snapshot_columns(m.snapshot),
     )
 
 
-def live_rows(m: DeviceMeasure) -> list[MemoryLiveRow]:
+def _snapshot_columns(snap: SnapshotState | None) -> dict[str, Any]:
+    """The ``snapshot_*`` fields of a device row (none without a paired snapshot)."""
+    if snap is None:
+        return {}
+    return {
+        "snapshot_trace": snap.trace,
+        "snapshot_ns": snap.last_event_ns,
+        "snapshot_reserved_bytes": snap.reserved_bytes,
+        "snapshot_allocated_bytes": snap.allocated_bytes,
+        "snapshot_fragmentation_pct": snap.fragmentation_pct,
+    }
+
+
+def live_rows(m: DeviceMeasure, ops: list[dict[str, Any]] | None = None) -> list[MemoryLiveRow]:
     """The device's rows of the ``memory_live_at_peak`` table (as in the summary's
-    ``live_at_peak``: op, bytes, count; most bytes first)."""
+    ``live_at_peak``: op, bytes, count; most bytes first), or of ``ops`` (a paired snapshot's
+    live blocks: ``memory_live_at_snapshot``)."""
     w = m.where
     return [
         MemoryLiveRow(trace=w.trace, rank=w.rank, device=w.device, op=o["op"], bytes=o["bytes"],
                       count=o["count"])
-        for o in m.live_at_peak
+        for o in (m.live_at_peak if ops is None else ops)
     ]  # fmt: skip
 
 
@@ -426,11 +562,14 @@ def live_ops(job: JobData, trace: str, mem: DeviceMemory, index: int) -> list[di
     return [{"op": op, "bytes": b, "count": n} for op, (b, n) in ranked]
 
 
-def _with_earlier(ops: list[dict[str, Any]], mem: DeviceMemory, top: Peaks) -> list[dict[str, Any]]:
-    """The :data:`TOP_OPS` largest of ``ops`` plus the bytes live at the peak that were
-    allocated before the capture began (peak total minus what the capture saw allocated)."""
-    earlier = top.allocated_peak - sum(o["bytes"] for o in ops)
-    if not mem.allocated_from_deltas and earlier > 0:
+def _with_earlier(
+    ops: list[dict[str, Any]], total: int | None, from_deltas: bool
+) -> list[dict[str, Any]]:
+    """The :data:`TOP_OPS` largest of ``ops`` plus the bytes live then that were allocated
+    before the capture began (the ``total`` allocated minus what the capture saw allocated;
+    nothing when allocated is counted from the events: ``from_deltas``)."""
+    earlier = (total or 0) - sum(o["bytes"] for o in ops)
+    if not from_deltas and earlier > 0:
         ops = [*ops, {"op": BEFORE_CAPTURE, "bytes": int(earlier), "count": None}]
     return sorted(ops, key=lambda o: (-o["bytes"], o["op"]))[:TOP_OPS]
 
@@ -553,7 +692,7 @@ def _summary(m: DeviceMeasure) -> Finding:
         severity="info",
         title=f"GPU {m.where.device} memory peak {_mb(top.allocated_peak)} allocated"
         + (f", {_mb(top.reserved_peak)} reserved" if top.reserved_peak is not None else ""),
-        detail="; ".join(lines) + "." + caveat,
+        detail="; ".join(lines) + "." + caveat + _snapshot_text(m),
         recommendation="See the Memory page for the timeline; the ops live at the peak are the "
         "ones to shrink (activation checkpointing, smaller batch, lower precision).",
         evidence={
@@ -568,9 +707,47 @@ def _summary(m: DeviceMeasure) -> Finding:
             "allocated_from_deltas": m.allocated_from_deltas,
             "largest_free_block_bytes": m.largest_free_block,
             "live_at_peak": ops,
+            **_snapshot_evidence(m),
         },
         windows=[m.window],
     )
+
+
+def _snapshot_text(m: DeviceMeasure) -> str:
+    """The summary's sentences on a paired snapshot ("" without one): its state, when it was
+    taken on the trace's clock, and which figures came from which source."""
+    snap = m.snapshot
+    if snap is None:
+        return ""
+    if snap.after_trace_ns is None:
+        when = "its time cannot be placed on this trace's clock"
+    else:
+        ms = snap.after_trace_ns / 1e6
+        when = f"{abs(ms):,.3f} ms {'after' if ms >= 0 else 'before'} this trace's last event"
+    if snap.reserved_bytes is None:
+        state = "it recorded no segments, so its state then is not known"
+    else:
+        state = (
+            f"its segments held {_mb(snap.reserved_bytes)}, {_mb(snap.allocated_bytes)} of it "
+            f"allocated ({snap.fragmentation_pct:.1f}% free"
+            + (
+                f", the largest free block {_mb(snap.largest_free_block_bytes)})"
+                if snap.largest_free_block_bytes is not None
+                else ")"
+            )
+        )
+    live = ", ".join(f"{o['op']} {_mb(o['bytes'])}" for o in snap.live[:3])
+    return (
+        f" Memory snapshot {snap.file_name} (taken {when}): {state}"
+        + (f"; live then: {live}" if live else "")
+        + ". The peaks, headroom and churn are from this trace's allocator events; the state "
+        "at the snapshot, its free blocks and the stacks are from the snapshot."
+    )
+
+
+def _snapshot_evidence(m: DeviceMeasure) -> dict[str, Any]:
+    """``{"snapshot": ...}``: the paired snapshot's figures (nothing without one)."""
+    return {} if m.snapshot is None else {"snapshot": msgspec.to_builtins(m.snapshot)}
 
 
 NOT_SHOWN = (
@@ -600,7 +777,7 @@ def _segments_summary(m: DeviceMeasure) -> Finding:
         severity="info",
         title=f"GPU {m.where.device} memory peak {_mb(top.reserved_peak)} reserved "
         "(allocated not recorded)",
-        detail="; ".join(lines) + ". " + NOT_SHOWN + ".",
+        detail="; ".join(lines) + ". " + NOT_SHOWN + "." + _snapshot_text(m),
         recommendation="For allocated memory, fragmentation and the tensors live at the peak, "
         "capture the same run with torch.profiler.profile(profile_memory=True) or a CUDA memory "
         "snapshot (torch.cuda.memory._record_memory_history).",
@@ -617,6 +794,7 @@ def _segments_summary(m: DeviceMeasure) -> Finding:
             "allocated_known": False,
             "largest_free_block_bytes": None,
             "live_at_peak": [],
+            **_snapshot_evidence(m),
         },
         windows=[m.window],
     )
@@ -652,8 +830,13 @@ def _headroom(m: DeviceMeasure) -> Finding:
 def _fragmentation(m: DeviceMeasure) -> Finding:
     top = m.peaks
     unused = top.reserved_peak - top.allocated_at_reserved_peak
+    snap = m.snapshot
     block = (
-        f"When the snapshot was taken, the largest free block was {_mb(m.largest_free_block)}."
+        f"When the memory snapshot was taken, {snap.fragmentation_pct:.1f}% of its "
+        f"{_mb(snap.reserved_bytes)} of segments was free, the largest free block "
+        f"{_mb(snap.largest_free_block_bytes)} (the snapshot's segments, not the peak)."
+        if snap is not None and snap.fragmentation_pct is not None
+        else f"When the snapshot was taken, the largest free block was {_mb(m.largest_free_block)}."
         if m.largest_free_block is not None
         else "The trace has no segment map, so the largest free block is not known."
     )
