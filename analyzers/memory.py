@@ -218,7 +218,7 @@ class SnapshotState(msgspec.Struct, kw_only=True):
     """
 
     trace: str  # the snapshot's trace id
-    file_name: str
+    file_name: str  # its base name (the catalog's ``name``)
     events: int  # the snapshot's allocator events of the device
     last_event_ns: int | None
     after_trace_ns: int | None  # last_event_ns minus the trace's last allocator event
@@ -387,7 +387,7 @@ def measure_snapshot(
     live = live_ops(job, ref.trace_id, mem, int(mem.ts_ns.size) - 1)
     return SnapshotState(
         trace=ref.trace_id,
-        file_name=str(ref.meta.get("file_name") or ref.trace_id),
+        file_name=str(ref.meta.get("name") or ref.trace_id),
         events=int(mem.ts_ns.size),
         last_event_ns=last,
         after_trace_ns=None if last is None else last - m.last_ns,
@@ -720,10 +720,13 @@ def _snapshot_text(m: DeviceMeasure) -> str:
     if snap is None:
         return ""
     if snap.after_trace_ns is None:
-        when = "its time cannot be placed on this trace's clock"
+        when = "its times cannot be placed on this trace's clock"
     else:
         ms = snap.after_trace_ns / 1e6
-        when = f"{abs(ms):,.3f} ms {'after' if ms >= 0 else 'before'} this trace's last event"
+        when = (
+            f"its last event {abs(ms):,.3f} ms {'after' if ms >= 0 else 'before'} this trace's "
+            "last allocator event"
+        )
     if snap.reserved_bytes is None:
         state = "it recorded no segments, so its state then is not known"
     else:
@@ -738,7 +741,7 @@ def _snapshot_text(m: DeviceMeasure) -> str:
         )
     live = ", ".join(f"{o['op']} {_mb(o['bytes'])}" for o in snap.live[:3])
     return (
-        f" Memory snapshot {snap.file_name} (taken {when}): {state}"
+        f" Memory snapshot {snap.file_name} ({when}): when it was taken, {state}"
         + (f"; live then: {live}" if live else "")
         + ". The peaks, headroom and churn are from this trace's allocator events; the state "
         "at the snapshot, its free blocks and the stacks are from the snapshot."

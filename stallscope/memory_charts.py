@@ -109,7 +109,7 @@ def memory_figure(frame: pd.DataFrame, device: int, peaks: dict[str, Any] | None
         yaxis_title="MiB",
         height=380,
         margin={"l": 10, "r": 10, "t": 30, "b": 10},
-        legend={"orientation": "h"},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02},  # clear of the x title
     )
     return fig
 

@@ -117,7 +117,9 @@ def test_trace_and_snapshot_are_one_job_and_the_memory_analysis_reads_both(store
     summary = found["summary"]
     assert summary.evidence["snapshot"]["after_trace_ns"] == 19_000
     assert summary.evidence["snapshot"]["free_blocks"] == 3
-    assert "taken 0.019 ms after this trace's last event" in summary.detail
+    assert "snapshot.pickle (its last event 0.019 ms after this trace's last allocator" in (
+        summary.detail
+    )
     assert "96.0 MiB, 16.0 MiB of it allocated (83.3% free" in summary.detail
     assert "peaks, headroom and churn are from this trace" in summary.detail
     frag = found["fragmentation"]
@@ -143,7 +145,7 @@ def test_a_snapshot_off_the_trace_clock_is_not_placed_on_it(store, tmp_path):
     _, result = analyze(store, res.job_id)
     (row,) = result.tables.memory_devices
     assert row.snapshot_ns is None and row.snapshot_reserved_bytes == 96 * M
-    assert "its time cannot be placed on this trace's clock" in by_key(result)["summary"].detail
+    assert "its times cannot be placed on this trace's clock" in by_key(result)["summary"].detail
 
 
 def two_ranks(tmp_path, devices=(0, 0)) -> list[str]:
