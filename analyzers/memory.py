@@ -22,6 +22,15 @@ allocations, ``total_allocated`` NULL, every row a ``segment_*`` action) gives t
 reserved peak, headroom and churn only: what was allocated, fragmentation and the
 tensors live at the peak are not in such a trace, and its findings say so.
 
+A CUDA memory snapshot paired with a trace of its rank (given together: one job) keeps
+the trace's figures above and adds its own state when it was taken (segments, free share,
+largest free block, live blocks by Python stack), its last event placed on the trace's
+clock when the two line up (:class:`SnapshotState`; docs/analyzers/memory.md#paired).
+
+:func:`measure` computes every number (:class:`DeviceMeasure` per device); :func:`speak`
+writes the findings, :func:`metrics`, :func:`device_row` and :func:`live_rows` the metrics
+and table rows, from those numbers only.
+
 Findings: an ``info`` summary per device (peak and when, the operators whose
 allocations are live at the peak); headroom < ``headroom_pct`` (high);
 fragmentation > ``fragmentation_pct`` (medium, expandable segments advice);

@@ -265,3 +265,25 @@ def test_the_companion_list_names_every_companion_format():
     from stallscope.ingest.registry import FORMATS
 
     assert set(COMPANION_SOURCES) == {f.source for f in FORMATS if f.companion}
+
+
+def test_speak_writes_the_findings_from_the_measurement_alone():
+    """No job, no store: a hand-made measurement gives the findings its numbers call for."""
+    from stallscope.analyzers.base import Where
+
+    m = analyzer.DeviceMeasure(
+        where=Where("t", 0, 0), source="allocator", events=4, first_ns=0, last_ns=9_000,
+        peaks=analyzer.Peaks(60 * M, 2_000, 1, 100 * M, 1_000, 60 * M, 40.0),
+        capacity_bytes=102 * M, capacity_source="devices.total_mem_bytes", held_bytes=100 * M,
+        headroom_pct=1.961, window=[2_000, 3_000], live_at_peak=[{"op": "aten::mm", "bytes": 60 * M, "count": 1}],
+        largest_free_block=None, driver_frees=0, steps=[], whole={"reserved_changes": 3, "driver_calls": 0},
+    )  # fmt: skip
+    found = {f.evidence["key"]: f for f in analyzer.speak(m, analyzer.SPEC.params())}
+    assert list(found) == ["summary", "headroom", "fragmentation"]  # 3 changes: no churn
+    assert found["headroom"].title == "GPU 0 has 2.0% memory headroom"
+    assert "no segment map" in found["fragmentation"].detail
+    assert [(r.op, r.bytes) for r in analyzer.live_rows(m)] == [("aten::mm", 60 * M)]
+    assert analyzer.device_row(m).snapshot_trace is None
+    names = [x.name for x in analyzer.metrics(m)]
+    assert names == ["mem_allocated_peak_bytes", "mem_reserved_peak_bytes",
+                     "mem_fragmentation_pct", "mem_headroom_pct"]  # fmt: skip
