@@ -22,6 +22,15 @@ allocations, ``total_allocated`` NULL, every row a ``segment_*`` action) gives t
 reserved peak, headroom and churn only: what was allocated, fragmentation and the
 tensors live at the peak are not in such a trace, and its findings say so.
 
+A CUDA memory snapshot paired with a trace of its rank (given together: one job) keeps
+the trace's figures above and adds its own state when it was taken (segments, free share,
+largest free block, live blocks by Python stack), its last event placed on the trace's
+clock when the two line up (:class:`SnapshotState`; docs/analyzers/memory.md#paired).
+
+:func:`measure` computes every number (:class:`DeviceMeasure` per device); :func:`speak`
+writes the findings, :func:`metrics`, :func:`device_row` and :func:`live_rows` the metrics
+and table rows, from those numbers only.
+
 Findings: an ``info`` summary per device (peak and when, the operators whose
 allocations are live at the peak); headroom < ``headroom_pct`` (high);
 fragmentation > ``fragmentation_pct`` (medium, expandable segments advice);
@@ -30,12 +39,20 @@ allocator churn in every step (medium).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from stallscope.analyzers.base import AnalyzerResult, AnalyzerSpec, Finding, Metric, Threshold
+from stallscope.analyzers.base import (
+    AnalyzerResult,
+    AnalyzerSpec,
+    Finding,
+    Metric,
+    Threshold,
+    Where,
+)
 from stallscope.jobdata import JobData
 from stallscope.report_types import MemoryDeviceRow, MemoryLiveRow
 
@@ -64,6 +81,9 @@ TOP_OPS = 10
 BEFORE_CAPTURE = "(allocated before the capture)"
 OUTSIDE = "(outside any op)"
 EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+SNAPSHOT_SOURCE = "memory-snapshot"  # the catalog source of a CUDA memory snapshot's trace
+EPOCH_FLOOR_NS = 10**18  # Unix-epoch ns are above this since 2001: smaller snapshot times are not
+CLOCK_GAP_NS = 600 * 10**9  # a paired snapshot's events within 10 min of the trace's: one clock
 
 
 @dataclass
@@ -93,7 +113,6 @@ class Peaks:
     reserved_peak_ns: int | None = None
     allocated_at_reserved_peak: int | None = None
     fragmentation_pct: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def device_memory(cols: dict[str, np.ndarray]) -> DeviceMemory:
@@ -185,99 +204,265 @@ def capacity_bytes(row: dict[str, Any] | None) -> tuple[int | None, str]:
 
 
 def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
+    """Measure every device (:func:`measure`), then speak: metrics, findings and table rows
+    are written only from the measurements."""
     result = AnalyzerResult()
-    for ref in job.traces:
-        rank = int(ref.meta.get("rank", 0))
-        cols = job.numpy(
-            "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
-            "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
-            "ORDER BY device, ts_ns, seq",
-            [ref.trace_id],
-        )
-        free_blocks = dict(
-            job.sql(
-                "SELECT device, max(bytes) FROM memory WHERE trace_id = ? AND action = 'free_block' "
-                "GROUP BY device",
-                [ref.trace_id],
-            ).fetchall()
-        )
-        for device in np.unique(cols["device"]):
-            mask = cols["device"] == device
-            mem = device_memory({k: v[mask] for k, v in cols.items()})
-            mem.largest_free_block = free_blocks.get(device)
-            _device(job, result, ref.trace_id, rank, int(device), mem, params)
+    for m in measure(job):
+        result.metrics.extend(metrics(m))
+        result.findings.extend(speak(m, params))
+        result.tables.memory_devices.append(device_row(m))
+        result.tables.memory_live_at_peak.extend(live_rows(m))
+        if m.snapshot is not None:
+            result.tables.memory_live_at_snapshot.extend(live_rows(m, m.snapshot.live))
     return result
 
 
-def _device(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
-    if not mem.allocated_known:
-        _segments_only(job, result, trace, rank, device, mem, params)
-        return
-    top = peaks(mem)
-    row = _device_row(job, trace, device)
-    capacity, capacity_source = capacity_bytes(row)
-    metrics = {"mem_allocated_peak_bytes": (top.allocated_peak, "bytes")}
+class SnapshotState(msgspec.Struct, kw_only=True):
+    """A paired memory snapshot's view of one device (:func:`measure_snapshot`): the
+    allocator's state when the snapshot was taken, from its segments and recorded history.
+
+    Sizes in bytes. ``last_event_ns`` is the snapshot's last recorded event on the timeline
+    trace's clock (None when the two clocks cannot be lined up: see
+    :func:`snapshot_clock_offset`); the state is the one at the dump, at or after it.
+    """
+
+    trace: str  # the snapshot's trace id
+    file_name: str  # its base name (the catalog's ``name``)
+    events: int  # the snapshot's allocator events of the device
+    last_event_ns: int | None
+    after_trace_ns: int | None  # last_event_ns minus the trace's last allocator event
+    reserved_bytes: int | None  # the segments' total size; None: no segments recorded
+    allocated_bytes: int | None  # the live (active) blocks' total
+    fragmentation_pct: float | None  # (reserved - allocated) / reserved, % (3 decimals)
+    largest_free_block_bytes: int | None  # the largest inactive block
+    free_blocks: int  # inactive blocks
+    live: list[dict[str, Any]]  # op (the Python stack), bytes, count: the TOP_OPS largest
+
+
+class DeviceMeasure(msgspec.Struct, kw_only=True):
+    """Every number of one device's memory (:func:`measure_device`); no prose.
+
+    Sizes in bytes, times in ns on the trace's clock. ``source`` is
+    :func:`memory_source`'s; with ``segments`` the allocated side is unknown
+    (``peaks.allocated_peak`` None, no live allocations).
+    """
+
+    where: Where
+    source: str  # allocator, allocator_deltas or segments
+    events: int  # allocator events of the device (free_block rows not counted)
+    first_ns: int  # the first event
+    last_ns: int  # the last event
+    peaks: Peaks
+    capacity_bytes: int | None  # the device's memory; None: unknown
+    capacity_source: str  # where capacity_bytes comes from (:func:`capacity_bytes`)
+    held_bytes: int  # the reserved peak, else (no reserved totals) the allocated peak
+    headroom_pct: float | None  # (capacity - held) / capacity, %; None without a capacity
+    window: list[int]  # the peak event to the next event
+    live_at_peak: list[dict[str, Any]]  # op, bytes, count: the :data:`TOP_OPS` largest
+    largest_free_block: int | None  # snapshots: the largest inactive block at the end
+    driver_frees: int  # segments only: events that shrank the reservation
+    steps: list[dict[str, Any]]  # churn per ProfilerStep (:func:`step_churn`); [] without steps
+    whole: dict[str, int] | None  # churn over the capture (:func:`capture_churn`), without steps
+    snapshot: SnapshotState | None = None  # a memory snapshot paired with this trace's rank
+
+    @property
+    def allocated_from_deltas(self) -> bool:
+        return self.source == "allocator_deltas"
+
+
+def measure(job: JobData) -> list[DeviceMeasure]:
+    """Every device with allocator events, trace by trace (job order), device by device.
+
+    A memory snapshot paired with a timeline trace of its rank (the job's ingest gave it that
+    rank: docs/analyzers/memory.md#paired) adds its state to that trace's device
+    (:attr:`DeviceMeasure.snapshot`); a device only the snapshot recorded is measured from
+    the snapshot alone, as a snapshot that is a job of its own."""
+    out = []
+    paired: set[tuple[str, int]] = set()  # (snapshot trace, device) added to a timeline's
+    for ref in job.traces:
+        rank = int(ref.meta.get("rank", 0))
+        if ref.meta.get("source") == SNAPSHOT_SOURCE:
+            continue
+        snapshots = _snapshots_of(job, rank)
+        for device, mem in trace_memory(job, ref.trace_id).items():
+            m = measure_device(job, Where(ref.trace_id, rank, device), mem)
+            for snap in snapshots:
+                if device in snap[1]:
+                    m.snapshot = measure_snapshot(job, snap[0], snap[1][device], ref, m)
+                    m.largest_free_block = m.snapshot.largest_free_block_bytes
+                    paired.add((snap[0].trace_id, device))
+                    break
+            out.append(m)
+    for ref in job.traces:
+        if ref.meta.get("source") != SNAPSHOT_SOURCE:
+            continue
+        rank = int(ref.meta.get("rank", 0))
+        for device, mem in trace_memory(job, ref.trace_id).items():
+            if (ref.trace_id, device) not in paired:
+                out.append(measure_device(job, Where(ref.trace_id, rank, device), mem))
+    return sorted(out, key=lambda m: _job_order(job, m))
+
+
+def _job_order(job: JobData, m: DeviceMeasure) -> tuple[int, int]:
+    """Trace (job order) then device: the order the report always had."""
+    ids = [r.trace_id for r in job.traces]
+    return ids.index(m.where.trace), m.where.device or 0
+
+
+def _snapshots_of(job: JobData, rank: int) -> list[tuple[Any, dict[int, DeviceMemory]]]:
+    """The memory snapshots of ``rank`` beside its timeline (their ref, then each device's
+    history), in job order."""
+    return [
+        (ref, trace_memory(job, ref.trace_id))
+        for ref in job.traces
+        if ref.meta.get("source") == SNAPSHOT_SOURCE and int(ref.meta.get("rank", 0)) == rank
+    ]
+
+
+def trace_memory(job: JobData, trace: str) -> dict[int, DeviceMemory]:
+    """Each device's allocator history in one trace (devices in ascending order)."""
+    cols = job.numpy(
+        "SELECT device, ts_ns, bytes, total_allocated, total_reserved, addr, tid, action, stack "
+        "FROM memory WHERE trace_id = ? AND action IS DISTINCT FROM 'free_block' "
+        "ORDER BY device, ts_ns, seq",
+        [trace],
+    )
+    free_blocks = dict(
+        job.sql(
+            "SELECT device, max(bytes) FROM memory WHERE trace_id = ? AND action = 'free_block' "
+            "GROUP BY device",
+            [trace],
+        ).fetchall()
+    )
+    out = {}
+    for device in np.unique(cols["device"]):
+        mask = cols["device"] == device
+        mem = device_memory({k: v[mask] for k, v in cols.items()})
+        mem.largest_free_block = free_blocks.get(device)
+        out[int(device)] = mem
+    return out
+
+
+def measure_device(job: JobData, where: Where, mem: DeviceMemory) -> DeviceMeasure:
+    """One device's peaks, capacity and headroom, what is live at the peak and churn."""
+    if mem.allocated_known:
+        top = peaks(mem)
+        index = top.allocated_peak_index
+        held = top.reserved_peak if top.reserved_peak is not None else top.allocated_peak
+        ops = live_ops(job, where.trace, mem, index)
+        ops = _with_earlier(ops, top.allocated_peak, mem.allocated_from_deltas)
+    else:  # driver-level segments only (nsys): the reserved side
+        index = int(np.argmax(mem.reserved))
+        top = Peaks(None, None, None, int(mem.reserved[index]), int(mem.ts_ns[index]))
+        held, ops = top.reserved_peak, []
+    capacity, capacity_source = capacity_bytes(_device_row(job, where.trace, where.device))
+    steps = step_churn(job, where.trace, mem)
+    return DeviceMeasure(
+        where=where,
+        source=memory_source(mem),
+        events=int(mem.ts_ns.size),
+        first_ns=int(mem.ts_ns[0]),
+        last_ns=int(mem.ts_ns[-1]),
+        peaks=top,
+        capacity_bytes=capacity,
+        capacity_source=capacity_source,
+        held_bytes=held,
+        headroom_pct=round(100.0 * (capacity - held) / capacity, 3) if capacity else None,
+        window=_peak_window(mem, index),
+        live_at_peak=ops,
+        largest_free_block=mem.largest_free_block,
+        driver_frees=0
+        if mem.allocated_known
+        else int((np.diff(mem.reserved, prepend=0) < 0).sum()),
+        steps=steps,
+        whole=None if steps else capture_churn(job, where.trace, mem),
+    )
+
+
+def measure_snapshot(
+    job: JobData, ref: Any, mem: DeviceMemory, timeline: Any, m: DeviceMeasure
+) -> SnapshotState:
+    """The state a paired snapshot ``ref`` recorded for ``m``'s device (``mem``: its history
+    there), placed on the clock of the ``timeline`` trace when the clocks line up."""
+    free = job.numpy(
+        "SELECT bytes FROM memory WHERE trace_id = ? AND device = ? AND action = 'free_block'",
+        [ref.trace_id, m.where.device],
+    )["bytes"]
+    known = mem.reserved is not None and not mem.allocated_from_deltas
+    reserved = int(mem.reserved[-1]) if known else None
+    allocated = int(mem.allocated[-1]) if known else None
+    offset = snapshot_clock_offset(timeline.meta, mem, m)
+    last = None if offset is None else int(mem.ts_ns[-1]) - offset
+    live = live_ops(job, ref.trace_id, mem, int(mem.ts_ns.size) - 1)
+    return SnapshotState(
+        trace=ref.trace_id,
+        file_name=str(ref.meta.get("name") or ref.trace_id),
+        events=int(mem.ts_ns.size),
+        last_event_ns=last,
+        after_trace_ns=None if last is None else last - m.last_ns,
+        reserved_bytes=reserved,
+        allocated_bytes=allocated,
+        fragmentation_pct=round(100.0 * (reserved - allocated) / reserved, 3) if reserved else None,
+        largest_free_block_bytes=int(free.max()) if free.size else None,
+        free_blocks=int(free.size),
+        live=_with_earlier(live, allocated, mem.allocated_from_deltas),
+    )
+
+
+def snapshot_clock_offset(
+    timeline: dict[str, Any], mem: DeviceMemory, m: DeviceMeasure
+) -> int | None:
+    """ns to subtract from a snapshot's times to put them on the timeline trace's clock, or
+    None when they cannot be lined up.
+
+    A snapshot's times are Unix-epoch µs (``time_us``; PyTorch ≥ 2.1); a trace's are
+    counted from its ``base_time_ns`` (Kineto ``baseTimeNanoseconds``, nsys the session
+    start; a Kineto trace without one counts from the epoch). The two are taken as one clock
+    only when the snapshot's recorded events then overlap the trace's allocator events, or
+    come within :data:`CLOCK_GAP_NS` of them: otherwise (a snapshot without times, a trace
+    on another clock, or a snapshot of another run) its time is not placed on the trace.
+    """
+    if mem.ts_ns.size == 0 or int(mem.ts_ns[0]) < EPOCH_FLOOR_NS:
+        return None
+    base = timeline.get("base_time_ns")
+    offset = int(base) if isinstance(base, int) else 0
+    first, last = int(mem.ts_ns[0]) - offset, int(mem.ts_ns[-1]) - offset
+    if first > m.last_ns + CLOCK_GAP_NS or last < m.first_ns - CLOCK_GAP_NS:
+        return None
+    return offset
+
+
+def metrics(m: DeviceMeasure) -> list[Metric]:
+    """The device's metrics: the allocated peak, the reserved peak and fragmentation (when the
+    source has them), the headroom (when the capacity is known)."""
+    w, top = m.where, m.peaks
+    named: dict[str, tuple[Any, str]] = {}
+    if top.allocated_peak is not None:
+        named["mem_allocated_peak_bytes"] = (top.allocated_peak, "bytes")
     if top.reserved_peak is not None:
-        metrics["mem_reserved_peak_bytes"] = (top.reserved_peak, "bytes")
-        metrics["mem_fragmentation_pct"] = (top.fragmentation_pct, "%")
-    held = top.reserved_peak if top.reserved_peak is not None else top.allocated_peak
-    headroom = round(100.0 * (capacity - held) / capacity, 3) if capacity else None
-    if headroom is not None:
-        metrics["mem_headroom_pct"] = (headroom, "%")
-    for name, (value, unit) in metrics.items():
-        result.metrics.append(Metric(trace, rank, device, name, value, unit))
-    ops = live_ops(job, trace, mem, top.allocated_peak_index)
-    ops = _with_earlier(ops, mem, top)
-    window = _peak_window(mem, top.allocated_peak_index)
-    result.findings.append(_summary(trace, rank, device, mem, top, capacity, headroom, ops, window))
-    where = (trace, rank, device)
-    result.tables.memory_devices.append(
-        device_row(where, mem, top, (capacity, capacity_source), headroom)
-    )
-    result.tables.memory_live_at_peak.extend(live_rows(where, ops))
-    if headroom is not None and headroom < params["headroom_pct"]:
-        result.findings.append(
-            _headroom(trace, rank, device, top, held, capacity, capacity_source, headroom, window)
-        )
-    if top.fragmentation_pct is not None and top.fragmentation_pct > params["fragmentation_pct"]:
-        result.findings.append(_fragmentation(trace, rank, device, top, mem, window))
-    _churn_findings(job, result, trace, rank, device, mem, params)
+        named["mem_reserved_peak_bytes"] = (top.reserved_peak, "bytes")
+    if top.fragmentation_pct is not None:
+        named["mem_fragmentation_pct"] = (top.fragmentation_pct, "%")
+    if m.headroom_pct is not None:
+        named["mem_headroom_pct"] = (m.headroom_pct, "%")
+    return [Metric(w.trace, w.rank, w.device, k, v, unit) for k, (v, unit) in named.items()]
 
 
-def _churn_findings(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
-    """Churn in every step (medium), or over a capture without steps (low)."""
-    churn = step_churn(job, trace, mem)
-    if churn and all(s["reserved_changes"] or s["driver_calls"] for s in churn):
-        only = not mem.allocated_known
-        result.findings.append(_churn(trace, rank, device, churn, segments_only=only))
-    elif not churn:
-        whole = capture_churn(job, trace, mem)
-        if whole["reserved_changes"] + whole["driver_calls"] >= params["churn_events_no_steps"]:
-            result.findings.append(_churn_unstepped(trace, rank, device, mem, whole))
-
-
-def _segments_only(job, result, trace, rank, device, mem: DeviceMemory, params) -> None:
-    """A device whose rows are all driver-level segments (nsys): reserved peak, headroom, churn."""
-    index = int(np.argmax(mem.reserved))
-    top = Peaks(None, None, None, int(mem.reserved[index]), int(mem.ts_ns[index]))
-    capacity, capacity_source = capacity_bytes(_device_row(job, trace, device))
-    held = top.reserved_peak
-    headroom = round(100.0 * (capacity - held) / capacity, 3) if capacity else None
-    result.metrics.append(Metric(trace, rank, device, "mem_reserved_peak_bytes", held, "bytes"))
-    if headroom is not None:
-        result.metrics.append(Metric(trace, rank, device, "mem_headroom_pct", headroom, "%"))
-    window = _peak_window(mem, index)
-    result.findings.append(
-        _segments_summary(trace, rank, device, mem, top, capacity, headroom, window)
-    )
-    result.tables.memory_devices.append(
-        device_row((trace, rank, device), mem, top, (capacity, capacity_source), headroom)
-    )
-    if headroom is not None and headroom < params["headroom_pct"]:
-        result.findings.append(
-            _headroom(trace, rank, device, top, held, capacity, capacity_source, headroom, window)
-        )
-    _churn_findings(job, result, trace, rank, device, mem, params)
+def speak(m: DeviceMeasure, params: dict[str, float]) -> list[Finding]:
+    """The device's findings in report order, written only from ``m``: the summary, then
+    headroom, fragmentation and churn when they pass their thresholds."""
+    segments = m.source == "segments"
+    out = [_segments_summary(m) if segments else _summary(m)]
+    if m.headroom_pct is not None and m.headroom_pct < params["headroom_pct"]:
+        out.append(_headroom(m))
+    frag = m.peaks.fragmentation_pct
+    if not segments and frag is not None and frag > params["fragmentation_pct"]:
+        out.append(_fragmentation(m))
+    if m.steps and all(s["reserved_changes"] or s["driver_calls"] for s in m.steps):
+        out.append(_churn(m))
+    elif m.whole is not None and sum(m.whole.values()) >= params["churn_events_no_steps"]:
+        out.append(_churn_unstepped(m))
+    return out
 
 
 def memory_source(mem: DeviceMemory) -> str:
@@ -288,44 +473,52 @@ def memory_source(mem: DeviceMemory) -> str:
     return "allocator_deltas" if mem.allocated_from_deltas else "allocator"
 
 
-def device_row(
-    where: tuple[str, int, int],
-    mem: DeviceMemory,
-    top: Peaks,
-    capacity: tuple[int | None, str],
-    headroom: float | None,
-) -> MemoryDeviceRow:
+def device_row(m: DeviceMeasure) -> MemoryDeviceRow:
     """The device's row of the report's ``memory_devices`` table: the figures of its summary
     finding's evidence (bytes, ns, %), with where the capacity came from and the headroom."""
-    trace, rank, device = where
-    segments = not mem.allocated_known
+    w, top = m.where, m.peaks
     return MemoryDeviceRow(
-        trace=trace,
-        rank=rank,
-        device=device,
-        source=memory_source(mem),
-        events=int(mem.ts_ns.size),
+        trace=w.trace,
+        rank=w.rank,
+        device=w.device,
+        source=m.source,
+        events=m.events,
         allocated_peak_bytes=top.allocated_peak,
         allocated_peak_ns=top.allocated_peak_ns,
         reserved_peak_bytes=top.reserved_peak,
         reserved_peak_ns=top.reserved_peak_ns,
         allocated_at_reserved_peak_bytes=top.allocated_at_reserved_peak,
-        capacity_bytes=capacity[0],
-        capacity_source=capacity[1],
-        headroom_pct=headroom,
+        capacity_bytes=m.capacity_bytes,
+        capacity_source=m.capacity_source,
+        headroom_pct=m.headroom_pct,
         fragmentation_pct=top.fragmentation_pct,
-        largest_free_block_bytes=None if segments else mem.largest_free_block,
+        largest_free_block_bytes=None if m.source == "segments" else m.largest_free_block,
+        **_snapshot_columns(m.snapshot),
     )
 
 
-def live_rows(where: tuple[str, int, int], ops: list[dict[str, Any]]) -> list[MemoryLiveRow]:
-    """The device's rows of the ``memory_live_at_peak`` table (``ops`` as in the summary's
-    ``live_at_peak``: op, bytes, count; most bytes first)."""
-    trace, rank, device = where
+def _snapshot_columns(snap: SnapshotState | None) -> dict[str, Any]:
+    """The ``snapshot_*`` fields of a device row (none without a paired snapshot)."""
+    if snap is None:
+        return {}
+    return {
+        "snapshot_trace": snap.trace,
+        "snapshot_ns": snap.last_event_ns,
+        "snapshot_reserved_bytes": snap.reserved_bytes,
+        "snapshot_allocated_bytes": snap.allocated_bytes,
+        "snapshot_fragmentation_pct": snap.fragmentation_pct,
+    }
+
+
+def live_rows(m: DeviceMeasure, ops: list[dict[str, Any]] | None = None) -> list[MemoryLiveRow]:
+    """The device's rows of the ``memory_live_at_peak`` table (as in the summary's
+    ``live_at_peak``: op, bytes, count; most bytes first), or of ``ops`` (a paired snapshot's
+    live blocks: ``memory_live_at_snapshot``)."""
+    w = m.where
     return [
-        MemoryLiveRow(trace=trace, rank=rank, device=device, op=o["op"], bytes=o["bytes"],
+        MemoryLiveRow(trace=w.trace, rank=w.rank, device=w.device, op=o["op"], bytes=o["bytes"],
                       count=o["count"])
-        for o in ops
+        for o in (m.live_at_peak if ops is None else ops)
     ]  # fmt: skip
 
 
@@ -378,11 +571,14 @@ def live_ops(job: JobData, trace: str, mem: DeviceMemory, index: int) -> list[di
     return [{"op": op, "bytes": b, "count": n} for op, (b, n) in ranked]
 
 
-def _with_earlier(ops: list[dict[str, Any]], mem: DeviceMemory, top: Peaks) -> list[dict[str, Any]]:
-    """The :data:`TOP_OPS` largest of ``ops`` plus the bytes live at the peak that were
-    allocated before the capture began (peak total minus what the capture saw allocated)."""
-    earlier = top.allocated_peak - sum(o["bytes"] for o in ops)
-    if not mem.allocated_from_deltas and earlier > 0:
+def _with_earlier(
+    ops: list[dict[str, Any]], total: int | None, from_deltas: bool
+) -> list[dict[str, Any]]:
+    """The :data:`TOP_OPS` largest of ``ops`` plus the bytes live then that were allocated
+    before the capture began (the ``total`` allocated minus what the capture saw allocated;
+    nothing when allocated is counted from the events: ``from_deltas``)."""
+    earlier = (total or 0) - sum(o["bytes"] for o in ops)
+    if not from_deltas and earlier > 0:
         ops = [*ops, {"op": BEFORE_CAPTURE, "bytes": int(earlier), "count": None}]
     return sorted(ops, key=lambda o: (-o["bytes"], o["op"]))[:TOP_OPS]
 
@@ -472,8 +668,10 @@ def _mb(value: int | None) -> str:
     return "?" if value is None else f"{value / 2**20:,.1f} MiB"
 
 
-def _summary(trace, rank, device, mem, top: Peaks, capacity, headroom, ops, window) -> Finding:
-    after_ms = (top.allocated_peak_ns - int(mem.ts_ns[0])) / 1e6
+def _summary(m: DeviceMeasure) -> Finding:
+    """The info summary of a device whose allocated memory is known."""
+    top, capacity, headroom, ops = m.peaks, m.capacity_bytes, m.headroom_pct, m.live_at_peak
+    after_ms = (top.allocated_peak_ns - m.first_ns) / 1e6
     lines = [
         f"Allocated peaked at {_mb(top.allocated_peak)}, {after_ms:,.3f} ms after the first "
         "allocator event of the capture"
@@ -492,35 +690,76 @@ def _summary(trace, rank, device, mem, top: Peaks, capacity, headroom, ops, wind
     caveat = (
         " The trace records no allocator totals: allocated is counted from 0 at the first event, "
         "so memory allocated before the capture is missing."
-        if mem.allocated_from_deltas
+        if m.allocated_from_deltas
         else ""
     )
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="info",
-        title=f"GPU {device} memory peak {_mb(top.allocated_peak)} allocated"
+        title=f"GPU {m.where.device} memory peak {_mb(top.allocated_peak)} allocated"
         + (f", {_mb(top.reserved_peak)} reserved" if top.reserved_peak is not None else ""),
-        detail="; ".join(lines) + "." + caveat,
+        detail="; ".join(lines) + "." + caveat + _snapshot_text(m),
         recommendation="See the Memory page for the timeline; the ops live at the peak are the "
         "ones to shrink (activation checkpointing, smaller batch, lower precision).",
         evidence={
             "key": "summary",
-            "events": int(mem.ts_ns.size),
+            "events": m.events,
             "allocated_peak_bytes": top.allocated_peak,
             "allocated_peak_ns": top.allocated_peak_ns,
             "reserved_peak_bytes": top.reserved_peak,
             "reserved_peak_ns": top.reserved_peak_ns,
             "allocated_at_reserved_peak_bytes": top.allocated_at_reserved_peak,
             "capacity_bytes": capacity,
-            "allocated_from_deltas": mem.allocated_from_deltas,
-            "largest_free_block_bytes": mem.largest_free_block,
+            "allocated_from_deltas": m.allocated_from_deltas,
+            "largest_free_block_bytes": m.largest_free_block,
             "live_at_peak": ops,
+            **_snapshot_evidence(m),
         },
-        windows=[window],
+        windows=[m.window],
     )
+
+
+def _snapshot_text(m: DeviceMeasure) -> str:
+    """The summary's sentences on a paired snapshot ("" without one): its state, when it was
+    taken on the trace's clock, and which figures came from which source."""
+    snap = m.snapshot
+    if snap is None:
+        return ""
+    if snap.after_trace_ns is None:
+        when = "its times cannot be placed on this trace's clock"
+    else:
+        ms = snap.after_trace_ns / 1e6
+        when = (
+            f"its last event {abs(ms):,.3f} ms {'after' if ms >= 0 else 'before'} this trace's "
+            "last allocator event"
+        )
+    if snap.reserved_bytes is None:
+        state = "it recorded no segments, so its state then is not known"
+    else:
+        state = (
+            f"its segments held {_mb(snap.reserved_bytes)}, {_mb(snap.allocated_bytes)} of it "
+            f"allocated ({snap.fragmentation_pct:.1f}% free"
+            + (
+                f", the largest free block {_mb(snap.largest_free_block_bytes)})"
+                if snap.largest_free_block_bytes is not None
+                else ")"
+            )
+        )
+    live = ", ".join(f"{o['op']} {_mb(o['bytes'])}" for o in snap.live[:3])
+    return (
+        f" Memory snapshot {snap.file_name} ({when}): when it was taken, {state}"
+        + (f"; live then: {live}" if live else "")
+        + ". The peaks, headroom and churn are from this trace's allocator events; the state "
+        "at the snapshot, its free blocks and the stacks are from the snapshot."
+    )
+
+
+def _snapshot_evidence(m: DeviceMeasure) -> dict[str, Any]:
+    """``{"snapshot": ...}``: the paired snapshot's figures (nothing without one)."""
+    return {} if m.snapshot is None else {"snapshot": msgspec.to_builtins(m.snapshot)}
 
 
 NOT_SHOWN = (
@@ -530,31 +769,33 @@ NOT_SHOWN = (
 )
 
 
-def _segments_summary(trace, rank, device, mem, top: Peaks, capacity, headroom, window) -> Finding:
+def _segments_summary(m: DeviceMeasure) -> Finding:
     """The info summary of a segments-only device (nsys): the reserved peak and what is not shown."""
-    after_ms = (top.reserved_peak_ns - int(mem.ts_ns[0])) / 1e6
-    frees = int((np.diff(mem.reserved, prepend=0) < 0).sum())
+    top, capacity, headroom = m.peaks, m.capacity_bytes, m.headroom_pct
+    after_ms = (top.reserved_peak_ns - m.first_ns) / 1e6
+    frees = m.driver_frees
     lines = [
         f"The process held at most {_mb(top.reserved_peak)} of device memory from the driver, "
         f"{after_ms:,.3f} ms after its first device allocation in the trace "
-        f"({int(mem.ts_ns.size) - frees} allocations, {frees} frees)"
+        f"({m.events - frees} allocations, {frees} frees)"
     ]
     if capacity:
         lines.append(f"{headroom:.1f}% of the device's {_mb(capacity)} left free")
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="info",
-        title=f"GPU {device} memory peak {_mb(top.reserved_peak)} reserved (allocated not recorded)",
-        detail="; ".join(lines) + ". " + NOT_SHOWN + ".",
+        title=f"GPU {m.where.device} memory peak {_mb(top.reserved_peak)} reserved "
+        "(allocated not recorded)",
+        detail="; ".join(lines) + ". " + NOT_SHOWN + "." + _snapshot_text(m),
         recommendation="For allocated memory, fragmentation and the tensors live at the peak, "
         "capture the same run with torch.profiler.profile(profile_memory=True) or a CUDA memory "
         "snapshot (torch.cuda.memory._record_memory_history).",
         evidence={
             "key": "summary",
-            "events": int(mem.ts_ns.size),
+            "events": m.events,
             "allocated_peak_bytes": None,
             "allocated_peak_ns": None,
             "reserved_peak_bytes": top.reserved_peak,
@@ -565,21 +806,24 @@ def _segments_summary(trace, rank, device, mem, top: Peaks, capacity, headroom, 
             "allocated_known": False,
             "largest_free_block_bytes": None,
             "live_at_peak": [],
+            **_snapshot_evidence(m),
         },
-        windows=[window],
+        windows=[m.window],
     )
 
 
-def _headroom(trace, rank, device, top, held, capacity, source, headroom, window) -> Finding:
+def _headroom(m: DeviceMeasure) -> Finding:
+    held, capacity, headroom = m.held_bytes, m.capacity_bytes, m.headroom_pct
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="high",
-        title=f"GPU {device} has {headroom:.1f}% memory headroom",
+        title=f"GPU {m.where.device} has {headroom:.1f}% memory headroom",
         detail=(
-            f"The allocator held {_mb(held)} of the device's {_mb(capacity)} ({source}): "
+            f"The allocator held {_mb(held)} of the device's {_mb(capacity)} "
+            f"({m.capacity_source}): "
             "a larger batch, a longer sequence or another process's context can run out of memory."
         ),
         recommendation="Free headroom before scaling up: activation checkpointing, a smaller "
@@ -588,27 +832,33 @@ def _headroom(trace, rank, device, top, held, capacity, source, headroom, window
             "key": "headroom",
             "held_bytes": held,
             "capacity_bytes": capacity,
-            "capacity_source": source,
+            "capacity_source": m.capacity_source,
             "headroom_pct": headroom,
         },  # fmt: skip
-        windows=[window],
+        windows=[m.window],
     )
 
 
-def _fragmentation(trace, rank, device, top: Peaks, mem: DeviceMemory, window) -> Finding:
+def _fragmentation(m: DeviceMeasure) -> Finding:
+    top = m.peaks
     unused = top.reserved_peak - top.allocated_at_reserved_peak
+    snap = m.snapshot
     block = (
-        f"When the snapshot was taken, the largest free block was {_mb(mem.largest_free_block)}."
-        if mem.largest_free_block is not None
+        f"When the memory snapshot was taken, {snap.fragmentation_pct:.1f}% of its "
+        f"{_mb(snap.reserved_bytes)} of segments was free, the largest free block "
+        f"{_mb(snap.largest_free_block_bytes)} (the snapshot's segments, not the peak)."
+        if snap is not None and snap.fragmentation_pct is not None
+        else f"When the snapshot was taken, the largest free block was {_mb(m.largest_free_block)}."
+        if m.largest_free_block is not None
         else "The trace has no segment map, so the largest free block is not known."
     )
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="medium",
-        title=f"GPU {device}: {top.fragmentation_pct:.1f}% of reserved memory unused at its peak",
+        title=f"GPU {m.where.device}: {top.fragmentation_pct:.1f}% of reserved memory unused at its peak",
         detail=(
             f"While the allocator held its peak of {_mb(top.reserved_peak)}, live tensors used at "
             f"most {_mb(top.allocated_at_reserved_peak)}: {_mb(unused)} sat in cached blocks "
@@ -623,28 +873,29 @@ def _fragmentation(trace, rank, device, top: Peaks, mem: DeviceMemory, window) -
             "allocated_at_reserved_peak_bytes": top.allocated_at_reserved_peak,
             "unused_bytes": unused,
             "fragmentation_pct": top.fragmentation_pct,
-            "largest_free_block_bytes": mem.largest_free_block,
+            "largest_free_block_bytes": m.largest_free_block,
         },
-        windows=[window],
+        windows=[m.window],
     )
 
 
-def _churn(trace, rank, device, churn: list[dict[str, Any]], *, segments_only=False) -> Finding:
+def _churn(m: DeviceMeasure) -> Finding:
+    churn = m.steps
     changes = sum(s["reserved_changes"] for s in churn)
     calls = sum(s["driver_calls"] for s in churn)
     same = (
         " (nsys records each cudaMalloc/cudaFree as a reservation change: the two counts are "
         "the same calls)"
-        if segments_only
+        if m.source == "segments"
         else ""
     )
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="medium",
-        title=f"GPU {device}: the allocator grows or shrinks its reservation in every step",
+        title=f"GPU {m.where.device}: the allocator grows or shrinks its reservation in every step",
         detail=(
             f"In each of the {len(churn)} steps the reserved total changed or the allocator "
             f"called cudaMalloc/cudaFree ({changes} reservation changes, {calls} driver calls in "
@@ -663,15 +914,16 @@ def _churn(trace, rank, device, churn: list[dict[str, Any]], *, segments_only=Fa
     )
 
 
-def _churn_unstepped(trace, rank, device, mem: DeviceMemory, whole: dict[str, int]) -> Finding:
-    span = [int(mem.ts_ns[0]), int(mem.ts_ns[-1])]
+def _churn_unstepped(m: DeviceMeasure) -> Finding:
+    whole = m.whole or {"reserved_changes": 0, "driver_calls": 0}
+    span = [m.first_ns, m.last_ns]
     return Finding(
         analyzer="memory",
-        trace=trace,
-        rank=rank,
-        device=device,
+        trace=m.where.trace,
+        rank=m.where.rank,
+        device=m.where.device,
         severity="low",
-        title=f"GPU {device}: the allocator went back to the driver "
+        title=f"GPU {m.where.device}: the allocator went back to the driver "
         f"{whole['reserved_changes'] + whole['driver_calls']} times during the capture",
         detail=(
             f"The reserved total changed {whole['reserved_changes']} times and the host made "

@@ -95,6 +95,11 @@ SEPARATE_JOBS_HINT = (
 )
 
 
+# The catalog sources of the companion formats (``Format.companion``): Nsight Compute results
+# and CUDA memory snapshots. Formats may not import the registry (nor each other), so a
+# format's ``finish`` tells a timeline from a companion by this list (tests check it).
+COMPANION_SOURCES = ("ncu", "memory-snapshot")
+
 # What a format's traces can provide: a GPU timeline (the gpu, host, ranges... tables that
 # time-based analyzers read), per-kernel metrics (kernel_metrics), allocator events (memory).
 PROVIDES = ("timeline", "kernel_metrics", "memory")

@@ -170,7 +170,8 @@ def _prepare(
         return PreparedJob(result, None, upload)
     staging = store.new_staging()
     try:
-        # Companion results (Nsight Compute) describe a timeline's kernels: not ranks of their own.
+        # Companions (Nsight Compute results, memory snapshots) describe a timeline's rank:
+        # not ranks of their own.
         single = sum(not companion_file(s) for s in sources) <= 1
         metas = ranks.ingest(sources, hashes, job_id, staging, single=single, progress=progress)
         _finish_formats(metas, staging)
@@ -397,7 +398,7 @@ def _write_tables(folder: Path, tables: dict[str, Any]) -> None:
 
 def _check_ranks(metas: list[dict[str, Any]]) -> None:
     """One timeline per rank, at most ``max_ranks()`` of them; beside each, at most one
-    companion result of each kind (ncu: raw/details page)."""
+    companion of each kind (ncu: raw/details page; a memory snapshot)."""
     timelines = sum(not is_companion(meta["source"]) for meta in metas)
     if timelines > max_ranks():
         raise InputError(
@@ -407,7 +408,7 @@ def _check_ranks(metas: list[dict[str, Any]]) -> None:
         )
     by_rank: dict[tuple, str] = {}
     for meta in metas:
-        kind = meta["name"].rsplit("(", 1)[-1] if is_companion(meta["source"]) else ""
+        kind = _companion_kind(meta) if is_companion(meta["source"]) else ""
         key = (meta["rank"], kind)
         other = by_rank.get(key)
         if other is not None:
@@ -416,6 +417,13 @@ def _check_ranks(metas: list[dict[str, Any]]) -> None:
                 f"rank {meta['rank']} is also claimed by {other} ({SEPARATE_JOBS_HINT})",
             )
         by_rank[key] = meta["file_name"]
+
+
+def _companion_kind(meta: dict[str, Any]) -> str:
+    """What a companion trace is, one allowed per rank: its format, and its label when the
+    format has several (ncu: the raw or the details page)."""
+    label = meta["name"].rsplit("(", 1)[-1] if meta["name"].endswith(")") else ""
+    return f"{meta['source']} {label}"
 
 
 def _trace_meta(

@@ -54,7 +54,10 @@ def render() -> None:
     if not table_of(report, "comm_overlap") and not findings_of(report, "nccl_wait"):
         st.info("No communication kernels in this job.")
         return
-    trace_of = {int(t["rank"] or 0): t["id"] for t in report["traces"] if t["source"] != "ncu"}
+    companions = ("ncu", "memory-snapshot")  # not a rank's timeline: no link to them
+    trace_of = {
+        int(t["rank"] or 0): t["id"] for t in report["traces"] if t["source"] not in companions
+    }
     waiting = [f for f in findings_of(report, "nccl_wait") if f["severity"] != "info"]
     straggler_of = _stragglers(report)
     overlap = overlap_rows(report)

@@ -45,7 +45,8 @@ def render() -> None:
             frame = memory_frame(con, trace_id)
             for row in (r for r in devices if r["trace"] == trace_id):
                 summary = summaries.get((trace_id, row["device"]))
-                _device_section(report, frame, row, summary, several=len(traces) > 1)
+                several = len({t["rank"] for t in report["traces"]}) > 1
+                _device_section(report, frame, row, summary, several=several)
     finally:
         con.close()
 
@@ -67,6 +68,11 @@ def _device_section(report, frame, row, summary, *, several: bool) -> None:
     if not ops.empty:
         st.markdown("**Live at the allocated peak, by the operator that allocated it**")
         st.dataframe(ops[["op", "MiB", "count"]], width="stretch", hide_index=True)
+    at_snapshot = table_of(report, "memory_live_at_snapshot", row["trace"], row["device"])
+    if at_snapshot:
+        st.markdown("**Live when the memory snapshot was taken, by Python stack** (the snapshot's)")
+        snap = live_ops_frame(at_snapshot)
+        st.dataframe(snap[["op", "MiB", "count"]], width="stretch", hide_index=True)
 
 
 def _without_table(summaries) -> None:

@@ -96,6 +96,7 @@ def memory_figure(frame: pd.DataFrame, device: int, peaks: dict[str, Any] | None
                 marker={"size": 11, "color": "#c62828", "symbol": "diamond"},
             )
         )  # fmt: skip
+    _snapshot_markers(fig, peaks, t0)
     capacity = peaks.get("capacity_bytes")
     held = peaks.get("reserved_peak_bytes") or peak or 0
     if capacity and held >= CAPACITY_LINE_FROM * capacity:  # else the line would flatten the series
@@ -108,9 +109,28 @@ def memory_figure(frame: pd.DataFrame, device: int, peaks: dict[str, Any] | None
         yaxis_title="MiB",
         height=380,
         margin={"l": 10, "r": 10, "t": 30, "b": 10},
-        legend={"orientation": "h"},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02},  # clear of the x title
     )
     return fig
+
+
+def _snapshot_markers(fig: go.Figure, row: dict[str, Any], t0: int) -> None:
+    """A paired memory snapshot's reserved and allocated totals where it was taken (the
+    row's ``snapshot_*`` fields), when its time is on the trace's clock."""
+    at = row.get("snapshot_ns")
+    if at is None:
+        return
+    for name in ("reserved", "allocated"):
+        value = row.get(f"snapshot_{name}_bytes")
+        if value is not None:
+            fig.add_trace(
+                go.Scatter(
+                    x=[(at - t0) / 1e6], y=[value / MIB], name=f"{name} at the snapshot",
+                    mode="markers", marker={"size": 10, "color": COLORS[name], "symbol": "x"},
+                    hovertemplate=f"snapshot: {name} %{{y:,.1f}} MiB at %{{x:.3f}} ms"
+                    "<extra></extra>",
+                )
+            )  # fmt: skip
 
 
 def live_ops_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -371,9 +371,11 @@ class CollectiveOpRow(Row, kw_only=True):
     wait_ns: Annotated[int, Meta(description="summed largest wait of each collective")]
 
 
-class MemoryDeviceRow(Row, kw_only=True):
+class MemoryDeviceRow(Row, kw_only=True, omit_defaults=True):
     """One device's memory peaks (``memory``; devices with allocator events). Sizes in bytes,
-    times in ns; null where the source does not record it (``source`` says which)."""
+    times in ns; null where the source does not record it (``source`` says which). The
+    ``snapshot_*`` fields (added 2026-12-02, present only on a device whose trace has a memory
+    snapshot paired with it) are the snapshot's, at the time it was taken."""
 
     source: Annotated[
         str,
@@ -401,7 +403,25 @@ class MemoryDeviceRow(Row, kw_only=True):
     fragmentation_pct: Annotated[
         float | None, Meta(description="reserved peak unused at its fullest, % of it")
     ]
-    largest_free_block_bytes: Annotated[int | None, Meta(description="snapshots only")]
+    largest_free_block_bytes: Annotated[
+        int | None, Meta(description="snapshots only (a paired snapshot's, when it was taken)")
+    ]
+    snapshot_trace: Annotated[
+        str | None, Meta(description="trace id of the memory snapshot paired with this trace")
+    ] = None
+    snapshot_ns: Annotated[
+        int | None,
+        Meta(description="the snapshot's last event on this trace's clock; null: not placeable"),
+    ] = None
+    snapshot_reserved_bytes: Annotated[
+        int | None, Meta(description="the snapshot's segments, total size")
+    ] = None
+    snapshot_allocated_bytes: Annotated[
+        int | None, Meta(description="the snapshot's live blocks, total size")
+    ] = None
+    snapshot_fragmentation_pct: Annotated[
+        float | None, Meta(description="share of the snapshot's segments free, %")
+    ] = None
 
 
 class MemoryLiveRow(Row, kw_only=True):
@@ -457,6 +477,13 @@ class Tables(msgspec.Struct, forbid_unknown_fields=True):
     ] = []
     memory_live_at_peak: Annotated[
         list[MemoryLiveRow], Meta(description="memory: allocations live at the allocated peak")
+    ] = []
+    memory_live_at_snapshot: Annotated[
+        list[MemoryLiveRow],
+        Meta(
+            description="memory: a paired snapshot's live blocks when it was taken, by Python "
+            "stack (rows of the device's trace). Added 2026-12-02"
+        ),
     ] = []
 
     def extend(self, other: Tables) -> None:

@@ -52,6 +52,11 @@ def _sample_jobs() -> dict[str, list[Path]]:
         jobs[f"nsys/{path.name}"] = [path]
     for path in sorted((SAMPLES / "memory_snapshot").glob("*.pickle.gz")):
         jobs[f"memory_snapshot/{path.name}"] = [path]
+    # the memory_fragment trace with the snapshot of the same process: one paired job
+    jobs["memory_fragment+snapshot"] = [
+        *jobs["kineto/memory_fragment"],
+        SAMPLES / "memory_snapshot" / "memory_fragment.snapshot.pickle.gz",
+    ]
     return jobs
 
 

@@ -34,6 +34,10 @@ MEMORY_JOBS = {  # page name -> part of the sample job's name (Kineto, snapshot,
     "memory-snapshot": "snapshot",
     "memory-nsys": "nsys_mem_train",
 }
+# The memory_fragment trace with the CUDA memory snapshot of the same process: one job, the
+# snapshot paired with the trace's rank (page "memory-paired").
+PAIRED = ("kineto/memory_fragment/memory_fragment.pt.trace.json.gz",
+          "memory_snapshot/memory_fragment.snapshot.pickle.gz")  # fmt: skip
 
 
 def free_port() -> int:
@@ -149,6 +153,7 @@ def main() -> int:
             found = [v for k, v in jobs.items() if wanted in k and "ckpt" not in k]
             if found:
                 pages[name] = f"memory?job={found[0]}"
+        pages["memory-paired"] = f"memory?job={_paired_job(store)}"
         if args.only:
             pages = {k: v for k, v in pages.items() if k in args.only}
         with sync_playwright() as p:
@@ -167,6 +172,17 @@ def main() -> int:
     finally:
         stop_server(server)
     return 0
+
+
+def _paired_job(store: Path) -> str:
+    """The id of the :data:`PAIRED` job, ingested into the served store."""
+    from stallscope.ingest import ingest_paths
+    from stallscope.store import Store
+
+    samples = Path(__file__).resolve().parents[1] / "sample_traces"
+    paths = [str(samples / p) for p in PAIRED]
+    (res,) = ingest_paths(Store(store), paths, name="memory_fragment + snapshot")
+    return res.job_id
 
 
 def _upload_shots(browser, port: int, out: Path, width: int) -> None:

@@ -1,10 +1,16 @@
 """PyTorch CUDA memory snapshots (``torch.cuda.memory._dump_snapshot()`` pickles).
 
 ``parse.py`` unpickles one with every global refused and writes its allocator
-events into the ``memory`` table (docs/schema.md, docs/security.md).
+events into the ``memory`` table (docs/schema.md, docs/security.md). A snapshot
+is a companion: given with a timeline trace (Kineto, Nsight Systems) it is the
+memory side of that trace's rank (``pair.py`` finds which), not a rank of its
+own; alone it is its own job.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 from stallscope.ingest.formats import Format, ParseContext, ParsedTrace, Payload
 from stallscope.ingest.reader import Source
@@ -21,6 +27,12 @@ def _parse(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTr
     return parse_snapshot(source, payload.take(), ctx)
 
 
+def _pair(metas: list[dict[str, Any]], staging: Path) -> None:
+    from stallscope.ingest.memory_snapshot.pair import pair_snapshots
+
+    pair_snapshots(metas, staging)
+
+
 FORMAT = Format(
     name="memory-snapshot",
     title="PyTorch CUDA memory snapshot",
@@ -28,5 +40,7 @@ FORMAT = Format(
     parse=_parse,
     provides=frozenset({"memory"}),
     binary=True,
+    companion=True,
+    finish=_pair,
     extensions=("pickle", "pkl"),
 )

@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from stallscope.errors import InputError
 from stallscope.ingest.canonical import CanonicalTrace, _as_int
-from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace, rank_in_name
+from stallscope.ingest.formats import ParseContext, ParsedTrace
 from stallscope.ingest.reader import Source
 from stallscope.schema import arrow_schema
 
@@ -75,7 +75,8 @@ def is_snapshot_pickle(head: bytes) -> bool:
 
 
 def parse_snapshot(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
-    """One trace (rank from nothing: 0) whose only table is ``memory``."""
+    """One trace whose only table is ``memory``; its rank (a snapshot records none) is set
+    once the job is parsed (:func:`~stallscope.ingest.memory_snapshot.pair.pair_snapshots`)."""
     try:
         snapshot = load_plain(data)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
@@ -103,21 +104,8 @@ def parse_snapshot(source: Source, data: bytes, ctx: ParseContext) -> list[Parse
     canonical = CanonicalTrace(memory=table, event_count=table.num_rows)
     return [
         ParsedTrace(key="", canonical=canonical, source="memory-snapshot", source_version=None,
-                    rank=0 if ctx.single else _no_rank(source.name), warnings=warnings)
+                    rank=None, warnings=warnings)
     ]  # fmt: skip
-
-
-def _no_rank(name: str) -> int:
-    """The rank in the file name; a snapshot among other files without one is refused."""
-    rank = rank_in_name(name)
-    if rank is None:
-        raise InputError(
-            name,
-            "cannot tell this file's rank: a memory snapshot records none, and its file name"
-            " gives none"
-            f" ({SEPARATE_JOBS_HINT})",
-        )
-    return rank
 
 
 def snapshot_table(snapshot: dict[str, Any], trace_id: str) -> tuple[pa.Table, list[str]]:

@@ -2,8 +2,8 @@
 
 Made sample_traces/kineto/memory_gpt, memory_gpt_ckpt and memory_fragment on an
 H200 (torch 2.11.0+cu130): ``OUT=dir python3 tools/capture/memory_capture.py``;
-the snapshot pickle was gzipped by hand and is kept as its own job in
-sample_traces/memory_snapshot/ (a snapshot names no rank). The profiler runs without a schedule,
+the snapshot pickle was gzipped by hand and is kept in sample_traces/memory_snapshot/
+(its own job there; given with memory_fragment's trace, of this same process, it pairs). The profiler runs without a schedule,
 so these traces have no ProfilerStep ranges. Lint-only edits since that run.
 """
 
