@@ -82,6 +82,7 @@ def reader_kind(request, monkeypatch):
     """Run a test with the ADBC reader (where installed) and with sqlite3 alone."""
     if request.param == "native" and not native.enabled():
         pytest.skip("adbc-driver-sqlite not installed")
+    monkeypatch.setattr(native, "MIN_ROWS", 0)  # the test exports are small
     if request.param == "sqlite3":
         monkeypatch.setenv("STALLSCOPE_NSYS_READER", "sqlite3")
     return request.param
@@ -139,6 +140,7 @@ def test_clean_export_is_read_natively(tmp_path, schema, monkeypatch):
     """Every event table of a clean export comes from the ADBC driver, none from sqlite3."""
     got = []
     original = native.read
+    monkeypatch.setattr(native, "MIN_ROWS", 0)
     monkeypatch.setattr(native, "read", lambda *a: got.append(original(*a)) or got[-1])
     db = NsysDb(export(tmp_path, schema), "x")
     try:
@@ -158,7 +160,8 @@ def test_native_read_is_the_sqlite3_read(tmp_path, sample, monkeypatch):
     path = tmp_path / "x.sqlite"
     with gzip.open(sample) as src, open(path, "wb") as dst:
         shutil.copyfileobj(src, dst)
-    monkeypatch.setattr(native, "SPLIT_MIN_ROWS", 1000)  # small tables are split too
+    monkeypatch.setattr(native, "MIN_ROWS", 0)  # small tables are read natively,
+    monkeypatch.setattr(native, "SPLIT_MIN_ROWS", 1000)  # and split too
     monkeypatch.setattr(native, "duckdb_threads", lambda: 3)
     db = NsysDb(path, "x")
     try:
@@ -170,3 +173,17 @@ def test_native_read_is_the_sqlite3_read(tmp_path, sample, monkeypatch):
             assert fast.equals(slow), name
     finally:
         db.close()
+
+
+@needs_native
+def test_small_tables_are_read_with_sqlite3(tmp_path, monkeypatch):
+    """Below native.MIN_ROWS rows a table never reaches the ADBC driver (small exports)."""
+    calls = []
+    monkeypatch.setattr(native, "read", lambda *a: calls.append(a))
+    db = NsysDb(export(tmp_path), "x")
+    try:
+        for reader in READERS.values():
+            reader(db)
+    finally:
+        db.close()
+    assert calls == []

@@ -205,15 +205,15 @@ class NsysDb:
     def _read(self, sql: str, schema: pa.Schema, *, checked: bool, table: str | None) -> pa.Table:
         """``fetch``: in C by threads where the ADBC driver can (``native``), else with
         ``sqlite3``, by several processes when ``table`` is big enough (``parallel``)."""
-        if native.enabled():
-            got = self._read_native(sql, schema, table)
+        span = self._rowid_span(table) if table is not None else None
+        if span and span[1] - span[0] + 1 >= native.MIN_ROWS and native.enabled():
+            got = self._read_native(sql, schema, span)
             if got is not None:
                 return got
-        # the rowid span only where workers could run (the CLI on a big machine, or the setting)
         possible = (
             table is not None and nsys_parallel.read_workers(nsys_parallel.PARALLEL_MIN_ROWS) > 1
         )
-        span = self._rowid_span(table) if possible else None
+        span = span if possible else None
         workers = nsys_parallel.read_workers(span[1] - span[0] + 1) if span else 1
         if workers > 1:
             where = " AND " if " WHERE " in sql else " WHERE "
@@ -230,12 +230,11 @@ class NsysDb:
                 pass  # a worker died: read here instead
         return self.fetch(sql, schema, checked=checked)
 
-    def _read_native(self, sql: str, schema: pa.Schema, table: str | None) -> pa.Table | None:
-        """``native.read`` of ``sql``, split by rowid when ``table`` is big (None: use sqlite3)."""
-        span = self._rowid_span(table) if table is not None else None
-        threads = native.read_threads(span[1] - span[0] + 1) if span else 1
+    def _read_native(self, sql: str, schema: pa.Schema, span: tuple[int, int]) -> pa.Table | None:
+        """``native.read`` of ``sql`` over the rowids ``span``, split when big (None: use sqlite3)."""
+        threads = native.read_threads(span[1] - span[0] + 1)
         ranges = None
-        if span and threads > 1:
+        if threads > 1:
             ranges = nsys_parallel.rowid_ranges(*span, threads * native.RANGES_PER_THREAD)
         return native.read(self.name, self.uri, sql, schema, ranges, threads)
 

@@ -18,7 +18,9 @@ otherwise it returns None and the caller reads the same query with ``sqlite3``
 its ``U+FFFD`` for bad bytes. Values are the same either way: integers and
 text are copied as stored.
 
-``STALLSCOPE_NSYS_READER=sqlite3`` turns this reader off (tests compare the two).
+Only tables of :data:`MIN_ROWS` rows or more (by their rowid span) are read
+here. ``STALLSCOPE_NSYS_READER=sqlite3`` turns this reader off (tests compare
+the two).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from stallscope.ingest import limits
 from stallscope.ingest.startup import duckdb_threads
 
 BATCH_ROWS = 65536
+# Tables of fewer rows are read with sqlite3 (``db.NsysDb``): there the driver's import and
+# connections cost more (~10 MB of peak memory on a small export) than its speed saves.
+MIN_ROWS = 100_000
 # Below this many rows a table is read by one thread: a connection per range costs more.
 SPLIT_MIN_ROWS = 200_000
 RANGES_PER_THREAD = 2  # smaller ranges even out the threads' shares
