@@ -116,7 +116,7 @@ def bench_stallscope(path: Path, runs: Runs, cmd: list[str]) -> list[dict]:
         store = Path(tmp) / "store"
         # Run outside the checkout: with ``python -m``, a checkout in the working
         # directory would shadow the stallscope that ``--stallscope`` asks for.
-        argv = [*cmd, "ingest", "--store", str(store), str(path.resolve())]
+        argv = [*cmd, "ingest", "--no-analyze", "--store", str(store), str(path.resolve())]
         wall, cpu, rss, _ = run_child(argv, cwd=tmp)
         metas = [json.loads(p.read_text()) for p in sorted(store.glob("jobs/*/*/meta.json"))]
     runs.add(wall, cpu, rss)

@@ -1,4 +1,8 @@
-"""nsys tables read by forked workers, one rowid range each: the same tables, and every fallback."""
+"""nsys tables read by forked workers, one rowid range each: the same tables, and every fallback.
+
+The forked workers are the ``sqlite3`` path's (the ADBC reader, ``native``, reads
+ranges in threads instead): every test here turns the ADBC reader off.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,11 @@ READERS = {
     "osrt": nsys_tables.read_osrt,
     "nvtx": nsys_tables.read_nvtx,
 }
+
+
+@pytest.fixture(autouse=True)
+def sqlite3_reader(monkeypatch):
+    monkeypatch.setenv("STALLSCOPE_NSYS_READER", "sqlite3")
 
 
 def export(tmp_path, n: int = 300):

@@ -3,15 +3,22 @@
 ``NsysDb.fetch_fast`` reads integer columns as stored and falls back to the
 checked SQL (``typeof``/``CAST`` per value) when Arrow refuses a value. Each
 case plants one odd value in an export and compares every raw table with the
-checked read of the same file.
+checked read of the same file. The reads go through the ADBC driver
+(``native``) where it is installed and through ``sqlite3`` otherwise: the odd
+values are read both ways, and the native read of the samples is compared
+with the ``sqlite3`` read.
 """
 
 from __future__ import annotations
 
+import gzip
+import shutil
 import sqlite3
+from pathlib import Path
 
 import pytest
 
+from stallscope.ingest.nsys import native
 from stallscope.ingest.nsys import tables as nsys_tables
 from stallscope.ingest.nsys.db import NsysDb
 from tests.nsys_builder import NsysBuilder
@@ -64,8 +71,26 @@ def unchecked_reads(db: NsysDb, reader) -> list[bool]:
     return calls
 
 
+SAMPLES = sorted(
+    (Path(__file__).resolve().parent.parent / "sample_traces" / "nsys").glob("*.sqlite.gz")
+)
+needs_native = pytest.mark.skipif(not native.enabled(), reason="adbc-driver-sqlite not installed")
+
+
+@pytest.fixture(params=["native", "sqlite3"])
+def reader_kind(request, monkeypatch):
+    """Run a test with the ADBC reader (where installed) and with sqlite3 alone."""
+    if request.param == "native" and not native.enabled():
+        pytest.skip("adbc-driver-sqlite not installed")
+    monkeypatch.setattr(native, "MIN_ROWS", 0)  # the test exports are small
+    if request.param == "sqlite3":
+        monkeypatch.setenv("STALLSCOPE_NSYS_READER", "sqlite3")
+    return request.param
+
+
 @pytest.mark.parametrize("schema", ["new", "old", "3.28"])
-def test_clean_export_is_read_unchecked_once(tmp_path, schema):
+def test_clean_export_is_read_unchecked_once(tmp_path, schema, monkeypatch):
+    monkeypatch.setenv("STALLSCOPE_NSYS_READER", "sqlite3")  # counts the sqlite3 path's reads
     db = NsysDb(export(tmp_path, schema), "x")
     try:
         for name, reader in READERS.items():
@@ -95,7 +120,7 @@ ODD_VALUES = [
 
 
 @pytest.mark.parametrize(("table", "column", "value", "reader"), ODD_VALUES)
-def test_odd_value_reads_as_the_checked_read(tmp_path, table, column, value, reader):
+def test_odd_value_reads_as_the_checked_read(tmp_path, table, column, value, reader, reader_kind):
     path = export(tmp_path)
     con = sqlite3.connect(path)
     con.execute(f'UPDATE {table} SET "{column}" = {value} WHERE rowid = 1')
@@ -107,3 +132,58 @@ def test_odd_value_reads_as_the_checked_read(tmp_path, table, column, value, rea
         assert read(db).equals(checked(db, read))
     finally:
         db.close()
+
+
+@needs_native
+@pytest.mark.parametrize("schema", ["new", "old", "3.28"])
+def test_clean_export_is_read_natively(tmp_path, schema, monkeypatch):
+    """Every event table of a clean export comes from the ADBC driver, none from sqlite3."""
+    got = []
+    original = native.read
+    monkeypatch.setattr(native, "MIN_ROWS", 0)
+    monkeypatch.setattr(native, "read", lambda *a: got.append(original(*a)) or got[-1])
+    db = NsysDb(export(tmp_path, schema), "x")
+    try:
+        for name in ("act", "runtime", "osrt", "nvtx"):
+            got.clear()
+            table = READERS[name](db)
+            assert got and all(t is not None for t in got), name
+            assert table.equals(checked(db, READERS[name])), name
+    finally:
+        db.close()
+
+
+@needs_native
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name.split(".")[0])
+def test_native_read_is_the_sqlite3_read(tmp_path, sample, monkeypatch):
+    """On the real samples the ADBC read (split into rowid ranges by threads) is the sqlite3 read."""
+    path = tmp_path / "x.sqlite"
+    with gzip.open(sample) as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    monkeypatch.setattr(native, "MIN_ROWS", 0)  # small tables are read natively,
+    monkeypatch.setattr(native, "SPLIT_MIN_ROWS", 1000)  # and split too
+    monkeypatch.setattr(native, "duckdb_threads", lambda: 3)
+    db = NsysDb(path, "x")
+    try:
+        for name, reader in READERS.items():
+            fast = reader(db)
+            monkeypatch.setenv("STALLSCOPE_NSYS_READER", "sqlite3")
+            slow = reader(db)
+            monkeypatch.delenv("STALLSCOPE_NSYS_READER")
+            assert fast.equals(slow), name
+    finally:
+        db.close()
+
+
+@needs_native
+def test_small_tables_are_read_with_sqlite3(tmp_path, monkeypatch):
+    """Below native.MIN_ROWS rows a table never reaches the ADBC driver (small exports)."""
+    calls = []
+    monkeypatch.setattr(native, "read", lambda *a: calls.append(a))
+    db = NsysDb(export(tmp_path), "x")
+    try:
+        for reader in READERS.values():
+            reader(db)
+    finally:
+        db.close()
+    assert calls == []

@@ -1,7 +1,7 @@
 """Raw nsys tables -> the canonical tables of every trace in the file (docs/schema.md).
 
 :class:`NsysCanonical` loads the raw Arrow tables of ``tables`` into a
-private DuckDB connection and runs ``sql``: all per-event work is SQL,
+private DuckDB connection, one big table at a time, and runs ``sql``: all per-event work is SQL,
 nothing per event passes through Python. The caller decides the traces
 (*units*: a process, or one GPU of a multi-GPU process) and their ranks, then
 :meth:`NsysCanonical.emit` returns each trace's tables, ready for the store.
@@ -9,6 +9,7 @@ nothing per event passes through Python. The caller decides the traces
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -26,7 +27,8 @@ from stallscope.ingest.nsys.sql import (
     ENCLOSE_SQL,
     GPU_OUT_SQL,
     HOST_OUT_SQL,
-    PREPARE_SQL,
+    PREPARE_END_SQL,
+    PREPARE_STEPS,
     RANGES_OUT_SQL,
     THREADS_OUT_SQL,
 )
@@ -42,24 +44,45 @@ _MAX_PACKED = 1 << 62
 class NsysCanonical:
     """One export's events in DuckDB, prepared once; emits the canonical tables."""
 
-    def __init__(self, raw: dict[str, pa.Table]):
+    def __init__(self, raw: dict[str, pa.Table | Callable[[], pa.Table]]):
+        """Load ``raw`` (the tables of ``tables``, by name) and prepare them.
+
+        The big event tables (``PREPARE_STEPS``: runtime, act, osrt, nvtx) may
+        be given as functions that read them: each is read, turned into its
+        prepared tables and released before the next is read, so only one raw
+        event table is held at a time. They are taken out of ``raw`` (the
+        caller's dict), which keeps no reference to them.
+        """
         self.con = duckdb.connect(config={"threads": duckdb_threads()})
-        # ``gid``: a stable id per GPU activity (file order), the tie-breaker of every ORDER BY.
-        act = raw["act"]
-        raw = dict(raw, act=act.append_column("gid", pa.array(np.arange(act.num_rows))))
         if "memory_usage" in raw:  # ``rid``: file order, the tie-breaker of equal times
-            mem = raw["memory_usage"]
+            mem = _loaded(raw["memory_usage"])
             raw["memory_usage"] = mem.append_column("rid", pa.array(np.arange(mem.num_rows)))
+        steps = [(name, sql, raw.pop(name)) for name, sql in PREPARE_STEPS]
         for name, table in raw.items():
-            self.con.register(name, table)
+            self.con.register(name, _loaded(table))
         self.con.execute(MACROS_SQL)
-        self.con.execute(PREPARE_SQL)
         self.has_memory_usage = "memory_usage" in raw
-        for name in ("act", "runtime", "osrt", "nvtx"):  # copied into DuckDB: let Arrow free them
-            self.con.unregister(name)
-        del raw, act
+        for name, sql, source in steps:
+            self._prepare(name, sql, source)
+            del source
+        del steps
+        self.con.execute(PREPARE_END_SQL)
         self._pairs()
         self.con.execute(ENCLOSE_SQL)
+
+    def _prepare(self, name: str, sql: str, source: pa.Table | Callable[[], pa.Table]) -> None:
+        """Read one raw event table, run its prepare step, and let Arrow free it."""
+        table = _loaded(source)
+        del source
+        if (
+            name == "act"
+        ):  # ``gid``: a stable id per GPU activity (file order), every ORDER BY's tie-breaker
+            table = table.append_column("gid", pa.array(np.arange(table.num_rows)))
+        self.con.register(name, table)
+        self.con.execute(sql)
+        self.con.unregister(name)  # copied into DuckDB: let Arrow free it
+        del table
+        pa.default_memory_pool().release_unused()
 
     def close(self) -> None:
         self.con.close()
@@ -82,7 +105,7 @@ class NsysCanonical:
                 f"SELECT least((SELECT min(launch_ns) FROM launch_points), (SELECT min(start_ns) FROM nv WHERE {where})),"
                 f" greatest((SELECT max(launch_ns) FROM launch_points), (SELECT max(end_ns) FROM nv WHERE {where})),"
                 " (SELECT count(*) FROM rk)"
-            ).fetchone()
+            ).fetchall()[0]
             if t0 is None or t1 is None:
                 continue
             span = t1 - t0 + 1
@@ -134,31 +157,39 @@ class NsysCanonical:
         """Whether the file shows NCCL: an NCCL NVTX domain or kernels launched inside one."""
         return self.con.execute(
             "SELECT EXISTS (SELECT 1 FROM nv WHERE domain = 'NCCL') OR EXISTS (SELECT 1 FROM nccl_of)"
-        ).fetchone()[0]
+        ).fetchall()[0][0]
 
     def counts(self) -> dict[str, int]:
         """GPU activities dropped (no valid timestamps), NVTX ranges never ended, graph rows."""
-        row = self.con.execute("SELECT dropped, open_ranges, graphs FROM stats").fetchone()
+        row = self.con.execute("SELECT dropped, open_ranges, graphs FROM stats").fetchall()[0]
         return dict(zip(("dropped", "open_ranges", "graphs"), row, strict=True))
 
     # -- output ---------------------------------------------------------------------------
     def emit(self, units: list[dict[str, Any]]) -> list[CanonicalTrace]:
-        """The canonical tables of each unit (``tix, gp, device, split, trace_id, rank``)."""
+        """The canonical tables of each unit (``tix, gp, device, split, trace_id, rank``).
+
+        Called once, last: it drops the prepared event tables as soon as no
+        later output needs them (only ``names``, ``stats`` and the small tables stay).
+        """
         con = self.con
         con.register("units", pa.Table.from_pylist(units, schema=_UNITS_SCHEMA))
         con.register("nccl_payload", self._payload_table())
         con.execute(CORR_DEV_SQL)
         n = len(units)
-        gpu = _split(con.sql(GPU_OUT_SQL).to_arrow_table(), n)
-        host = _split(con.sql(HOST_OUT_SQL).to_arrow_table(), n)
-        ranges = _split(con.sql(RANGES_OUT_SQL).to_arrow_table(), n)
-        collectives = _split(con.sql(COLLECTIVES_OUT_SQL).to_arrow_table(), n)
-        threads = _split(con.sql(THREADS_OUT_SQL).to_arrow_table(), n)
-        memory = (
-            _split(con.sql(MEMORY_OUT_SQL).to_arrow_table(), n)
-            if self.has_memory_usage
-            else [None] * n
-        )
+
+        def rows_of(sql: str, *done: str) -> list[pa.Table]:
+            """``sql``'s rows split by trace; then the prepared tables no later query needs are dropped."""
+            rows = _split(con.sql(sql).to_arrow_table(), n)
+            for table in done:
+                con.execute(f"DROP TABLE {table}")
+            return rows
+
+        gpu = rows_of(GPU_OUT_SQL)
+        collectives = rows_of(COLLECTIVES_OUT_SQL, "nccl_of")
+        memory = rows_of(MEMORY_OUT_SQL) if self.has_memory_usage else [None] * n
+        host = rows_of(HOST_OUT_SQL, "g", "api", "os", "corr_dev")
+        ranges = rows_of(RANGES_OUT_SQL, "nv", "proj")
+        threads = rows_of(THREADS_OUT_SQL)
         names = con.sql("SELECT name_id, name FROM names ORDER BY name_id").to_arrow_table()
         out = []
         for i, unit in enumerate(units):
@@ -222,6 +253,10 @@ _PAYLOAD_SCHEMA = pa.schema(
     [("nvtx_id", pa.int64()), ("comm", pa.string()), ("nranks", pa.int64()),
      ("msg_bytes", pa.int64())]
 )  # fmt: skip
+
+
+def _loaded(table: pa.Table | Callable[[], pa.Table]) -> pa.Table:
+    return table() if callable(table) else table
 
 
 def _int(value: Any) -> int | None:

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from stallscope.errors import InputError
 from stallscope.ingest import limits
+from stallscope.ingest.nsys import native
 from stallscope.ingest.nsys import parallel as nsys_parallel
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -183,9 +184,13 @@ class NsysDb:
         result is always that of :meth:`fetch` of the checked query. Text and
         name columns are checked in both (:meth:`text_col`, :meth:`name_ref`).
 
-        With ``table`` (the table the query scans, as ``SELECT ... FROM table
-        [WHERE ...]``), a big table is read by forked workers, one rowid range
-        each (``parallel``): the same rows in the same order.
+        Each query is first read in C by the ADBC driver (``native``: by
+        threads, one rowid range each, when ``table``, the table the query
+        scans as ``SELECT ... FROM table [WHERE ...]``, is big), and with
+        ``sqlite3`` when that driver is missing or its result is not exactly of
+        ``schema``'s types; there a big ``table`` is read by forked workers,
+        one rowid range each (``parallel``). The same rows in the same order
+        every way.
         """
         self._plain = True
         try:
@@ -198,12 +203,17 @@ class NsysDb:
             return self._read(build(), schema, checked=True, table=table)
 
     def _read(self, sql: str, schema: pa.Schema, *, checked: bool, table: str | None) -> pa.Table:
-        """``fetch``, by several processes when ``table`` is big enough (``parallel``)."""
-        # the rowid span only where workers could run (the CLI on a big machine, or the setting)
+        """``fetch``: in C by threads where the ADBC driver can (``native``), else with
+        ``sqlite3``, by several processes when ``table`` is big enough (``parallel``)."""
+        span = self._rowid_span(table) if table is not None else None
+        if span and span[1] - span[0] + 1 >= native.MIN_ROWS and native.enabled():
+            got = self._read_native(sql, schema, span)
+            if got is not None:
+                return got
         possible = (
             table is not None and nsys_parallel.read_workers(nsys_parallel.PARALLEL_MIN_ROWS) > 1
         )
-        span = self._rowid_span(table) if possible else None
+        span = span if possible else None
         workers = nsys_parallel.read_workers(span[1] - span[0] + 1) if span else 1
         if workers > 1:
             where = " AND " if " WHERE " in sql else " WHERE "
@@ -219,6 +229,14 @@ class NsysDb:
             except nsys_parallel.WorkerFailed:
                 pass  # a worker died: read here instead
         return self.fetch(sql, schema, checked=checked)
+
+    def _read_native(self, sql: str, schema: pa.Schema, span: tuple[int, int]) -> pa.Table | None:
+        """``native.read`` of ``sql`` over the rowids ``span``, split when big (None: use sqlite3)."""
+        threads = native.read_threads(span[1] - span[0] + 1)
+        ranges = None
+        if threads > 1:
+            ranges = nsys_parallel.rowid_ranges(*span, threads * native.RANGES_PER_THREAD)
+        return native.read(self.name, self.uri, sql, schema, ranges, threads)
 
     def _rowid_span(self, table: str) -> tuple[int, int] | None:
         """(first, last) rowid of ``table``; None when empty or without rowids."""

@@ -79,15 +79,16 @@ def parse_nsys_file(path: str | Path, name: str, ctx: ParseContext) -> list[Pars
     with open(path, "rb") as fh:
         check_header(name, fh.read(100), os.path.getsize(path))
     db = NsysDb(path, name)
+    canon = None
     try:
         meta = export_meta(db)
         _require_gpu_tables(db, name, meta)
         threads, processes = read_threads(db)
-        raw = {
-            "act": read_activities(db),
-            "runtime": read_runtime(db),
-            "osrt": read_osrt(db),
-            "nvtx": read_nvtx(db),
+        raw = {  # the event tables are read by NsysCanonical, one at a time (it frees each)
+            "act": lambda: read_activities(db),
+            "runtime": lambda: read_runtime(db),
+            "osrt": lambda: read_osrt(db),
+            "nvtx": lambda: read_nvtx(db),
             "memory_usage": read_memory_usage(db),
             "strings": read_strings(db),
             "thread_names": threads,
@@ -96,11 +97,15 @@ def parse_nsys_file(path: str | Path, name: str, ctx: ParseContext) -> list[Pars
         }
         gpus, cuda_map, mpi = gpu_info(db), cuda_device_map(db), mpi_ranks(db)
         start_ns, has_runtime = session_start_ns(db), db.has(RUNTIME)
+        canon = NsysCanonical(raw)
+        del raw  # DuckDB holds its own copy now
         text_warnings = list(db.warnings)
+    except BaseException:
+        if canon is not None:
+            canon.close()
+        raise
     finally:
         db.close()
-    canon = NsysCanonical(raw)
-    del raw  # DuckDB holds its own copy now
     try:
         units = _units(canon, name)
         idle = canon.idle_processes()
@@ -114,12 +119,12 @@ def parse_nsys_file(path: str | Path, name: str, ctx: ParseContext) -> list[Pars
              "trace_id": ctx.trace_id(k), "rank": u.rank}
             for i, (u, k) in enumerate(zip(units, keys, strict=True))
         ]  # fmt: skip
-        traces = canon.emit(rows)
         warnings, first = _warnings(canon, units, how, has_runtime), _idle_warning(idle)
         warnings = text_warnings + warnings
         if len(units) > 1 and how != "recorded":
             first.append(f"ranks assigned by {how}: the export records no MPI or NCCL rank")
         nccl = canon.has_nccl()
+        traces = canon.emit(rows)  # last: it frees the prepared tables
     finally:
         canon.close()
     out = []

@@ -1,6 +1,7 @@
 """The SQL (DuckDB) that turns the raw nsys tables into canonical rows.
 
-Stage ``PREPARE_SQL`` builds, from the raw Arrow tables of ``tables``:
+Stages ``PREPARE_STEPS`` build, from the raw Arrow tables of ``tables`` (one
+raw table at a time: it can be released once its step has run):
 
 * ``api``  — CUDA runtime/driver calls, ``_v<N>`` suffix stripped from names;
 * ``g``    — GPU activities with their process, names (kernel names from
@@ -32,7 +33,8 @@ NCCL_OP_REGEX = (
     r"|Alltoall|GroupEnd)"
 )
 
-PREPARE_SQL = rf"""
+# Stage by stage, each once its raw table is loaded, in this order (``PREPARE_STEPS``).
+PREPARE_API_SQL = r"""
 CREATE TEMP TABLE api AS
 SELECT r.start AS start_ns, r."end" AS end_ns, coalesce(r.gp, -1) AS gp, coalesce(r.tid, -1) AS tid,
        r.correlation,
@@ -44,6 +46,9 @@ FROM runtime r
 LEFT JOIN strings s ON s.id = r.name_id
 LEFT JOIN enum_api e ON e.id = r.api_class
 WHERE r."end" >= r.start AND (r.start <> 0 OR r."end" <> 0) AND (r.api_class IS NULL OR e.kind IS NOT NULL);
+"""
+
+PREPARE_GPU_SQL = r"""
 
 -- Only for exports whose GPU tables lack globalPid: the process of the launch call.
 CREATE TEMP TABLE corr_gp AS
@@ -88,20 +93,27 @@ SELECT g.gid, arg_min(a.tid, a.start_ns) AS tid, min(a.start_ns) AS launch_ns
 FROM g JOIN api a ON a.gp = g.gp AND a.correlation = g.correlation
 GROUP BY g.gid;
 
--- What is still needed from the raw tables once they are released.
-CREATE TEMP TABLE thread_marks AS
-SELECT n.gp, coalesce(n.text, s.value) AS text FROM nvtx n LEFT JOIN strings s ON s.id = n.text_id
-WHERE n.event_type = 39 AND n.gp IS NOT NULL;
-CREATE TEMP TABLE stats AS SELECT
+-- What is still needed from the raw table once it is released.
+CREATE TEMP TABLE act_stats AS SELECT
   (SELECT count(*) FROM act) - (SELECT count(*) FROM g) AS dropped,
-  (SELECT count(*) FROM nvtx WHERE event_type IN (59, 60, 70, 71) AND "end" IS NULL) AS open_ranges,
   (SELECT count(*) FROM g WHERE kind = 'graph') AS graphs;
+"""
 
+PREPARE_OS_SQL = r"""
 CREATE TEMP TABLE os AS
 SELECT coalesce(o.gp, -1) AS gp, coalesce(o.tid, -1) AS tid, o.start AS start_ns, o."end" AS end_ns,
        coalesce(o.name_txt, s.value, 'unknown OS call') AS name
 FROM osrt o LEFT JOIN strings s ON s.id = o.name_id
 WHERE o."end" >= o.start AND (o.start <> 0 OR o."end" <> 0);
+"""
+
+PREPARE_NVTX_SQL = rf"""
+-- What is still needed from the raw table once it is released.
+CREATE TEMP TABLE thread_marks AS
+SELECT n.gp, coalesce(n.text, s.value) AS text FROM nvtx n LEFT JOIN strings s ON s.id = n.text_id
+WHERE n.event_type = 39 AND n.gp IS NOT NULL;
+CREATE TEMP TABLE nvtx_stats AS
+SELECT count(*) AS open_ranges FROM nvtx WHERE event_type IN (59, 60, 70, 71) AND "end" IS NULL;
 
 CREATE TEMP TABLE dom AS
 SELECT n.gp, n.domain_id, min(coalesce(n.text, s.value)) AS domain
@@ -148,6 +160,21 @@ SELECT g.gid, g.gp, l.tid, l.launch_ns, g.device, g.stream, g.start_ns, g.end_ns
 FROM g JOIN launch l USING (gid) WHERE g.kind IN ('kernel', 'graph', 'memcpy', 'memset');
 """
 
+# Once every raw table is in.
+PREPARE_END_SQL = """
+CREATE TEMP TABLE stats AS
+SELECT a.dropped, n.open_ranges, a.graphs FROM act_stats a, nvtx_stats n;
+"""
+
+# (raw table, the SQL that turns it into prepared tables), in order: each step may
+# use the prepared tables of the steps before it and the small raw tables.
+PREPARE_STEPS = (
+    ("runtime", PREPARE_API_SQL),
+    ("act", PREPARE_GPU_SQL),
+    ("osrt", PREPARE_OS_SQL),
+    ("nvtx", PREPARE_NVTX_SQL),
+)
+
 # For the host rows of processes split by GPU: the GPU of each correlated call.
 CORR_DEV_SQL = """
 CREATE OR REPLACE TEMP TABLE corr_dev AS
@@ -173,6 +200,12 @@ CREATE TEMP TABLE names AS
 SELECT CAST(row_number() OVER (ORDER BY name) - 1 AS INTEGER) AS name_id, name,
        regexp_matches(name, '{COMM_NAME_REGEX}') AS comm_name FROM (
   SELECT name FROM g UNION SELECT name FROM api UNION SELECT name FROM os UNION SELECT name FROM nv);
+
+-- proj and nccl_of hold all the output needs of the range join: freed before the output.
+DROP VIEW launch_points;
+DROP TABLE pairs;
+DROP TABLE launch;
+DROP TABLE IF EXISTS rk;
 """
 
 _UNIT_JOIN = (
