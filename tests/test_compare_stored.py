@@ -89,17 +89,21 @@ def test_the_same_comparison_as_from_the_tables(tmp_path, pair):
 
 
 def test_without_steps_the_gpu_span_from_the_summaries(tmp_path):
-    """Traces without step ranges: the sample is the GPU span, stored per rank."""
+    """Traces without step ranges: the sample is the GPU span, stored per rank; the ranks'
+    kernels and copies summed."""
     traces = []
     for rank, (gap, last) in enumerate([(2, 3), (4, 1)]):
         t = KinetoTrace(rank=rank, world_size=2)
         t.kernel("a", 0, 5 * MS)
         t.kernel("b", (5 + gap) * MS, last * MS)
+        t.memcpy("HtoD", "Pageable", "Device", 5 * MS, MS, (rank + 1) << 20)
         traces.append(t.write(tmp_path / f"rank{rank}.pt.trace.json"))
     store = Store(tmp_path / "store").ensure()
     refs = _ingest(store, traces)
     stored = rank_data(store, refs)
     assert (stored[0].tolist(), stored[1]) == ([10 * MS], "gpu_span")
+    assert stored[2] == {"a": (10 * MS, 2), "b": (4 * MS, 2)}
+    assert [v for v in stored[3].values()] == [[2 * MS, 3 << 20, 2]]
     _without_summaries(refs)
     tables = rank_data(store, refs)
     assert (tables[0].tolist(), tables[1:]) == (stored[0].tolist(), stored[1:])
