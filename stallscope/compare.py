@@ -29,6 +29,7 @@ from stallscope import report_store
 from stallscope.analyzers.base import SEVERITY_RANK
 from stallscope.compare_inference import inference_deltas, inference_summary, inference_table
 from stallscope.jobdata import JobData
+from stallscope.rank_compare import IN_STEPS_SQL, stored_summaries
 from stallscope.report_types import IDLE_CAUSES
 from stallscope.store import Store, TraceRef
 from stallscope.views import table_of
@@ -72,40 +73,21 @@ def step_samples(job: JobData) -> tuple[np.ndarray, str]:
 
 def rank_step_means(job: JobData) -> dict[int, float]:
     """Rank -> mean duration (ns) of its step ranges (ranks without steps are left out)."""
-    rank_of = {ref.trace_id: int(ref.meta.get("rank", 0)) for ref in job.traces}
     rows = job.sql(
         "SELECT trace_id, sum(end_ns - start_ns), count(*) FROM ranges WHERE kind = 'step' GROUP BY 1"
     ).fetchall()
+    return _means_by_rank(rows, job.traces)
+
+
+def _means_by_rank(rows: list[tuple], refs: list[TraceRef]) -> dict[int, float]:
+    """Rank -> mean step (ns) from (trace, summed step ns, steps) rows."""
+    rank_of = {ref.trace_id: int(ref.meta.get("rank", 0)) for ref in refs}
     totals: dict[int, list[int]] = {}
-    for trace, total, count in rows:
+    for trace, total, count in sorted(rows):  # one order: the float mean is then one
         acc = totals.setdefault(rank_of.get(trace, 0), [0, 0])
         acc[0] += int(total)
         acc[1] += int(count)
     return {rank: total / count for rank, (total, count) in totals.items() if count}
-
-
-# The GPU operations of every trace launched inside a step (the launch call's start, else the
-# operation's own, inside a step range of its trace; scope.py's rule), or all of a trace's when
-# it has no steps. Set-wise over the traces: a query per trace binds every rank's files, which
-# at 1,024 ranks took minutes.
-_IN_STEPS_SQL = """
-WITH launch AS (
-  SELECT trace_id, correlation, min(start_ns) AS launch_ns FROM host
-  WHERE kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1, 2
-), steps AS (
-  SELECT trace_id, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE kind = 'step'
-), ops AS (
-  SELECT g.trace_id, g.kind, g.name_id, g.start_ns, g.end_ns, coalesce(g.bytes, 0) AS bytes,
-         coalesce(g.copy_kind, '') AS copy_kind, coalesce(g.src_kind, '') AS src_kind,
-         coalesce(g.dst_kind, '') AS dst_kind, coalesce(l.launch_ns, g.start_ns) AS anchor_ns
-  FROM gpu g LEFT JOIN launch l ON l.trace_id = g.trace_id AND l.correlation = g.correlation
-  WHERE g.kind IN ('kernel', 'memcpy', 'memset')
-), scoped AS (
-  SELECT ops.* FROM ops ASOF LEFT JOIN steps s
-    ON ops.trace_id = s.trace_id AND ops.anchor_ns >= s.step_start
-  WHERE ops.anchor_ns < s.step_end OR ops.trace_id NOT IN (SELECT trace_id FROM steps)
-)
-"""
 
 
 def gpu_times(job: JobData) -> tuple[dict[str, tuple[int, int]], dict[tuple[str, str], list[int]]]:
@@ -115,7 +97,7 @@ def gpu_times(job: JobData) -> tuple[dict[str, tuple[int, int]], dict[tuple[str,
     kernels: dict[str, tuple[int, int]] = {}
     copies: dict[tuple[str, str], list[int]] = {}
     job.con.execute(
-        "CREATE OR REPLACE TEMP TABLE compare_ops AS " + _IN_STEPS_SQL + "SELECT * FROM scoped"
+        "CREATE OR REPLACE TEMP TABLE compare_ops AS " + IN_STEPS_SQL + "SELECT * FROM scoped"
     )
     for name, total, count in job.sql(
         "SELECT n.name, sum(end_ns - start_ns), count(*) FROM compare_ops o JOIN names n "
@@ -200,16 +182,67 @@ def comm_totals(report: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-def _side(
-    store: Store, refs: list[TraceRef], overrides, report: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def rank_data(store: Store, refs: list[TraceRef]) -> tuple:
+    """(step samples, their source, kernel GPU times, copy GPU times, rank step means) of a
+    job (:func:`step_samples`, :func:`gpu_times`, :func:`rank_step_means`): from the ranks'
+    stored summaries (``rank_compare``) when every trace has one, else from its tables."""
+    con = stored_summaries(refs)
+    if con is not None:
+        try:
+            return _stored_rank_data(con, refs)
+        finally:
+            con.close()
     job = JobData(store, refs)
     try:
         steps, source = step_samples(job)
         kernels, copies = gpu_times(job)
-        ranks = rank_step_means(job)
+        return steps, source, kernels, copies, rank_step_means(job)
     finally:
         job.close()
+
+
+def _stored_rank_data(con, refs: list[TraceRef]) -> tuple:
+    """:func:`rank_data` from the view ``rank_compare`` (every rank's summary rows): the same
+    sums, per rank first, so the same integers."""
+    durs = con.execute(
+        "SELECT step, max(end_ns - start_ns) AS dur FROM rank_compare WHERE kind = 'step' "
+        "GROUP BY step ORDER BY step"
+    ).fetchnumpy()["dur"]
+    if durs.size:
+        steps, source = np.asarray(durs).astype(np.int64), "steps"
+    else:
+        span = con.execute(
+            "SELECT max(end_ns - start_ns) FROM rank_compare WHERE kind = 'span'"
+        ).fetchone()[0]
+        steps, source = np.array([int(span or 0)], dtype=np.int64), "gpu_span"
+    kernels = {
+        name: (int(total), int(count))
+        for name, total, count in con.execute(
+            "SELECT name, sum(total_ns), sum(count) FROM rank_compare WHERE kind = 'kernel' "
+            "GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    }
+    copies: dict[tuple[str, str], list[int]] = {}
+    for kind, copy_kind, src, dst, total, nbytes, count in con.execute(
+        "SELECT kind, copy_kind, src_kind, dst_kind, sum(total_ns), sum(bytes), sum(count) "
+        "FROM rank_compare WHERE kind IN ('memcpy', 'memset') GROUP BY 1, 2, 3, 4 "
+        "ORDER BY 1, 2, 3, 4"
+    ).fetchall():
+        acc = copies.setdefault(copy_key(kind, copy_kind, src, dst), [0, 0, 0])
+        acc[0] += int(total)
+        acc[1] += int(nbytes)
+        acc[2] += int(count)
+    rows = con.execute(
+        "SELECT trace_id, sum(end_ns - start_ns), count(*) FROM rank_compare "
+        "WHERE kind = 'step' GROUP BY 1"
+    ).fetchall()
+    return steps, source, kernels, copies, _means_by_rank(rows, refs)
+
+
+def _side(
+    store: Store, refs: list[TraceRef], overrides, report: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    steps, source, kernels, copies, ranks = rank_data(store, refs)
     if report is None:
         # every rank: the sides' causes and step parts are sums over all GPUs (triage would
         # leave each side's out-of-line ranks only, not comparable); the job's stored report

@@ -196,7 +196,8 @@ def collective_steps(rank: JobData, trace_id: str, devices: list, starts: list) 
 
 def write_card(folder: Path, trace_id: str) -> None:
     """Compute and write the card of the trace whose canonical tables are in ``folder``, and
-    its GPU operations as the job's timeline reads them (:data:`OPS_FILE`), called by the
+    its GPU operations as the job's timeline reads them (:data:`OPS_FILE`) and what
+    ``stallscope compare`` reads of it (``rank_compare.COMPARE_FILE``), called by the
     ingest worker right after it wrote the tables. A card that cannot be built
     is not written (never an ingest failure): the analysis then builds it on demand."""
     import duckdb
@@ -204,16 +205,19 @@ def write_card(folder: Path, trace_id: str) -> None:
 
     from stallscope.collectives import JOB_OPS_SQL
     from stallscope.jobdata import JobData
+    from stallscope.rank_compare import COMPARE_FILE, build_rows
     from stallscope.store import Store, TraceRef
 
     rank = JobData(Store(folder.parent), [TraceRef(trace_id, "", folder, {"rank": 0})])
     try:
         table = build_card(rank, trace_id)
         ops = rank.con.sql(JOB_OPS_SQL).to_arrow_table()
+        compared = build_rows(rank, trace_id)
     except (duckdb.Error, ValueError, TypeError):
         return  # a trace the card cannot summarize: the analysis computes it or fails itself
     finally:
         rank.close()
+    pq.write_table(compared, folder / COMPARE_FILE, compression="zstd", compression_level=1)
     pq.write_table(ops, folder / OPS_FILE, compression="zstd", compression_level=1)
     pq.write_table(table, folder / CARD_FILE, compression="zstd", compression_level=1)
 
