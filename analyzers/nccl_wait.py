@@ -132,7 +132,7 @@ class Lateness(msgspec.Struct, kw_only=True):
     kernels: list[dict]  # its kernels against the others' (extra compute, slower GPU)
     host_ranges: list[dict]  # its host ranges over the intervals
     dataloader_range_ns: int  # data-loading ranges on other threads of its process
-    covering_range: str | None  # a user range that spans most of the unrecorded (or range-only) time
+    covering_range: str | None  # a user range over most of the unrecorded or range-only time
     what_if: dict  # stallscope.critical_path.saving: the job were the straggler on time
     cpu_in_range_ns: int = 0  # of causes_ns["cpu"]: inside a user range, nothing recorded under it
 
@@ -856,7 +856,9 @@ def _doing_text(rank: int, doing: StragglerActivity, why: Lateness | None) -> st
             f"Rank {rank} took no longer than the other ranks to reach these collectives from a common point "
             "(the previous collective or the step start): the capture does not show why it was last."
         )
-    causes = ", ".join(f"{_cause_text(c, why)} {_ms(ns)}" for c, ns in list(why.causes_ns.items())[:3])
+    causes = ", ".join(
+        f"{_cause_text(c, why)} {_ms(ns)}" for c, ns in list(why.causes_ns.items())[:3]
+    )
     ranges = ", ".join(r["name"] for r in why.host_ranges[:3])
     unrecorded = why.main_cause == "unknown" and not why.covering_range
     return (
