@@ -264,6 +264,7 @@ class DeviceMeasure(msgspec.Struct, kw_only=True):
     steps: list[dict[str, Any]]  # churn per ProfilerStep (:func:`step_churn`); [] without steps
     whole: dict[str, int] | None  # churn over the capture (:func:`capture_churn`), without steps
     snapshot: SnapshotState | None = None  # a memory snapshot paired with this trace's rank
+    snapshot_only: bool = False  # measured from a snapshot alone: no host calls, no steps recorded
 
     @property
     def allocated_from_deltas(self) -> bool:
@@ -299,7 +300,9 @@ def measure(job: JobData) -> list[DeviceMeasure]:
         rank = int(ref.meta.get("rank", 0))
         for device, mem in trace_memory(job, ref.trace_id).items():
             if (ref.trace_id, device) not in paired:
-                out.append(measure_device(job, Where(ref.trace_id, rank, device), mem))
+                m = measure_device(job, Where(ref.trace_id, rank, device), mem)
+                m.snapshot_only = True
+                out.append(m)
     return sorted(out, key=lambda m: _job_order(job, m))
 
 
@@ -915,8 +918,27 @@ def _churn(m: DeviceMeasure) -> Finding:
 
 
 def _churn_unstepped(m: DeviceMeasure) -> Finding:
+    """Churn over a capture without steps. A snapshot alone records neither host calls nor
+    steps: its text says the calls were not recorded (not that there were none)."""
     whole = m.whole or {"reserved_changes": 0, "driver_calls": 0}
     span = [m.first_ns, m.last_ns]
+    over = f"{(span[1] - span[0]) / 1e6:,.1f} ms"
+    if m.snapshot_only:
+        detail = (
+            f"The reserved total changed {whole['reserved_changes']} times over {over}; host calls "
+            "not recorded (snapshot only)."
+        )
+        first = (
+            "Pair the snapshot with a profiler trace of the same run (torch.profiler with a "
+            "schedule, so steps are marked) to see the host's calls per step; "
+        )
+    else:
+        detail = (
+            f"The reserved total changed {whole['reserved_changes']} times and the host made "
+            f"{whole['driver_calls']} cudaMalloc/cudaFree calls over {over}. The trace has no "
+            "step markers (ProfilerStep#N), so whether this happens in every step cannot be told."
+        )
+        first = "Profile with a schedule (torch.profiler.schedule) so steps are marked; "
     return Finding(
         analyzer="memory",
         trace=m.where.trace,
@@ -925,15 +947,11 @@ def _churn_unstepped(m: DeviceMeasure) -> Finding:
         severity="low",
         title=f"GPU {m.where.device}: the allocator went back to the driver "
         f"{whole['reserved_changes'] + whole['driver_calls']} times during the capture",
-        detail=(
-            f"The reserved total changed {whole['reserved_changes']} times and the host made "
-            f"{whole['driver_calls']} cudaMalloc/cudaFree calls over "
-            f"{(span[1] - span[0]) / 1e6:,.1f} ms. The trace has no step markers "
-            "(ProfilerStep#N), so whether this happens in every step cannot be told."
-        ),
-        recommendation="Profile with a schedule (torch.profiler.schedule) so steps are marked; "
-        f"avoid torch.cuda.empty_cache() in the loop, keep shapes stable, or set {EXPANDABLE}.",
-        evidence={"key": "churn", **whole},
+        detail=detail,
+        recommendation=first + "avoid torch.cuda.empty_cache() in the loop, keep shapes stable, "
+        f"or set {EXPANDABLE}.",
+        evidence={"key": "churn", **whole}
+        | ({"host_calls_recorded": False} if m.snapshot_only else {}),
         windows=[span],
     )
 

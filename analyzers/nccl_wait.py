@@ -132,8 +132,9 @@ class Lateness(msgspec.Struct, kw_only=True):
     kernels: list[dict]  # its kernels against the others' (extra compute, slower GPU)
     host_ranges: list[dict]  # its host ranges over the intervals
     dataloader_range_ns: int  # data-loading ranges on other threads of its process
-    covering_range: str | None  # a user range that spans most of the unrecorded time
+    covering_range: str | None  # a user range over most of the unrecorded or range-only time
     what_if: dict  # stallscope.critical_path.saving: the job were the straggler on time
+    cpu_in_range_ns: int = 0  # of causes_ns["cpu"]: inside a user range, nothing recorded under it
 
 
 class RankWait(msgspec.Struct, kw_only=True):
@@ -213,6 +214,7 @@ class JobCollectives(msgspec.Struct, kw_only=True):
     data_quality: list[str]
     critical_path: list[CriticalPathStep]  # each step's cross-rank critical path
     windows: list[list[int]]  # the collectives with the largest waits, first to last arrival
+    min_wait_ns: int = 100_000  # the min_wait_us threshold ``material`` counts against
 
     @property
     def worst(self) -> str | None:
@@ -358,6 +360,7 @@ def measure_job(
             p.rank for p in parts if match.skew_corrected.get((p.trace, p.device))
         ],
         material=int(material.sum()),
+        min_wait_ns=min_wait_ns,
         straggler_tally={
             str(p.rank): int((inst["straggler_rank"][material] == p.rank).sum()) for p in parts
         },
@@ -488,6 +491,7 @@ def _straggler_story(
     ranges, loader_ns = host_ranges(job, tl, part, ex.intervals)
     causes = _with_dataloader(dict(ex.causes_ns), loader_ns)
     main = max(causes, key=lambda c: causes[c]) if causes else None
+    in_range = _cpu_in_range(job, trace, device, own, causes.get("cpu", 0))
     refs = sorted(
         {
             int(r)
@@ -505,8 +509,9 @@ def _straggler_story(
         kernels=ex.kernels,
         host_ranges=ranges,
         dataloader_range_ns=loader_ns,
-        covering_range=_covering_range(ranges, main, causes),
+        covering_range=_covering_range(ranges, main, causes, in_range),
         what_if=saving_if_on_time(tl, ex.cuts),
+        cpu_in_range_ns=in_range,
     )
     return _activity(job, trace, device, own), why
 
@@ -522,13 +527,37 @@ def _with_dataloader(causes: dict[str, int], loader_ns: int) -> dict[str, int]:
     return causes
 
 
-def _covering_range(ranges: list[dict], main: str | None, causes: dict[str, int]) -> str | None:
+def _covering_range(
+    ranges: list[dict], main: str | None, causes: dict[str, int], cpu_in_range_ns: int = 0
+) -> str | None:
     """A user range (record_function, NVTX) on the straggler's process that spans most of the
-    unrecorded time, when that is the main cause: it names the time."""
+    main cause's time, when that time is unrecorded (``unknown``) or ``cpu`` only because the
+    range covered it (``cpu_in_range_ns``, at least half the ``cpu`` time): it names the time."""
     named = next((r for r in ranges if r["kind"] in ("annotation", "nvtx")), None)
-    if main == "unknown" and named and named["overlap_ns"] >= causes["unknown"] / 2:
-        return named["name"]
-    return None
+    if named is None or main not in ("unknown", "cpu"):
+        return None
+    if main == "cpu" and cpu_in_range_ns < causes["cpu"] / 2:
+        return None  # recorded host work: the range does not name it
+    return named["name"] if named["overlap_ns"] >= causes[main] / 2 else None
+
+
+def _cpu_in_range(job, trace: str, device: int, windows: list[list[int]], cpu_ns: int) -> int:
+    """Of ``cpu_ns`` (the straggler's ``cpu`` lateness), the part that is ``cpu`` only because a
+    user range covered it with nothing recorded under it: ``cpu_ns`` times that share of its
+    ``cpu`` idle over ``windows`` (own clock, ns). 0 without such time."""
+    idle = rank_idle(job, trace, device)
+    if not cpu_ns or not windows or idle.range_only_per_gap is None or not idle.per_gap.size:
+        return 0
+    union = intervals.union(
+        np.array([w[0] for w in windows], dtype=np.int64),
+        np.array([w[1] for w in windows], dtype=np.int64),
+    )
+    share = covered_length(union, idle.gap_starts, idle.gap_ends) / np.maximum(
+        idle.gap_ends - idle.gap_starts, 1
+    )
+    cpu = float((idle.per_gap[:, CAUSES.index("cpu")] * share).sum())
+    only = float((idle.range_only_per_gap * share).sum())
+    return int(round(cpu_ns * min(1.0, only / cpu))) if cpu > 0 else 0
 
 
 def _activity(job, trace: str, device: int, windows: list[list[int]]) -> StragglerActivity:
@@ -686,8 +715,9 @@ def _rank_wait_detail(w: RankWait, params: dict[str, float]) -> str:
     return (
         f"Rank {rank} spent {w.waited_ns / 1e6:.2f} ms inside {w.waits} collectives before the "
         f"last rank arrived, {w.exposed_ns / 1e6:.2f} ms of it with no compute of its own running. "
-        f"Rank {straggler} arrived last in {w.last_in} of the {w.material} collectives with a wait of "
-        f"at least {w.min_wait_ns / 1000:.0f} µs"
+        f"Rank {straggler} arrived last in {w.last_in} of the {w.material} collectives "
+        + ("of the captured steps " if w.per_step_known else "")
+        + f"that rank {rank} waited in with a wait of at least {w.min_wait_ns / 1000:.0f} µs"
         + (f" and caused most of the wait in {consistency}" if consistency else "")
         + ". "
         + (
@@ -751,6 +781,7 @@ def _lateness_evidence(why: Lateness) -> dict:
         "host_ranges": why.host_ranges,
         "dataloader_range_ns": why.dataloader_range_ns,
         "covering_range": why.covering_range,
+        "cpu_in_range_ns": why.cpu_in_range_ns,
     }
 
 
@@ -764,9 +795,10 @@ def speak_summary(s: JobCollectives) -> Finding:
         device=None,
         severity="info",
         title=(
-            f"Collectives: {s.matched} matched across {s.participants} ranks"
+            f"Collectives: {s.matched} matched across {s.participants} ranks (all captured, in steps or not)"
             + (
-                f"; rank {worst} arrived last in {s.straggler_tally[worst]} of {s.material} with waits"
+                f"; rank {worst} arrived last in {s.straggler_tally[worst]} of the {s.material} with a wait "
+                f"of at least {s.min_wait_ns / 1000:.0f} µs"
                 if worst and s.material
                 else ""
             )
@@ -801,6 +833,22 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.1f} ms"
 
 
+def _range_only(why: Lateness | None) -> bool:
+    """The main cause is ``cpu`` only because a user range covered the time, nothing recorded
+    under it: the trace shows the host was in that range, not that it used the CPU."""
+    return why is not None and why.main_cause == "cpu" and bool(why.covering_range)
+
+
+def _cause_text(cause: str, why: Lateness) -> str:
+    """:data:`CAUSE_TEXT`, but the range-only ``cpu`` time says what the trace can show."""
+    if cause == "cpu" and _range_only(why):
+        return (
+            f"inside host range `{why.covering_range}` with nothing recorded under it "
+            "(sleep, I/O or CPU work: the trace cannot tell)"
+        )
+    return CAUSE_TEXT[cause]
+
+
 def _doing_text(rank: int, doing: StragglerActivity, why: Lateness | None) -> str:
     """What the straggler did while it was late and what its being on time would save."""
     if why is None or not doing.window_ns:
@@ -808,7 +856,9 @@ def _doing_text(rank: int, doing: StragglerActivity, why: Lateness | None) -> st
             f"Rank {rank} took no longer than the other ranks to reach these collectives from a common point "
             "(the previous collective or the step start): the capture does not show why it was last."
         )
-    causes = ", ".join(f"{CAUSE_TEXT[c]} {_ms(ns)}" for c, ns in list(why.causes_ns.items())[:3])
+    causes = ", ".join(
+        f"{_cause_text(c, why)} {_ms(ns)}" for c, ns in list(why.causes_ns.items())[:3]
+    )
     ranges = ", ".join(r["name"] for r in why.host_ranges[:3])
     unrecorded = why.main_cause == "unknown" and not why.covering_range
     return (
@@ -880,6 +930,13 @@ def _recommendation(rank: int, why: Lateness | None) -> str:
             f"Rank {rank} blocked its host on GPU syncs the other ranks did not make (`.item()`, `.cpu()`, "
             "`torch.cuda.synchronize()`, often rank-0-only logging or metrics): remove or defer them."
             + tail
+        )
+    if _range_only(why):
+        return (
+            f"Rank {rank}'s host was inside `{why.covering_range}` while it fell behind, with nothing recorded "
+            "under that range (no GPU work, no operator): look at what that range does on that rank (a sleep, "
+            "I/O, a blocking call or CPU work), and shorten or remove it or move it off the step. To see which, "
+            "capture it with Nsight Systems OS-runtime tracing (`-t osrt`) or py-spy." + tail
         )
     if main in ("cpu", "launch", "memcpy"):
         return (

@@ -97,6 +97,9 @@ class IdleAttribution:
         None  # of the ``launch`` time: inside graph-launch calls
     )
     segments: Segments | None = None  # the labelled pieces the per-gap sums are made of
+    range_only_per_gap: np.ndarray | None = (
+        None  # of the ``cpu`` time: inside a user range with nothing recorded under it
+    )
 
     @property
     def totals(self) -> dict[str, int]:
@@ -137,7 +140,7 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
         "UNION SELECT end_ns FROM ranges WHERE trace_id = $1 AND kind = 'step'",
         [trace_id],
     )["start_ns"]
-    per_gap, graph_per_gap, segments = _label_gaps(
+    per_gap, graph_per_gap, segments, range_only = _label_gaps(
         gap_s,
         gap_e,
         cause_unions,
@@ -149,10 +152,11 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
     per_gap[queued] = 0
     per_gap[queued, CAUSES.index("queued")] = (gap_e - gap_s)[queued]
     graph_per_gap[queued] = 0
+    range_only[queued] = 0
     segments.label[queued[segments.gap]] = CAUSES.index("queued")
     span_start, span_end = span_of(starts, ends, scope)
     return IdleAttribution(
-        span_start, span_end, gap_s, gap_e, per_gap, threads, graph_per_gap, segments
+        span_start, span_end, gap_s, gap_e, per_gap, threads, graph_per_gap, segments, range_only
     )
 
 
@@ -278,11 +282,13 @@ def _label_gaps(
     graph_union: tuple[np.ndarray, np.ndarray],
     extra_edges: np.ndarray | None = None,
     user_ranges: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray, Segments]:
+) -> tuple[np.ndarray, np.ndarray, Segments, np.ndarray]:
     """Per-gap ns of each cause (priority order), by a sweep over all boundaries.
 
     Also returns, per gap, the ``launch`` time spent inside graph-launch
-    calls, and the labelled segments. ``extra_edges`` (step range edges) only
+    calls, the labelled segments, and the ``cpu`` time labelled so only because
+    a user range covered it (nothing recorded under the range: a sleep, I/O or
+    CPU work, the trace cannot tell which). ``extra_edges`` (step range edges) only
     split segments; they change no label. ``user_ranges``: time still
     ``unknown`` after the sliver rule but inside a user range is ``cpu``
     (host work the profiler did not record, in a range the program marked).
@@ -291,7 +297,7 @@ def _label_gaps(
     graph = np.zeros(gap_s.size, dtype=np.int64)
     if gap_s.size == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return per_gap, graph, Segments(empty, empty, empty, empty)
+        return per_gap, graph, Segments(empty, empty, empty, empty), graph.copy()
     lo, hi = gap_s[0], gap_e[-1]
     edges = [gap_s, gap_e, *graph_union] + [e for u in unions for e in u]
     points = np.sort(
@@ -314,13 +320,15 @@ def _label_gaps(
     cuts = [e for e in (extra_edges, *(user_ranges or ())) if e is not None and e.size]
     if cuts:  # after the sliver and drain rules, which read lengths: cuts must not shorten
         seg = _split_at(seg, np.concatenate(cuts))
+    range_only = np.zeros(gap_s.size, dtype=np.int64)
     if user_ranges is not None:
         in_range = (seg.label == CAUSES.index("unknown")) & intervals.covers(user_ranges, seg.start)
         seg.label[in_range] = CAUSES.index("cpu")
+        np.add.at(range_only, seg.gap[in_range], seg.length[in_range])
     np.add.at(per_gap, (seg.gap, seg.label), seg.length)
     in_graph = (seg.label == CAUSES.index("launch")) & intervals.covers(graph_union, seg.start)
     np.add.at(graph, seg.gap[in_graph], seg.length[in_graph])
-    return per_gap, graph, seg
+    return per_gap, graph, seg, range_only
 
 
 def _split_at(seg: Segments, edges: np.ndarray) -> Segments:

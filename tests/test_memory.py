@@ -376,6 +376,29 @@ def test_snapshot_pickle_gives_the_timeline_peak_and_stacks(store, tmp_path, pro
     ]
 
 
+def test_snapshot_only_churn_says_host_calls_were_not_recorded(store, tmp_path):
+    """A snapshot alone records no host calls and no steps: the churn finding says so instead
+    of counting 0 cudaMalloc/cudaFree calls or asking for step markers. The hand-built
+    snapshot's reserved total changes once (64 -> 96 MiB at 13 µs) over 7 µs."""
+    import pickle
+
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(snapshot()))
+    (res,) = ingest_paths(store, [str(path)])
+    job = JobData(store, store.traces(res.job_id))
+    try:
+        result = analyzer.run(job, analyzer.SPEC.params({"churn_events_no_steps": 1}))
+    finally:
+        job.close()
+    churn = by_key(result)["churn"]
+    assert churn.detail == (
+        "The reserved total changed 1 times over 0.0 ms; host calls not recorded (snapshot only)."
+    )
+    assert "cudaMalloc" not in churn.detail and "step markers" not in churn.detail
+    assert churn.evidence["host_calls_recorded"] is False
+    assert churn.recommendation.startswith("Pair the snapshot with a profiler trace")
+
+
 class _Exploit:
     def __reduce__(self):
         import os

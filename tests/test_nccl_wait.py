@@ -49,11 +49,12 @@ def metrics(result) -> dict:
     return {(m.rank, m.name): m.value for m in result.metrics}
 
 
-def straggler_job() -> list[KinetoTrace]:
+def straggler_job(slow=("cpu_op", "slow_host_work")) -> list[KinetoTrace]:
     """3 steps of 100 ms. Rank 0: compute [0,10), all-reduce [10,45).
 
     Rank 1: host op ``slow_host_work`` [0,38) with its GPU idle, compute [38,40),
     all-reduce [40,45). So rank 0 waits 30 ms per step (40 - 10), both transfer 5 ms.
+    ``slow``: the (category, name) of rank 1's slow host event.
     """
     ranks = [KinetoTrace(rank=r, world_size=2) for r in (0, 1)]
     for k in range(3):
@@ -63,7 +64,7 @@ def straggler_job() -> list[KinetoTrace]:
         r0, r1 = ranks
         r0.kernel("gemm", base, 10 * MS)
         r0.kernel(ALLREDUCE, base + 10 * MS, 35 * MS, stream=20, extra=meta())
-        r1.cpu_op("slow_host_work", base, 38 * MS)
+        r1.cpu_op(slow[1], base, 38 * MS, cat=slow[0])
         r1.kernel("gemm", base + 38 * MS, 2 * MS, device=1)
         r1.kernel(ALLREDUCE, base + 40 * MS, 5 * MS, device=1, stream=20, extra=meta())
     return ranks
@@ -115,6 +116,26 @@ def test_straggler_activity_shows_its_host_work(store, tmp_path):
     assert why["late_ns"] == why["explained_ns"] == 90 * MS
     assert why["causes_ns"] == {"cpu": 90 * MS} and why["main_cause"] == "cpu"
     assert "Python/CPU work" in finding.recommendation
+    assert why["cpu_in_range_ns"] == 0 and why["covering_range"] is None  # a recorded op
+    job.close()
+
+
+def test_time_only_inside_a_user_range_is_not_called_cpu_work(store, tmp_path):
+    """Rank 1's slow part is a record_function range with nothing recorded under it: the
+    trace shows the host was inside ``rank_extra``, not what it did there (a sleep, I/O or
+    CPU work). The cause stays ``cpu`` (same numbers as a recorded host op), its words and
+    advice say what the trace cannot tell."""
+    job, result = analyze(store, tmp_path, straggler_job(("user_annotation", "rank_extra")))
+    (finding,) = [f for f in result.findings if f.severity != "info"]
+    why = finding.evidence["lateness"]
+    assert why["causes_ns"] == {"cpu": 90 * MS} and why["main_cause"] == "cpu"
+    assert why["cpu_in_range_ns"] == 90 * MS and why["covering_range"] == "rank_extra"
+    assert (
+        ": inside host range `rank_extra` with nothing recorded under it (sleep, I/O or CPU work: "
+        "the trace cannot tell) 90.0 ms" in finding.detail
+    )
+    assert "Python/CPU work" not in finding.detail + finding.recommendation
+    assert "`-t osrt`" in finding.recommendation and "py-spy" in finding.recommendation
     job.close()
 
 
@@ -317,6 +338,13 @@ def test_ddp_straggler_from_nsys_names_rank_1(store):
     assert finding.rank == 0 and finding.evidence["straggler_rank"] == 1
     assert finding.evidence["straggler_main_cause_in"] == "5/5 steps"
     assert all(50 * MS <= s["largest_wait_ns"] <= 52 * MS for s in finding.evidence["steps"])
+    # captured with -t cuda,nvtx: the sleep sits in NVTX `straggler_sleep` with nothing recorded
+    # under it, so the trace cannot say it was CPU work
+    why = finding.evidence["lateness"]
+    assert why["main_cause"] == "cpu" and why["covering_range"] == "straggler_sleep"
+    assert why["cpu_in_range_ns"] >= 0.9 * why["causes_ns"]["cpu"]
+    assert "inside host range `straggler_sleep` with nothing recorded under it" in finding.detail
+    assert "Python/CPU work 2" not in finding.detail and "`-t osrt`" in finding.recommendation
     job.close()
 
 
@@ -501,8 +529,9 @@ def test_rank_wait_spoken_from_a_hand_made_measurement():
     assert f.title == "Rank 0 sat 30.0 ms (30% of GPU 0's time) in collectives waiting for rank 1"
     assert f.detail.startswith(
         "Rank 0 spent 40.00 ms inside 4 collectives before the last rank arrived, 30.00 ms of it "
-        "with no compute of its own running. Rank 1 arrived last in 3 of the 4 collectives with a "
-        "wait of at least 100 µs and caused most of the wait in 2/2 steps. Aligned at the previous "
+        "with no compute of its own running. Rank 1 arrived last in 3 of the 4 collectives of the "
+        "captured steps that rank 0 waited in with a wait of at least 100 µs and caused most of the "
+        "wait in 2/2 steps. Aligned at the previous "
         "collective (or the step start), rank 1 took 30.0 ms longer"
     )
     assert "would take 25.0 ms less" in f.detail
@@ -555,16 +584,17 @@ def test_summary_spoken_from_a_hand_made_measurement():
         where=Where("t0", 0, None), participants=2, matched=3, unmatched_kernels=1,
         methods={"0": "seq"}, clock_skew_ns={"0": 0, "1": 5 * MS}, skew_corrected_ranks=[1],
         material=2, straggler_tally={"0": 0, "1": 2}, wait_caused_ns={"0": 1, "1": 9 * MS},
-        ops=[], collectives=[], data_quality=[], critical_path=[], windows=[],
+        ops=[], collectives=[], data_quality=[], critical_path=[], windows=[], min_wait_ns=250_000,
     )  # fmt: skip
     f = nccl_wait.speak_summary(s)
     assert (f.severity, f.rank, f.device) == ("info", 0, None)
-    assert (
-        f.title == "Collectives: 3 matched across 2 ranks; rank 1 arrived last in 2 of 2 with waits"
+    assert f.title == (  # each count says what it counts: all matched, then those with a wait
+        "Collectives: 3 matched across 2 ranks (all captured, in steps or not); rank 1 arrived "
+        "last in 2 of the 2 with a wait of at least 250 µs"
     )
     assert f.detail == (
         "3 collectives matched by seq (1 kernels unmatched). Clock skew per rank (ns, from "
         "completion times): {'0': 0, '1': 5000000}; corrected for ranks [1]."
     )
     quiet = nccl_wait.speak_summary(msgspec.structs.replace(s, material=0))
-    assert quiet.title == "Collectives: 3 matched across 2 ranks"
+    assert quiet.title == "Collectives: 3 matched across 2 ranks (all captured, in steps or not)"
