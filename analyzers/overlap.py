@@ -619,6 +619,11 @@ def backward_traces(job: JobData) -> set[str]:
     return job.cache["backward_traces"]
 
 
+def _tiny(c: Collectives, params: dict) -> bool:
+    """Whether the median collective is under ``tiny_collective_kb`` (latency-bound)."""
+    return c.median_bytes is not None and c.median_bytes < params["tiny_collective_kb"] * 1024
+
+
 def _tips(c: Collectives, params: dict) -> list[str]:
     """The fixes that fit the collectives seen."""
     shared, main, sizes = c.shared_streams, c.main_op, c.median_bytes
@@ -640,8 +645,13 @@ def _tips(c: Collectives, params: dict) -> list[str]:
         tips.append(
             "The trace has no backward pass (forward-only: inference or tensor-parallel serving), so these "
             "all-reduces are tensor-parallel activations, not gradients. Overlap them with compute: async tensor "
-            "parallelism or fused compute-collective kernels (e.g. GEMM + all-reduce), start the next layer's "
-            "independent compute while the all-reduce runs, and use fewer, larger collectives."
+            "parallelism or fused compute-collective kernels (e.g. GEMM + all-reduce), and start the next layer's "
+            "independent compute while the all-reduce runs"
+            + (
+                "."
+                if _tiny(c, params)
+                else "; fewer, larger collectives also cut per-call latency."
+            )
         )
     elif main == "allreduce":
         tips.append(
@@ -661,8 +671,7 @@ def _tips(c: Collectives, params: dict) -> list[str]:
             "Overlap all-to-all with expert or embedding compute by splitting the batch into chunks and pipelining "
             "dispatch, compute and combine."
         )
-    tiny_kb = params["tiny_collective_kb"]
-    if sizes is not None and sizes < tiny_kb * 1024:
+    if _tiny(c, params):
         tips.append(
             f"The collectives are small (median {sizes / 1024:.0f} KB): they are latency-bound, so use fewer, larger "
             "ones (flatten or coalesce tensors, larger buckets)."

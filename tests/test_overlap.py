@@ -70,7 +70,10 @@ def test_finding_per_step_and_windows(store, tmp_path):
     assert f.evidence["shared_streams"] == []
     # no backward op: forward-only, so tensor-parallel advice, not gradient/DDP advice
     assert "no backward pass" in f.recommendation and "tensor-parallel" in f.recommendation
-    assert "DistributedDataParallel" not in f.recommendation and "bucket_cap_mb" not in f.recommendation
+    assert (
+        "DistributedDataParallel" not in f.recommendation
+        and "bucket_cap_mb" not in f.recommendation
+    )
 
 
 def test_gradient_advice_only_with_a_backward_pass(store, tmp_path):
