@@ -103,6 +103,7 @@ class Collectives(msgspec.Struct, kw_only=True):
     per_step: float | None  # communication kernels per step (1 decimal); None without steps
     median_bytes: float | None  # median collective size; None when the trace lacks sizes
     uses_ddp: bool  # the trace shows DistributedDataParallel
+    has_backward: bool = False  # the trace has autograd backward ops (training, not forward-only)
 
     @property
     def main_op(self) -> str:
@@ -395,6 +396,7 @@ class _Batch:
             per_step=round(int(self.comm_in_step[d]) / steps, 1) if steps else None,
             median_bytes=summary["median_bytes"],
             uses_ddp=main == "allreduce" and summary["uses_ddp"],
+            has_backward=where.trace in backward_traces(job),
         )
 
 
@@ -596,7 +598,30 @@ def measure_collectives(
         per_step=round(int((comm_mask & in_step).sum()) / steps, 1) if steps else None,
         median_bytes=summary["median_bytes"],
         uses_ddp=main == "allreduce" and summary["uses_ddp"],
+        has_backward=where.trace in backward_traces(job),
     )
+
+
+_BACKWARD_SQL = """
+SELECT DISTINCT trace_id FROM names WHERE list_contains(?, trace_id)
+  AND (contains(lower(name), 'backward') OR starts_with(name, 'autograd::engine'))
+"""
+
+
+def backward_traces(job: JobData) -> set[str]:
+    """The job's traces with an autograd backward pass (an op named ``...Backward...`` or
+    ``autograd::engine...``); one query for the job, cached on ``job``. A trace without
+    one is forward-only (inference or serving), so gradient all-reduce advice does not fit."""
+    if "backward_traces" not in job.cache:
+        traces = [ref.trace_id for ref in job.traces]
+        rows = job.sql(_BACKWARD_SQL, [traces]).fetchall()
+        job.cache["backward_traces"] = {str(r[0]) for r in rows}
+    return job.cache["backward_traces"]
+
+
+def _tiny(c: Collectives, params: dict) -> bool:
+    """Whether the median collective is under ``tiny_collective_kb`` (latency-bound)."""
+    return c.median_bytes is not None and c.median_bytes < params["tiny_collective_kb"] * 1024
 
 
 def _tips(c: Collectives, params: dict) -> list[str]:
@@ -616,6 +641,18 @@ def _tips(c: Collectives, params: dict) -> list[str]:
             "gradient_as_bucket_view=True, and static_graph=True when the graph does not change; with "
             "gradient accumulation, skip the all-reduce of the inner steps with no_sync()."
         )
+    elif main == "allreduce" and not c.has_backward:
+        tips.append(
+            "The trace has no backward pass (forward-only: inference or tensor-parallel serving), so these "
+            "all-reduces are tensor-parallel activations, not gradients. Overlap them with compute: async tensor "
+            "parallelism or fused compute-collective kernels (e.g. GEMM + all-reduce), and start the next layer's "
+            "independent compute while the all-reduce runs"
+            + (
+                "."
+                if _tiny(c, params)
+                else "; fewer, larger collectives also cut per-call latency."
+            )
+        )
     elif main == "allreduce":
         tips.append(
             "For gradient all-reduce use DistributedDataParallel, which all-reduces gradient buckets while backward "
@@ -634,8 +671,7 @@ def _tips(c: Collectives, params: dict) -> list[str]:
             "Overlap all-to-all with expert or embedding compute by splitting the batch into chunks and pipelining "
             "dispatch, compute and combine."
         )
-    tiny_kb = params["tiny_collective_kb"]
-    if sizes is not None and sizes < tiny_kb * 1024:
+    if _tiny(c, params):
         tips.append(
             f"The collectives are small (median {sizes / 1024:.0f} KB): they are latency-bound, so use fewer, larger "
             "ones (flatten or coalesce tensors, larger buckets)."

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from stallscope.compare import compare_tables, headline, new_only_text, step_delta_text
+from stallscope.compare import compare_tables, finding_notes, headline, step_delta_text
 from stallscope.pages.state import get_store, jobs, report_for
 
 ROW_PX = 35  # st.dataframe's row height
@@ -77,6 +77,5 @@ def _verdict(result: dict[str, Any]) -> None:
             st.warning(para.removeprefix("Warning: "))
         else:  # "Why: ...": the categories that explain the change
             st.markdown(f"**Why:** {para.removeprefix('Why: ')}")
-    new_only = result["findings"]["new_only"]
-    if new_only:
-        st.caption(new_only_text(new_only))
+    for note in finding_notes(result):
+        st.caption(note)

@@ -319,10 +319,7 @@ def compare_jobs(
         "findings": {
             "base": _finding_counts(a["findings"]),
             "new": _finding_counts(b["findings"]),
-            "new_only": sorted(
-                {(f["analyzer"], f["severity"]) for f in b["findings"]}
-                - {(f["analyzer"], f["severity"]) for f in a["findings"]}
-            ),
+            **finding_changes(a["findings"], b["findings"]),
             "savings": finding_savings(a["findings"], b["findings"], per_a, per_b, top),
         },
     }
@@ -412,6 +409,41 @@ def copy_deltas(a: dict, b: dict, per_a: int, per_b: int) -> list[dict[str, Any]
     return rows
 
 
+# Analyzers whose saving_ns is for the unprofiled run (the profiler's own cost taken out);
+# the others' savings are in the captured (profiled) time.
+UNPROFILED_SAVINGS = frozenset({"launch_overhead"})
+
+
+def _finding_key(f: dict) -> tuple:
+    """How findings of two jobs are matched: analyzer, evidence key, rank, device."""
+    return (f["analyzer"], str(f["evidence"].get("key", "")), f["rank"], f["device"])
+
+
+def finding_changes(base: list[dict], new: list[dict]) -> dict[str, list[list[str]]]:
+    """Findings matched by :func:`_finding_key` (each side's worst severity per key):
+    ``new_only``: sorted ``[analyzer, severity]`` of the keys NEW has and BASE lacks;
+    ``worse``: sorted ``[analyzer, base severity, new severity]`` of the keys on both
+    sides whose severity rose in NEW."""
+
+    def worst(findings: list[dict]) -> dict[tuple, str]:
+        out: dict[tuple, str] = {}
+        for f in findings:
+            key = _finding_key(f)
+            if key not in out or SEVERITY_RANK[f["severity"]] > SEVERITY_RANK[out[key]]:
+                out[key] = f["severity"]
+        return out
+
+    wa, wb = worst(base), worst(new)
+    new_only = {(k[0], sev) for k, sev in wb.items() if k not in wa}
+    worse = {
+        (k[0], wa[k], sev)
+        for k, sev in wb.items()
+        if k in wa and SEVERITY_RANK[sev] > SEVERITY_RANK[wa[k]]
+    }
+    return {"new_only": [list(t) for t in sorted(new_only)],
+            "worse": [list(t) for t in sorted(worse)]}  # fmt: skip
+
+
 def finding_savings(
     base: list[dict], new: list[dict], per_a: int, per_b: int, top: int
 ) -> list[dict[str, Any]]:
@@ -445,7 +477,8 @@ def finding_savings(
             continue
         row = _delta_row(
             {"analyzer": key[0], "key": key[1], "rank": key[2], "device": key[3],
-             "title": (fb or fa)[0]["title"], "base_severity": sev_a, "new_severity": sev_b},
+             "title": (fb or fa)[0]["title"], "base_severity": sev_a, "new_severity": sev_b,
+             "unprofiled_saving": key[0] in UNPROFILED_SAVINGS},
             sa, sb,
         )  # fmt: skip
         rows.append(row)
@@ -741,9 +774,8 @@ def render_compare(result: dict[str, Any], fmt: str) -> str:
         lines += _grid(table[1], table[2], md, table[0])
         if i == 0:
             lines += [step_delta_text(result), ""]
-    new_only = result["findings"]["new_only"]
-    if new_only:
-        lines += [new_only_text(new_only), ""]
+    for note in finding_notes(result):
+        lines += [note, ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -765,6 +797,26 @@ def step_delta_text(result: dict[str, Any]) -> str:
 
 def new_only_text(new_only: list) -> str:
     return "Findings only in new: " + ", ".join(f"{a} ({sev})" for a, sev in new_only)
+
+
+def finding_notes(result: dict[str, Any]) -> list[str]:
+    """The lines under the findings table: findings only in new or worse in new, and, when
+    an unprofiled saving is shown, that profiled-to-profiled deltas include the profiler."""
+    found = result["findings"]
+    changes = []
+    if found["new_only"]:
+        changes.append(new_only_text(found["new_only"]))
+    if found.get("worse"):
+        worse = ", ".join(f"{a} ({sa} → {sb})" for a, sa, sb in found["worse"])
+        changes.append(("worse in new: " if changes else "Findings worse in new: ") + worse)
+    out = ["; ".join(changes)] if changes else []
+    if any(r.get("unprofiled_saving") for r in found.get("savings", [])):
+        out.append(
+            "Savings marked (unprofiled) are estimated for the run without the profiler (its own cost "
+            "taken out); the step-time deltas compare two profiled captures, so they include the "
+            "profiler's own overhead."
+        )
+    return out
 
 
 def compare_tables(result: dict[str, Any], *, code: bool = False, width: int = 60) -> list[Table]:
@@ -895,11 +947,19 @@ def _savings_table(result: dict[str, Any], width: int) -> Table:
         rows.append(
             [f"{r['analyzer']}: {_short(r['title'], width)}", where,
              r["base_severity"] or "-", r["new_severity"] or "-",
-             _saving(r["base_ms"]), _saving(r["new_ms"]), _signed(r["delta_ms"])]
+             _saving(r["base_ms"], r), _saving(r["new_ms"], r), _signed(r["delta_ms"])]
         )  # fmt: skip
     return (
         "Findings: estimated saving if fixed (ms per step; — not estimated)",
-        ["finding", "where", "base", "new", "base saving ms", "new saving ms", "delta ms"],
+        [
+            "finding",
+            "where",
+            "base",
+            "new",
+            "base est. saving ms",
+            "new est. saving ms",
+            "delta ms",
+        ],
         rows,
     )
 
@@ -945,8 +1005,7 @@ def _html(title: str, verdict: str, paras: list[str], tables: list[Table], resul
         parts.append("</table>")
         if i == 0:
             parts.append(f"<p>{escape(step_delta_text(result))}</p>")
-    if result["findings"]["new_only"]:
-        parts.append(f"<p>{escape(new_only_text(result['findings']['new_only']))}</p>")
+    parts += [f"<p>{escape(note)}</p>" for note in finding_notes(result)]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -963,8 +1022,11 @@ def _signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+.3f}"
 
 
-def _saving(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
+def _saving(value: float | None, row: dict[str, Any] | None = None) -> str:
+    """A saving cell; ``(unprofiled)`` after the savings of :data:`UNPROFILED_SAVINGS`."""
+    if value is None:
+        return "—"
+    return f"{value:.3f}" + (" (unprofiled)" if row and row.get("unprofiled_saving") else "")
 
 
 def _pct_value(value: float | None) -> str:

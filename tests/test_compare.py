@@ -359,3 +359,54 @@ def test_outlier_steps_are_named_when_the_rows_shrink(cli, tmp_path):
         "-1.000 ms/step): the median step changed +1.000 ms but the mean step -1.000 ms, and the "
         "rows are per-step means: a few outlier steps weigh in them"
     )
+
+
+def _f(analyzer, severity, saving=None, rank=0, key=""):
+    return {"analyzer": analyzer, "severity": severity, "saving_ns": saving, "rank": rank,
+            "device": rank, "title": f"{analyzer} title", "evidence": {"key": key}}  # fmt: skip
+
+
+def test_a_finding_on_both_sides_that_rose_is_worse_not_new_only():
+    from stallscope.compare import finding_changes, finding_notes
+
+    base = [_f("overlap", "low", rank=0), _f("overlap", "info", rank=1), _f("memcpy", "high")]
+    new = [
+        _f("overlap", "medium", rank=0),
+        _f("overlap", "medium", rank=1),
+        _f("memcpy", "low"),  # better: neither list
+        _f("gpu_idle", "critical"),  # no match in base
+        _f("memcpy", "medium", key="pinned"),  # another key: a finding of its own
+    ]
+    changes = finding_changes(base, new)
+    assert changes["new_only"] == [["gpu_idle", "critical"], ["memcpy", "medium"]]
+    assert changes["worse"] == [["overlap", "info", "medium"], ["overlap", "low", "medium"]]
+    notes = finding_notes({"findings": {**changes, "savings": []}})
+    assert notes == [
+        "Findings only in new: gpu_idle (critical), memcpy (medium); "
+        "worse in new: overlap (info → medium), overlap (low → medium)"
+    ]
+    assert finding_changes(new, new) == {"new_only": [], "worse": []}
+
+
+def test_unprofiled_saving_is_labelled_with_the_profiler_note():
+    from stallscope.compare import _savings_table, finding_notes, finding_savings
+
+    base = [_f("launch_overhead", "critical", 4 * MS), _f("step_breakdown", "low", 2 * MS)]
+    rows = finding_savings(base, [], per_a=2, per_b=2, top=10)
+    result = {"findings": {"new_only": [], "worse": [], "savings": rows}}
+    (_, header, cells) = _savings_table(result, 60)
+    assert header[4:6] == ["base est. saving ms", "new est. saving ms"]
+    by = {c[0].split(":")[0]: c for c in cells}
+    assert by["launch_overhead"][4] == "2.000 (unprofiled)"  # 4 ms over 2 steps
+    assert by["step_breakdown"][4] == "1.000"  # a profiled-time saving: no label
+    (note,) = finding_notes(result)
+    assert "(unprofiled)" in note and "include the profiler's own overhead" in note
+    no_launch = {"findings": {"new_only": [], "worse": [], "savings": rows[1:]}}
+    assert rows[1]["analyzer"] == "step_breakdown" and finding_notes(no_launch) == []
+
+
+def test_worse_alone_reads_as_a_sentence():
+    from stallscope.compare import finding_notes
+
+    result = {"findings": {"new_only": [], "worse": [["overlap", "low", "medium"]], "savings": []}}
+    assert finding_notes(result) == ["Findings worse in new: overlap (low → medium)"]
