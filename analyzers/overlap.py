@@ -643,10 +643,11 @@ def _tips(c: Collectives, params: dict) -> list[str]:
         )
     elif main == "allreduce" and not c.has_backward:
         tips.append(
-            "The trace has no backward pass (forward-only: inference or tensor-parallel serving), so these "
-            "all-reduces are tensor-parallel activations, not gradients. Overlap them with compute: async tensor "
-            "parallelism or fused compute-collective kernels (e.g. GEMM + all-reduce), and start the next layer's "
-            "independent compute while the all-reduce runs"
+            "The trace records no backward pass (no autograd or *Backward operators), so these all-reduces are "
+            "not gradient all-reduces of a recorded backward; in forward-only work (inference, tensor-parallel "
+            "serving) they carry activations. Overlap them with compute: async tensor parallelism or fused "
+            "compute-collective kernels (e.g. GEMM + all-reduce), and start the next layer's independent compute "
+            "while the all-reduce runs"
             + (
                 "."
                 if _tiny(c, params)
