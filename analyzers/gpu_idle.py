@@ -154,6 +154,16 @@ class CauseIdle(msgspec.Struct, kw_only=True):
     # the host in those windows; None where not measured (causes below the severity ladder);
     # empty for ``queued`` (the host had handed the work over) and ``unknown`` (nothing recorded)
     host: HostActivity | None
+    # of a ``cpu`` impact: the time labelled ``cpu`` only because a record_function/NVTX range
+    # was open, with nothing recorded under it (sleep, I/O or CPU work: the trace cannot tell)
+    range_only_ns: int = 0
+
+    @property
+    def range_only(self) -> bool:
+        """Whether most of the cause's time is range-only ``cpu`` time (``range_only_ns``)."""
+        return (
+            self.cause == "cpu" and self.impact_ns > 0 and 2 * self.range_only_ns >= self.impact_ns
+        )
 
     @property
     def share_pct(self) -> float:
@@ -230,10 +240,20 @@ def measure_cause(
         longest_ns=int(shown.max()) if shown.size else 0,
         windows=windows,
         host=None,
+        range_only_ns=_range_only_ns(attribution, cause, counted),
     )
     if graded_severity(c.share_pct, c.impact_ns, params) is not None:
         c.host = _host_activity(job, where.trace, cause, attribution, windows)
     return c
+
+
+def _range_only_ns(attribution: IdleAttribution, cause: str, counted: np.ndarray) -> int:
+    """ns of the ``cpu`` time in the counted gaps that only an open user range labelled
+    (nothing recorded under it); 0 for other causes."""
+    only = attribution.range_only_per_gap
+    if cause != "cpu" or only is None or not only.size:
+        return 0
+    return int(only[counted].sum())
 
 
 def _cause_per_gap(attribution: IdleAttribution, cause: str) -> np.ndarray:
@@ -300,7 +320,7 @@ def speak(m: DeviceIdle, params: dict[str, float]) -> list[Finding]:
 def speak_cause(m: DeviceIdle, c: CauseIdle, severity: str) -> Finding:
     """The finding of one cause's stall time on the device, at ``severity``."""
     device, host = m.where.device, c.host or NO_HOST_ACTIVITY
-    what, fix = _what_and_fix(m, c.cause, host.host_ranges)
+    what, fix = _what_and_fix(m, c, host.host_ranges)
     detail = (
         f"GPU {device} was idle {c.impact_ns / 1e6:.2f} ms ({c.share_pct:.1f}% of its {m.span_ns / 1e6:.2f} ms span) "
         f"{what}, in {c.gap_count} gaps (longest {c.longest_ns / 1e6:.3f} ms)."
@@ -329,14 +349,25 @@ def speak_cause(m: DeviceIdle, c: CauseIdle, severity: str) -> Finding:
             "top_host_ops": host.top_host_ops,
             "host_ranges": host.host_ranges,
             **({"host_work_recorded": m.host_work_recorded} if c.cause == "unknown" else {}),
+            **({"range_only_ns": c.range_only_ns} if c.cause == "cpu" else {}),
         },
         windows=c.windows,
     )
 
 
-def _what_and_fix(m: DeviceIdle, cause: str, ranges: list[dict]) -> tuple[str, str]:
+def _what_and_fix(m: DeviceIdle, c: CauseIdle, ranges: list[dict]) -> tuple[str, str]:
     """The cause's words and fix, fitted to what the trace shows (streams, user ranges)."""
+    cause = c.cause
     what, fix = CAUSE_TEXT[cause]
+    if c.range_only and ranges:
+        name = ranges[0]["name"]
+        return (
+            f"while the host was inside `{name}` with nothing recorded under it",
+            f"The GPU waits while the host is in `{name}`, where the trace records no operator and no "
+            "CUDA call: look at what that range does (a sleep, I/O, a blocking call or CPU work), then "
+            "shorten it, move it off the step, or queue the next GPU work before it. To see which, capture "
+            "with Nsight Systems OS-runtime tracing (-t osrt) or sample its Python with py-spy.",
+        )
     if cause == "unknown" and m.host_work_recorded:
         fix = UNRECORDED_WORK_FIX
     if cause == "queued":

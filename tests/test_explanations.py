@@ -265,6 +265,10 @@ def flat_allreduce_ranks(steps: int = 5) -> list[KinetoTrace]:
         start = 0
         for n in range(steps):
             t.step(n, start, 143_600 * US)
+            # backward is recorded (the gradient advice needs it: overlap's has_backward)
+            t.cpu_op(
+                "autograd::engine::evaluate_function: MmBackward0", start + 70_000 * US, 70_000 * US
+            )
             for i in range(700):
                 t.kernel(GEMM, start + 50 * US + i * 200 * US, 200 * US, **BIG_GRID)
             t.kernel(ALLREDUCE, start + 140_050 * US, 3_500 * US, stream=20, extra=meta(seq=n))

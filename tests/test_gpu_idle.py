@@ -337,3 +337,33 @@ def test_run_is_measure_then_speak(job):
     result = gpu_idle.run(job, params)
     assert gpu_idle.speak(m, params) == result.findings and len(result.findings) == 4
     assert gpu_idle.metrics(m) == result.metrics
+
+
+@pytest.mark.parametrize("recorded_under_it", [False, True])
+def test_time_only_inside_a_user_range_is_not_called_host_work(store, tmp_path, recorded_under_it):
+    """A 1 ms gap inside a record_function range ``wait_here``: with nothing recorded under
+    the range the trace shows only that the host was inside it (a sleep, I/O or CPU work),
+    so the finding says that; with an operator under it, it is the host running other work."""
+    t = KinetoTrace(rank=0, world_size=1)
+    t.cpu_op("wait_here", 150_000, 900_000, cat="user_annotation")
+    if recorded_under_it:
+        t.cpu_op("aten::mul", 200_000, 800_000)
+    for i, start in enumerate((0, 1_100_000)):  # kernels of 100 µs, a 1 ms gap between them
+        corr = t.next_corr()
+        t.runtime("cudaLaunchKernel", start, 5_000, corr=corr)
+        t.kernel(f"k{i}", start + 10_000, 90_000, corr=corr)
+    (res,) = ingest_paths(store, [str(t.write(tmp_path / f"r{int(recorded_under_it)}.json"))])
+    job = JobData(store, store.traces(res.job_id))
+    result = gpu_idle.run(job, gpu_idle.SPEC.params({"min_impact_ms": 0}))
+    job.close()
+    (finding,) = [f for f in result.findings if f.evidence["cause"] == "cpu"]
+    only = finding.evidence["range_only_ns"]
+    if (
+        recorded_under_it
+    ):  # the op covers [200, 1000) µs: only [150, 200) and [1000, 1050) are range-only
+        assert only == 100_000
+    else:
+        assert only == finding.impact_ns > 0
+        assert "inside `wait_here` with nothing recorded under it" in finding.title
+        assert "host ran other work" not in finding.detail
+        assert "-t osrt" in finding.recommendation and "py-spy" in finding.recommendation
