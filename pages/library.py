@@ -175,14 +175,14 @@ def _job_list() -> None:
         width="stretch",
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="overview"),
-            "step ms": st.column_config.NumberColumn(
+            "step ms": st.column_config.TextColumn(
                 "step ms",
                 help="Median step time of the slowest rank (as on its Overview)",
             ),
-            "GPU busy %": st.column_config.NumberColumn(
+            "GPU busy %": st.column_config.TextColumn(
                 "GPU busy %", help="Over every rank and GPU, span-weighted"
             ),
-            "ms/token": st.column_config.NumberColumn(
+            "ms/token": st.column_config.TextColumn(
                 "ms/token", help="Inference jobs: median time per output token"
             ),
         },

@@ -196,8 +196,11 @@ def short_kernel_names(names: list[str]) -> list[str]:
     return [short_kernel_name(n, d) for n, d in zip(names, detail, strict=True)]
 
 
-def dashed(frame: pd.DataFrame, formats: dict[str, str]) -> Any:
-    """``frame`` as a pandas Styler for ``st.dataframe``: each column in ``formats`` shown with
-    its format (``"{:.1f}"``) and a missing value (None/NaN) as :data:`MISSING` rather than
-    ``None``; the numbers underneath stay numbers (sorting stays numeric)."""
-    return frame.style.format(formats, na_rep=MISSING, subset=list(formats))
+def dashed(frame: pd.DataFrame, formats: dict[str, str]) -> pd.DataFrame:
+    """A copy of ``frame`` for ``st.dataframe`` with each column in ``formats`` as text in its
+    format (``"{:.1f}"``) and a missing value (None/NaN) as :data:`MISSING`: Streamlit draws a
+    null cell as ``None`` and ignores a Styler's ``na_rep``. Those columns sort as text."""
+    out = frame.copy()
+    for column, fmt in formats.items():
+        out[column] = [MISSING if pd.isna(v) else fmt.format(v) for v in frame[column]]
+    return out
