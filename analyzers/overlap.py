@@ -691,7 +691,7 @@ def _summary(c: Collectives) -> str:
     return (
         f"Collectives: {ops_text}"
         + (f" ({c.per_step} per step" if c.per_step is not None else "")
-        + (f", median {c.median_bytes / 1e6:.2f} MB" if c.median_bytes is not None else "")
+        + (f", median {c.median_bytes / 2**20:.2f} MiB" if c.median_bytes is not None else "")
         + (")" if c.per_step is not None else "")
         + f" on stream(s) {', '.join(map(str, c.comm_streams))}."
     )

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import streamlit as st
 
+from stallscope.humanize import dashed
 from stallscope.memory_charts import live_ops_frame, memory_figure, memory_frame
 from stallscope.pages.state import get_store, report_for, selected_job
 from stallscope.pages.text import finding_text, literal
 from stallscope.views import findings_of, table_of
+
+LIVE_FORMATS = {"MiB": "{:,.2f}", "count": "{:,.0f}"}  # count: none before the capture
 
 CAPTURE_HINT = (
     "No allocator events in this job. Capture them with "
@@ -67,12 +70,16 @@ def _device_section(report, frame, row, summary, *, several: bool) -> None:
     ops = live_ops_frame(table_of(report, "memory_live_at_peak", row["trace"], row["device"]))
     if not ops.empty:
         st.markdown("**Live at the allocated peak, by the operator that allocated it**")
-        st.dataframe(ops[["op", "MiB", "count"]], width="stretch", hide_index=True)
+        st.dataframe(
+            dashed(ops[["op", "MiB", "count"]], LIVE_FORMATS), width="stretch", hide_index=True
+        )
     at_snapshot = table_of(report, "memory_live_at_snapshot", row["trace"], row["device"])
     if at_snapshot:
         st.markdown("**Live when the memory snapshot was taken, by Python stack** (the snapshot's)")
         snap = live_ops_frame(at_snapshot)
-        st.dataframe(snap[["op", "MiB", "count"]], width="stretch", hide_index=True)
+        st.dataframe(
+            dashed(snap[["op", "MiB", "count"]], LIVE_FORMATS), width="stretch", hide_index=True
+        )
 
 
 def _without_table(summaries) -> None:

@@ -57,7 +57,8 @@ def _headline(job: dict, report: dict) -> None:
     copies = (table["copy_ms"]).sum() / table["span_ms"].sum() * 100
     idle = (table["gpu_idle_pct"] * table["span_ms"]).sum() / 100
     steps = _step_times(report)
-    cols = st.columns(6)
+    # two rows of three: six tiles in one row cut "62.3 ms" to "62.…" at laptop widths
+    cols = [*st.columns(3), *st.columns(3)]
     decode = inference_summary(report)
     if decode:  # an inference job: the serving figures lead
         _decode_headline(cols, decode)
@@ -114,7 +115,7 @@ def _findings(report: dict, job_id: str) -> None:
     real = [g for g in groups if g[0]["severity"] != "info"]
     info = sum(len(g) for g in groups) - sum(len(g) for g in real)
     count = sum(len(g) for g in real)
-    st.subheader(f"Findings ({count})" + (f" · {info} info" if info else ""))
+    st.subheader(findings_heading(count, info))
     if not real:
         st.success("Nothing above info: no GPU time lost to the problems stallscope checks.")
     for group in groups:
@@ -174,13 +175,22 @@ def _step_times(report: dict) -> tuple[float, float, float] | None:
     return step_time_ms(report)
 
 
+def findings_heading(to_act_on: int, info: int) -> str:
+    """``Findings: 2 to act on · 13 info``: both counts named, so 2 never reads as all of 15."""
+    return f"Findings: {to_act_on} to act on" + (f" · {info} info" if info else "")
+
+
 def _where(f: dict) -> str:
     return f"rank {f['rank']}" + ("" if f["device"] is None else f" · GPU {f['device']}")
 
 
 def _ms(value: float) -> str:
+    """A tile's duration, at most 4 significant characters: ``12.3 s``, ``623 ms``, ``4.2 ms``,
+    ``80 µs`` (``value`` in ms)."""
     return (
-        f"{value:.0f} ms"
+        f"{value / 1000:.1f} s"
+        if value >= 10_000
+        else f"{value:.0f} ms"
         if value >= 100
         else f"{value:.1f} ms"
         if value >= 1

@@ -9,10 +9,13 @@ gives a readable short form of a (demangled) kernel name.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import pandas as pd
+
+MISSING = "—"  # a value the trace or the report does not give (None, NaN)
 
 _WORDS = {"ns": "", "pct": "%", "gbps": "GB/s", "d2h": "DtoH", "h2d": "HtoD", "gpu": "GPU"}
 
@@ -40,8 +43,11 @@ def _unit(key: str) -> str:
 
 
 def value_text(key: str, value: Any) -> str:
-    """One evidence value as text in the unit :func:`label` names."""
-    if isinstance(value, bool) or value is None:
+    """One evidence value as text in the unit :func:`label` names: :data:`MISSING` for
+    None/NaN, a list of words comma-joined (``RING_LL, TREE``), numbers in the key's unit."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return MISSING
+    if isinstance(value, bool):
         return str(value)
     if isinstance(value, int | float):
         if key.endswith("_ns"):
@@ -53,6 +59,8 @@ def value_text(key: str, value: Any) -> str:
         return f"{value:,}"
     if isinstance(value, list | tuple) and all(isinstance(v, int | float) for v in value):
         return " × ".join(str(v) for v in value)
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return ", ".join(value)
     return str(value)
 
 
@@ -186,3 +194,13 @@ def short_kernel_names(names: list[str]) -> list[str]:
             return short
         detail = [d + (s in clashes) for d, s in zip(detail, short, strict=True)]
     return [short_kernel_name(n, d) for n, d in zip(names, detail, strict=True)]
+
+
+def dashed(frame: pd.DataFrame, formats: dict[str, str]) -> pd.DataFrame:
+    """A copy of ``frame`` for ``st.dataframe`` with each column in ``formats`` as text in its
+    format (``"{:.1f}"``) and a missing value (None/NaN) as :data:`MISSING`: Streamlit draws a
+    null cell as ``None`` and ignores a Styler's ``na_rep``. Those columns sort as text."""
+    out = frame.copy()
+    for column, fmt in formats.items():
+        out[column] = [MISSING if pd.isna(v) else fmt.format(v) for v in frame[column]]
+    return out

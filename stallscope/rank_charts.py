@@ -114,9 +114,10 @@ def wait_distribution_figure(per_rank: pd.DataFrame, straggler: int | None = Non
     fig = go.Figure()
     if per_rank.empty:
         return fig
+    bins = min(60, max(10, len(per_rank) // 4))
     fig.add_histogram(
         x=per_rank["waiting_ms"],
-        nbinsx=min(60, max(10, len(per_rank) // 4)),
+        nbinsx=bins,
         marker={"color": "#c62828"},
         hovertemplate="%{x} ms: %{y} ranks<extra></extra>",
         name="ranks",
@@ -134,7 +135,16 @@ def wait_distribution_figure(per_rank: pd.DataFrame, straggler: int | None = Non
         margin={"l": 10, "r": 10, "t": 30, "b": 10},
         xaxis_title="exposed wait for a late rank, ms",
         yaxis_title="ranks",
+        yaxis=_whole_count_ticks(per_rank["waiting_ms"], bins),
         showlegend=False,
         bargap=0.05,
     )
     return fig
+
+
+def _whole_count_ticks(values: pd.Series, bins: int) -> dict:
+    """Y axis settings for a histogram of rank counts: whole-number ticks. Plotly's own ticks
+    step by 0.2 or 0.5 when the tallest bar is a few ranks; then a tick per rank. ``bins``
+    approximates Plotly's binning (its bins are at least as wide, its bars at least as tall)."""
+    tallest = int(np.histogram(values.to_numpy(dtype=float), bins=bins)[0].max())
+    return {"tickformat": "d", "rangemode": "tozero"} | ({"dtick": 1} if tallest <= 10 else {})

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from stallscope.humanize import evidence_tables, label, short_kernel_name, short_kernel_names
+import pandas as pd
+
+from stallscope.humanize import (
+    MISSING,
+    dashed,
+    evidence_tables,
+    label,
+    records_table,
+    short_kernel_name,
+    short_kernel_names,
+    value_text,
+)
 
 CLAMP = (
     "void at::native::vectorized_elementwise_kernel<8, at::native::(anonymous namespace)::"
@@ -59,3 +70,27 @@ def test_evidence_in_human_units():
     (sites_title, sites), (idle_title, idle) = tables
     assert sites_title == "Call sites" and list(sites["GPU (ms)"]) == ["38.121"]
     assert idle_title == "Idle by cause (ms)" and list(idle["Value (ms)"]) == ["0.083"]
+
+
+def test_missing_values_and_lists_of_words_read_as_text():
+    """None/NaN is a dash, not ``None``; a list of names is comma-joined, not ``['RING_LL']``."""
+    assert value_text("count", None) == MISSING == "—"
+    assert value_text("median_bytes", float("nan")) == "—"
+    assert value_text("algorithms", ["RING_LL"]) == "RING_LL"
+    assert value_text("algorithms", ["RING_LL", "TREE"]) == "RING_LL, TREE"
+    assert value_text("shape", [8, 1024]) == "8 × 1024"
+    table = records_table(
+        [
+            {"op": "allreduce", "algorithms": ["RING_LL"], "bytes": 2**20},
+            {"op": "broadcast", "algorithms": [], "bytes": None},
+        ]
+    )
+    assert list(table["Algorithms"]) == ["RING_LL", ""]
+    assert list(table["Bytes (MiB)"]) == ["1.00", "—"]
+
+
+def test_dashed_shows_a_dash_for_missing_numbers():
+    frame = pd.DataFrame({"op": ["a", "b"], "step ms": [12.345, None], "count": [3, None]})
+    shown = dashed(frame, {"step ms": "{:.1f}", "count": "{:,.0f}"})
+    assert list(shown["step ms"]) == ["12.3", "—"] and list(shown["count"]) == ["3", "—"]
+    assert list(shown["op"]) == ["a", "b"] and frame["step ms"].dtype == float  # a copy

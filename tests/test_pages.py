@@ -374,3 +374,19 @@ def test_library_delete_for_everyone(app_store):
 
 def _delete_button(at):
     return next(b for b in at.button if b.label == "Delete")
+
+
+def test_overview_findings_heading_names_both_counts(app_store):
+    """ "Findings (2) · 13 info" read as 2 of 2; the heading says which are to act on."""
+    from stallscope.pages.overview import _ms, findings_heading
+
+    assert findings_heading(2, 13) == "Findings: 2 to act on · 13 info"
+    assert findings_heading(0, 0) == "Findings: 0 to act on"
+    # tile values short enough to stay whole in a third of a laptop-wide page
+    assert [_ms(v) for v in (62.31, 623.1, 2104.0, 21_043.0, 0.08)] == [
+        "62.3 ms", "623 ms", "2104 ms", "21.0 s", "80 µs"
+    ]  # fmt: skip
+    at = page("overview", job=job_id(app_store, "hand.pt.trace.json"))
+    assert not at.exception
+    (heading,) = [s.value for s in at.subheader if s.value.startswith("Findings")]
+    assert " to act on" in heading

@@ -59,3 +59,13 @@ def test_wait_histogram_marks_the_straggler():
     fig = wait_distribution_figure(per_rank, straggler=7)
     assert len(fig.data) == 1 and len(fig.data[0].x) == 256  # one histogram, not 256 marks
     assert fig.layout.annotations[0].text == "straggler rank 7"
+
+
+def test_wait_histogram_counts_whole_ranks():
+    """A few ranks: one tick per rank, never 0.2 … 0.8 ranks; many alike: Plotly's own ticks."""
+    few = pd.DataFrame({"rank": range(4), "waiting_ms": [1.0, 2.0, 3.0, 4.0]})
+    axis = wait_distribution_figure(few).layout.yaxis
+    assert axis.dtick == 1 and axis.tickformat == "d"
+    many = pd.DataFrame({"rank": range(1024), "waiting_ms": [5.0] * 1023 + [0.0]})
+    axis = wait_distribution_figure(many, straggler=1023).layout.yaxis
+    assert axis.dtick is None and axis.tickformat == "d"

@@ -140,6 +140,7 @@ def main() -> int:
         pages = {
             "library": "",
             "overview": f"overview?job={job}",
+            "overview-ddp": f"overview?job={ddp}",  # a multi-rank job's headline tiles
             "timeline": f"timeline?job={job}",
             "timeline-ddp": f"timeline?job={ddp}",
             "compare": f"compare?base={other}&new={job}",
