@@ -333,7 +333,7 @@ def measure_rank_wait(
         last_in=int((inst["straggler_rank"][rows["inst"][material]] == straggler).sum()),
         steps=steps,
         main_in=sum(1 for s in steps if s["straggler_rank"] == straggler),
-        top_waits=[_instance_dict(inst, int(i)) for i in rows["inst"][waiting][top]],
+        top_waits=[_instance_of(job, match, int(i)) for i in rows["inst"][waiting][top]],
         activity=activity,
         lateness=why,
         outside_ns=_wait_outside(job, match, where.trace, where.device),
@@ -1040,6 +1040,16 @@ def _op_table(inst) -> list[dict]:
             }
         )
     return out
+
+
+def _instance_of(job: JobData, match: CollectiveMatch, i: int) -> dict:
+    """:func:`_instance_dict` of instance ``i``, built once per job (the ranks' top waits are
+    mostly the same few collectives); a copy, so no two findings share one dict."""
+    key = ("nccl_instance_dicts", id(match))
+    built = job.cache.setdefault(key, {})
+    if i not in built:
+        built[i] = _instance_dict(match.instances, i)
+    return dict(built[i])
 
 
 def _instance_dict(inst, i: int) -> dict:
