@@ -49,6 +49,7 @@ from stallscope.collectives import (
     CollectiveMatch,
     covered_length,
     gpu_activity,
+    job_ops,
     match_collectives,
     step_windows,
 )
@@ -303,7 +304,12 @@ def measure_rank_wait(
         return None
     starts, waits = rows["start_ns"][waiting], rows["wait_ns"][waiting]
     ops = gpu_activity(job)[(where.trace, where.device)]
-    exposed_each, exposed = _exposed(ops, starts, waits)
+    batch = _exposed_batch(job, match)
+    own = match.rows_of(where.trace, where.device)
+    if where in batch.parts and np.array_equal(batch.waiting[own], waiting[own]):
+        exposed_each, exposed = batch.each[waiting], int(batch.total[batch.parts[where]])
+    else:  # rows other than the participant's in-step waits: measured alone
+        exposed_each, exposed = _exposed(ops, starts, waits)
     span = _span(ops)
     if graded_severity(100.0 * exposed / span if span else 0.0, exposed, params) is None:
         return None
@@ -329,7 +335,7 @@ def measure_rank_wait(
         last_in=int((inst["straggler_rank"][rows["inst"][material]] == straggler).sum()),
         steps=steps,
         main_in=sum(1 for s in steps if s["straggler_rank"] == straggler),
-        top_waits=[_instance_dict(inst, int(i)) for i in rows["inst"][waiting][top]],
+        top_waits=[_instance_of(job, match, int(i)) for i in rows["inst"][waiting][top]],
         activity=activity,
         lateness=why,
         outside_ns=_wait_outside(job, match, where.trace, where.device),
@@ -387,6 +393,77 @@ def _wait_caused(match: CollectiveMatch, parts: list[Where]) -> dict[str, int]:
         zip(ranks.tolist(), np.bincount(at, rows["wait_ns"][ok], ranks.size).tolist(), strict=True)
     )
     return {str(p.rank): int(sums.get(p.rank, 0)) for p in parts}
+
+
+class _ExposedBatch(msgspec.Struct):
+    """:func:`_exposed` of every participant's in-step waits (:func:`_in_steps`) at once.
+
+    ``waiting``: per match row, whether it is such a wait; ``each``: per match row, its wait's
+    part with no compute kernel of its own rank beside it (0 off ``waiting``); ``total``: per
+    participant index (``parts``: Where -> index), that of its waits' union (ns)."""
+
+    parts: dict
+    waiting: np.ndarray
+    each: np.ndarray
+    total: np.ndarray
+
+
+def _exposed_batch(job: JobData, match: CollectiveMatch) -> _ExposedBatch:
+    """The :class:`_ExposedBatch` of the job (cached on it): every participant's compute
+    kernels and waits laid end to end on one axis, each participant's own clock shifted into
+    a block of its own (two ns apart, so no union crosses blocks), then one union and one
+    covered-length pass over the job instead of a few numpy calls per rank. The same
+    integers as :func:`_exposed` per participant."""
+    key = ("nccl_exposed", id(match))
+    if key in job.cache:
+        return job.cache[key]
+    rows, ops = match.rows, job_ops(job)
+    wheres = [w for w in participants_of(match) if (w.trace, w.device) in ops["bounds"]]
+    n = len(wheres)
+    own = [match.rows_of(w.trace, w.device) for w in wheres]
+    waiting = np.zeros(rows["inst"].size, dtype=bool)
+    row_part = np.full(rows["inst"].size, -1, dtype=np.int64)
+    in_step = rows["step"] >= 0
+    for p, sl in enumerate(own):  # slices: one assignment per participant, no scan
+        row_part[sl] = p
+        inside = in_step[sl]
+        waiting[sl] = inside if inside.any() else True  # _in_steps of its rows
+    waiting &= rows["wait_ns"] > 0
+    # each participant's compute kernels (job_ops rows of its block)
+    lo = np.array([ops["bounds"][(w.trace, w.device)][0] for w in wheres], dtype=np.int64)
+    hi = np.array([ops["bounds"][(w.trace, w.device)][1] for w in wheres], dtype=np.int64)
+    sizes = hi - lo
+    idx = np.repeat(lo - np.r_[0, np.cumsum(sizes)[:-1]], sizes) + np.arange(int(sizes.sum()))
+    op_part = np.repeat(np.arange(n), sizes)
+    compute = ops["is_kernel"][idx] & ~ops["is_comm"][idx]
+    c_s, c_e, c_p = ops["start_ns"][idx][compute], ops["end_ns"][idx][compute], op_part[compute]
+    w_rows = np.flatnonzero(waiting & (row_part >= 0))
+    w_p = row_part[w_rows]
+    w_s = rows["start_ns"][w_rows]
+    w_e = w_s + rows["wait_ns"][w_rows]
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    mn, mx = np.full(n, big), np.full(n, small)
+    for part, a, b in ((c_p, c_s, c_e), (w_p, w_s, w_e)):
+        np.minimum.at(mn, part, a)
+        np.maximum.at(mx, part, b)
+    mn, mx = np.where(mn == big, 0, mn), np.where(mx == small, 0, mx)
+    width = np.maximum(mx - mn, 0) + 2
+    base = np.r_[0, np.cumsum(width)[:-1]]
+    shift = base - mn
+    union = intervals.union(c_s + shift[c_p], c_e + shift[c_p])
+    a, b = w_s + shift[w_p], w_e + shift[w_p]
+    each = np.zeros(rows["inst"].size, dtype=np.int64)
+    each[w_rows] = (w_e - w_s) - covered_length(union, a, b)
+    u_s, u_e = intervals.union(a, b)
+    u_part = np.searchsorted(base, u_s, side="right") - 1
+    exposed = (u_e - u_s) - covered_length(union, u_s, u_e)
+    total = np.zeros(n, dtype=np.int64)
+    np.add.at(total, u_part, exposed)  # int64 sums (no float rounding)
+    batch = _ExposedBatch(
+        parts={w: p for p, w in enumerate(wheres)}, waiting=waiting, each=each, total=total
+    )
+    job.cache[key] = batch
+    return batch
 
 
 def _exposed(ops: dict, starts: np.ndarray, waits: np.ndarray) -> tuple[np.ndarray, int]:
@@ -1020,6 +1097,16 @@ def _op_table(inst) -> list[dict]:
             }
         )
     return out
+
+
+def _instance_of(job: JobData, match: CollectiveMatch, i: int) -> dict:
+    """:func:`_instance_dict` of instance ``i``, built once per job (the ranks' top waits are
+    mostly the same few collectives); a copy, so no two findings share one dict."""
+    key = ("nccl_instance_dicts", id(match))
+    built = job.cache.setdefault(key, {})
+    if i not in built:
+        built[i] = _instance_dict(match.instances, i)
+    return dict(built[i])
 
 
 def _instance_dict(inst, i: int) -> dict:

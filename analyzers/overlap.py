@@ -305,7 +305,7 @@ class _Batch:
         seg_dev = np.searchsorted(base, seg_s, side="right") - 1
         valid = seg_e <= self.block_end[np.maximum(seg_dev, 0)]
         self.length = seg_e - seg_s
-        in_comm, in_comp, in_copy, in_wait = (covered_length(u, seg_s, seg_e) > 0 for u in unions)
+        in_comm, in_comp, in_copy, in_wait = (_covers(u, seg_s) for u in unions)
         which = np.searchsorted(s_lo, seg_s, side="right") - 1
         wk = np.maximum(which, 0)
         has_steps = self.step_count[np.maximum(seg_dev, 0)] > 0
@@ -398,6 +398,18 @@ class _Batch:
             uses_ddp=main == "allreduce" and summary["uses_ddp"],
             has_backward=where.trace in backward_traces(job),
         )
+
+
+def _covers(union: tuple[np.ndarray, np.ndarray], seg_s: np.ndarray) -> np.ndarray:
+    """Whether the sorted, disjoint ``union`` covers each elementary segment starting at
+    ``seg_s``: the segments are cut at every edge of the union, so each lies wholly inside
+    one of its intervals or outside all of them, and its start tells which (one search,
+    the same answer as ``covered_length(union, seg_s, seg_e) > 0``)."""
+    us, ue = union
+    if us.size == 0:
+        return np.zeros(seg_s.size, dtype=bool)
+    j = np.searchsorted(us, seg_s, side="right") - 1
+    return (j >= 0) & (seg_s < ue[np.maximum(j, 0)])
 
 
 def _sorted_unique(x: np.ndarray) -> np.ndarray:

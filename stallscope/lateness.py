@@ -397,7 +397,10 @@ def explain(job: JobData, tl: Timeline, late: pd.DataFrame, straggler: int) -> E
     prev_excess: dict[tuple[int, int], dict] = {}
     kernels_total: dict[str, dict] = {}
     last_end = np.iinfo(np.int64).min
-    wanted = late[late["inst"].isin(mine["inst"])]
+    # the reference's row of each of its instances: only the (instance, reference) pairs
+    # asked for, found by one merge (not a dict over every rank's rows of those instances)
+    asked = mine[["inst", "ref"]].drop_duplicates().rename(columns={"ref": "part"})
+    wanted = late[["inst", "part", "align_ns", "start_ns"]].merge(asked, on=["inst", "part"])
     by_key = {
         (int(i), int(p)): (int(a), int(s))
         for i, p, a, s in zip(
