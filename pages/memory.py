@@ -11,7 +11,7 @@ from stallscope.pages.state import get_store, report_for, selected_job
 from stallscope.pages.text import finding_text, literal
 from stallscope.views import findings_of, table_of
 
-LIVE_FORMATS = {"MiB": "{:,.2f}", "count": "{:,.0f}"}  # count: none before the capture
+LIVE_FORMATS = {"count": "{:,.0f}"}  # count: none before the capture; MiB stays a number (sorts)
 
 CAPTURE_HINT = (
     "No allocator events in this job. Capture them with "
