@@ -15,7 +15,6 @@ import pandas as pd
 import streamlit as st
 
 from stallscope.errors import StallscopeError
-from stallscope.humanize import dashed
 from stallscope.pages.state import get_store, jobs, max_upload_mb, stored_summaries
 from stallscope.pages.text import literal
 from stallscope.targets import upload_extensions
@@ -170,20 +169,21 @@ def _job_list() -> None:
     )
     st.caption(f"{len(shown)} of {len(all_jobs)} jobs")
     st.dataframe(
-        dashed(table, {"step ms": "{:.1f}", "GPU busy %": "{:.0f}", "ms/token": "{:.2f}"}),
+        table,
         hide_index=True,
         width="stretch",
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="overview"),
-            "step ms": st.column_config.TextColumn(
+            "step ms": st.column_config.NumberColumn(
                 "step ms",
+                format="%.1f",
                 help="Median step time of the slowest rank (as on its Overview)",
             ),
-            "GPU busy %": st.column_config.TextColumn(
-                "GPU busy %", help="Over every rank and GPU, span-weighted"
+            "GPU busy %": st.column_config.NumberColumn(
+                "GPU busy %", format="%.0f", help="Over every rank and GPU, span-weighted"
             ),
-            "ms/token": st.column_config.TextColumn(
-                "ms/token", help="Inference jobs: median time per output token"
+            "ms/token": st.column_config.NumberColumn(
+                "ms/token", format="%.2f", help="Inference jobs: median time per output token"
             ),
         },
     )
