@@ -88,6 +88,17 @@ def rank_in_name(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def ranks_on_devices(timelines: list[dict[str, Any]], devices: set) -> list[int]:
+    """The ranks whose timeline (``meta.json`` with ``devices``) ran on every one of
+    ``devices``: how a companion result that names no rank finds its owner (one owner, or
+    none to tell). Empty when ``devices`` is."""
+    return [
+        m["rank"]
+        for m in timelines
+        if devices and devices <= {d["device"] for d in m.get("devices", [])}
+    ]
+
+
 # Files given together are one job's ranks; said where ranks cannot be told apart.
 SEPARATE_JOBS_HINT = (
     "files given together are taken as the ranks of one job: to analyze unrelated traces,"

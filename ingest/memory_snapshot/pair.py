@@ -26,7 +26,12 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from stallscope.errors import InputError
-from stallscope.ingest.formats import COMPANION_SOURCES, SEPARATE_JOBS_HINT, rank_in_name
+from stallscope.ingest.formats import (
+    COMPANION_SOURCES,
+    SEPARATE_JOBS_HINT,
+    rank_in_name,
+    ranks_on_devices,
+)
 
 SOURCE = "memory-snapshot"
 NAMING = "put the rank in its file name, e.g. rank1.snapshot.pickle"
@@ -70,11 +75,7 @@ def _timeline_rank(meta: dict[str, Any], folder: Path, timelines: list[dict[str,
     devices = set(
         pq.read_table(folder / "memory.parquet", columns=["device"])["device"].to_pylist()
     )
-    owners = [
-        m["rank"]
-        for m in timelines
-        if devices and devices <= {d["device"] for d in m.get("devices", [])}
-    ]
+    owners = ranks_on_devices(timelines, devices)
     if len(owners) == 1:
         return owners[0]
     raise InputError(

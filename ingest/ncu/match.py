@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stallscope.errors import InputError
-from stallscope.ingest.formats import COMPANION_SOURCES
+from stallscope.ingest.formats import COMPANION_SOURCES, ranks_on_devices
 from stallscope.kernel_names import kernel_base_name
 
 
@@ -61,11 +61,7 @@ def _rank(meta: dict[str, Any], folder: Path, timelines: list[dict[str, Any]]) -
         return ranks[0] if ranks else 0
     table = pq.read_table(folder / "kernel_metrics.parquet", columns=["device"])
     devices = {d for d in table["device"].unique().to_pylist() if d is not None}
-    owners = [
-        m["rank"]
-        for m in timelines
-        if devices and devices <= {d["device"] for d in m.get("devices", [])}
-    ]
+    owners = ranks_on_devices(timelines, devices)
     if len(owners) == 1:
         return owners[0]
     raise InputError(
