@@ -26,6 +26,7 @@ from stallscope.idle import (
     IdleAttribution,
     attribute_idle,
     host_ranges,
+    mostly_range_only,
     top_host_ops,
 )
 from stallscope.jobdata import JobData
@@ -161,9 +162,7 @@ class CauseIdle(msgspec.Struct, kw_only=True):
     @property
     def range_only(self) -> bool:
         """Whether most of the cause's time is range-only ``cpu`` time (``range_only_ns``)."""
-        return (
-            self.cause == "cpu" and self.impact_ns > 0 and 2 * self.range_only_ns >= self.impact_ns
-        )
+        return self.cause == "cpu" and mostly_range_only(self.range_only_ns, self.impact_ns)
 
     @property
     def share_pct(self) -> float:

@@ -53,7 +53,7 @@ from stallscope.collectives import (
     match_collectives,
     step_windows,
 )
-from stallscope.idle import CAUSES, launch_threads, top_host_ops
+from stallscope.idle import CAUSES, launch_threads, mostly_range_only, top_host_ops
 from stallscope.jobdata import JobData
 from stallscope.lateness import (
     CAUSE_TEXT,
@@ -613,7 +613,7 @@ def _covering_range(
     named = next((r for r in ranges if r["kind"] in ("annotation", "nvtx")), None)
     if named is None or main not in ("unknown", "cpu"):
         return None
-    if main == "cpu" and cpu_in_range_ns < causes["cpu"] / 2:
+    if main == "cpu" and not mostly_range_only(cpu_in_range_ns, causes["cpu"]):
         return None  # recorded host work: the range does not name it
     return named["name"] if named["overlap_ns"] >= causes[main] / 2 else None
 

@@ -66,6 +66,13 @@ LAUNCH_API_REGEX = (
 )
 
 
+def mostly_range_only(range_only_ns: int, cpu_ns: int) -> bool:
+    """Whether ``cpu`` idle time is named by the user range that covered it rather than as
+    host work: at least half of it (``cpu_ns`` > 0) was labelled ``cpu`` only because a
+    record_function/NVTX range was open with nothing recorded under it (``range_only_per_gap``)."""
+    return cpu_ns > 0 and 2 * range_only_ns >= cpu_ns
+
+
 @dataclass
 class Segments:
     """The idle time as labelled pieces, sorted by start: piece ``i`` is
