@@ -70,13 +70,15 @@ class PreparedJob:
 
     ``upload`` is this upload's entry (see :func:`stallscope.store.new_upload`);
     ``again`` prepares the job afresh, for when the stored job was removed
-    before this upload could be recorded.
+    before this upload could be recorded. ``durable``: files of the staging
+    folder already fsync'ed by their writer (the publish skips them).
     """
 
     result: IngestResult
     staging: Path | None
     upload: dict[str, Any] = field(default_factory=dict)
     again: Callable[[], PreparedJob] | None = None
+    durable: frozenset[Path] = frozenset()
 
 
 def ingest_job(store: Store, job_name: str, sources: list[Source], **options: Any) -> IngestResult:
@@ -93,7 +95,9 @@ def publish_job(store: Store, prepared: PreparedJob) -> IngestResult:
     again = prepared.again
     for _ in range(20):
         job_id = prepared.result.job_id
-        if prepared.staging is not None and store.publish(prepared.staging, job_id):
+        if prepared.staging is not None and store.publish(
+            prepared.staging, job_id, prepared.durable
+        ):
             prepared.result.existed = False
             return prepared.result
         if store.add_upload(job_id, prepared.upload):
@@ -174,7 +178,8 @@ def _prepare(
         # not ranks of their own.
         single = sum(not companion_file(s) for s in sources) <= 1
         metas = ranks.ingest(sources, hashes, job_id, staging, single=single, progress=progress)
-        _finish_formats(metas, staging)
+        # A format's finish step may rewrite files in place: then nothing counts as synced.
+        durable = frozenset() if _finish_formats(metas, staging) else ranks.synced
         _check_ranks(metas)
         now = datetime.fromisoformat(upload["uploaded_at"]).isoformat(timespec="seconds")
         user = upload["uploaded_by"]
@@ -204,20 +209,30 @@ def _prepare(
         raise
     warnings = [f"{m['file_name']}: {w}" for m in metas for w in m.get("warnings", [])]
     result = IngestResult(job_id, job_name, ordered, False, warnings, upload["upload_id"])
-    return PreparedJob(result, staging, upload)
+    return PreparedJob(result, staging, upload, durable=durable)
 
 
-def _finish_formats(metas: list[dict[str, Any]], staging: Path) -> None:
-    """Each format of the job that has a ``finish`` step (ncu: pairing with the timeline) runs it."""
+def _finish_formats(metas: list[dict[str, Any]], staging: Path) -> bool:
+    """Each format of the job that has a ``finish`` step (ncu: pairing with the timeline) runs
+    it; True when one ran."""
     sources = {meta["source"] for meta in metas}
+    ran = False
     for fmt in FORMATS:
         if fmt.finish is not None and fmt.source in sources:
             fmt.finish(metas, staging)
+            ran = True
+    return ran
 
 
 class RankIngest(Protocol):
     """How a job's files are hashed and parsed into its staging folder (one trace folder per
-    rank); :data:`HERE` does it in this process, :mod:`stallscope.cluster` on a Dask cluster."""
+    rank); :data:`HERE` does it in this process, :mod:`stallscope.cluster` on a Dask cluster.
+
+    ``synced``: after :meth:`ingest`, the files it wrote into the staging folder already
+    fsync'ed (empty when it syncs nothing: the publish then syncs every file).
+    """
+
+    synced: frozenset[Path]
 
     def hashes(self, sources: list[Source]) -> list[str]:
         """Each source's SHA-256 (``Source.file_hash``), in order."""
@@ -239,7 +254,10 @@ class RankIngest(Protocol):
 
 
 class RanksHere:
-    """Hash and parse a job's files one after the other, in this process."""
+    """Hash and parse a job's files one after the other, in this process (syncing nothing:
+    the publish syncs the job's files, which are still in the page cache)."""
+
+    synced: frozenset[Path] = frozenset()
 
     def hashes(self, sources: list[Source]) -> list[str]:
         if len(sources) == 1:

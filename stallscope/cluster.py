@@ -333,6 +333,7 @@ class DaskRanks:
         self.client = client
         self.store_root = str(store.root.absolute())
         self.retries = retries
+        self.synced: frozenset[Path] = frozenset()
 
     def hashes(self, sources: list[Source]) -> list[str]:
         """Files on the shared filesystem are hashed by workers; zip members here (streamed)."""
@@ -372,7 +373,16 @@ class DaskRanks:
             hashes, items, [single] * n, pure=False, retries=self.retries,
         )  # fmt: skip
         per_file = self._gather(futures, [s.name for s in sources], progress, "ingested")
-        return [meta for metas in per_file for meta in metas]
+        metas = [meta for metas in per_file for meta in metas]
+        # Each trace folder was fsync'ed whole by its worker before it was moved in
+        # (ingest_rank): the publish need not sync its files again, only what is added.
+        self.synced = frozenset(
+            path
+            for meta in metas
+            for path in (staging / meta["trace_id"]).iterdir()
+            if path.is_file()
+        )
+        return metas
 
     def _gather(
         self,

@@ -43,6 +43,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,15 +137,19 @@ class Store:
             return None
         return doomed
 
-    def publish(self, staging: Path, job_id: str) -> bool:
+    def publish(self, staging: Path, job_id: str, durable: Collection[Path] = ()) -> bool:
         """Make a complete staging folder visible as ``jobs/<job_id>``.
 
-        Returns False (and discards the staging folder) when that job already
-        exists, e.g. because another process ingested the same files first.
+        Every file and folder below ``staging`` is fsync'ed first, except the
+        files in ``durable``: ones their writer already fsync'ed and nobody
+        changed since (a Dask worker syncs its rank's files before moving them
+        in). Returns False (and discards the staging folder) when that job
+        already exists, e.g. because another process ingested the same files
+        first.
         """
         target = self.jobs_dir / job_id
         Lease.release(staging)
-        sync_tree(staging)
+        sync_tree(staging, durable)
         try:
             os.rename(staging, target)
             _fsync_dir(self.jobs_dir)
@@ -369,7 +374,7 @@ class Store:
         """
         refs = self.traces() if traces is None else traces
         if cursor_of is None:
-            con = duckdb.connect(config={"threads": max(1, min(4, os.cpu_count() or 1))})
+            con = duckdb.connect(config={"threads": connection_threads()})
             view = "VIEW"
         else:
             con, view = cursor_of.cursor(), "TEMP TABLE" if load else "TEMP VIEW"
@@ -392,6 +397,16 @@ class Store:
                 )
         create_catalog(con, [r.meta for r in refs])
         return con
+
+
+def connection_threads() -> int:
+    """DuckDB threads of a store connection: 4 at most, within the ingest's thread budget
+    when one is set (a Dask worker's threads, ``$STALLSCOPE_THREADS``): an ingest worker
+    reads its rank's files back to write the rank card, and W workers on one host each
+    with 4 threads would put 4x too many threads on its cores."""
+    from stallscope.ingest.startup import thread_budget
+
+    return max(1, min(4, thread_budget() or os.cpu_count() or 1))
 
 
 def _table_files(refs: list[TraceRef], tables: tuple[str, ...]) -> dict[str, list[str]]:
@@ -780,24 +795,27 @@ class Lease:
         return now - newest > limit
 
 
-def sync_tree(folder: Path) -> None:
+def sync_tree(folder: Path, durable: Collection[Path] = ()) -> None:
     """fsync every file and folder below ``folder`` (and itself): durable before it is published.
 
-    The files are synced by a few threads at once (``fsync`` waits on the disk without the
-    GIL: a job of 1,000 ranks has ~15,000 files), then the folders, deepest first.
+    Files in ``durable`` (already fsync'ed by their writer, unchanged since) are skipped.
+    Files, then folders, are synced by a few threads at once (``fsync`` waits on the disk
+    without the GIL: a job of 1,000 ranks has ~15,000 files and ~1,000 folders); the order
+    of the fsyncs does not matter, only that all are done before the publishing rename.
     """
     paths = list(folder.rglob("*"))
-    files = [path for path in paths if path.is_file()]
-    if len(files) > 8:
+    skip = set(durable)
+    files = [path for path in paths if path not in skip and path.is_file()]
+    folders = [path for path in paths if path.is_dir()] + [folder]
+    if len(files) + len(folders) > 8:
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(_fsync_file, files))
+            list(pool.map(_fsync_dir, folders))
     else:
         for path in files:
             _fsync_file(path)
-    folders = [path for path in paths if path.is_dir()]
-    for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
-        _fsync_dir(path)
-    _fsync_dir(folder)
+        for path in folders:
+            _fsync_dir(path)
 
 
 def _fsync_file(path: Path) -> None:

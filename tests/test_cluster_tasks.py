@@ -110,3 +110,113 @@ def test_a_task_uses_its_workers_threads(monkeypatch):
     finally:
         startup.set_thread_budget(None)
         pa.set_cpu_count(cpus)
+
+
+class _Done:
+    """A finished future of :class:`_InlineClient`."""
+
+    def __init__(self, key: str, value):
+        self.key, self.value, self.status = key, value, "finished"
+
+    def done(self) -> bool:
+        return True
+
+
+class _InlineClient:
+    """The part of ``distributed.Client`` that DaskRanks uses, running each task here."""
+
+    def map(self, fn, *iterables, pure=False, retries=0):
+        return [
+            _Done(f"{fn.__name__}-{i}", fn(*args))
+            for i, args in enumerate(zip(*iterables, strict=True))
+        ]
+
+    def gather(self, futures):
+        return [f.value for f in futures]
+
+    def cancel(self, futures):
+        pass
+
+
+def _fsyncs(monkeypatch) -> tuple[list[Path], list[Path]]:
+    """Record the files and folders the store fsyncs from now on."""
+    from stallscope import store as store_module
+
+    files: list[Path] = []
+    folders: list[Path] = []
+    monkeypatch.setattr(store_module, "_fsync_file", files.append)
+    real_dir = store_module._fsync_dir
+    monkeypatch.setattr(store_module, "_fsync_dir", lambda p: (folders.append(p), real_dir(p)))
+    return files, folders
+
+
+def test_the_publish_syncs_only_what_the_workers_did_not(store, monkeypatch):
+    """Each worker fsyncs its rank's files before moving them in; the publish then syncs the
+    files written after (each trace's meta.json, job.json, the upload) and every folder."""
+    from stallscope.cluster import DaskRanks
+    from stallscope.ingest.job import prepare_job, publish_job
+
+    sources = [s for n in (0, 1) for s in expand(str(SAMPLE / f"rank{n}.pt.trace.json.gz")).sources]
+    ranks = DaskRanks(_InlineClient(), store)
+    prepared = prepare_job(store, "two ranks", sources, ranks=ranks)
+    staging = prepared.staging
+    traces = [staging / t for t in prepared.result.trace_ids]
+    assert prepared.durable == ranks.synced
+    assert {p.parent for p in ranks.synced} == set(traces)
+    assert {p.name for p in ranks.synced if p.parent == traces[0]} >= {
+        "gpu.parquet",
+        "host.parquet",
+    }
+    assert not any(p.name == "meta.json" for p in ranks.synced)  # written by the client after
+
+    written_after = {p for p in staging.rglob("*") if p.is_file() and p not in ranks.synced} - {
+        staging / ".lease"
+    }  # (the lease is removed before the publish syncs)
+    assert {p.name for p in written_after} == {"meta.json", "job.json", *(
+        p.name for p in (staging / "uploads").iterdir())}  # fmt: skip
+
+    files, folders = _fsyncs(monkeypatch)
+    publish_job(store, prepared)
+    assert set(files) == written_after
+    assert set(folders) >= set(traces) | {staging, staging / "uploads"}
+    assert store.has_job(prepared.result.job_id)
+
+
+def test_a_finish_step_or_a_local_ingest_syncs_every_file_at_publish(store, monkeypatch):
+    """Nothing counts as already synced when a format's finish step may have rewritten files
+    (Nsight Compute pairing), nor in an ingest on one machine (it syncs nothing before)."""
+    from stallscope.cluster import DaskRanks
+    from stallscope.ingest import job as job_module
+
+    source = [*expand(str(SAMPLE / "rank1.pt.trace.json.gz")).sources]
+    monkeypatch.setattr(job_module, "_finish_formats", lambda metas, staging: True)
+    prepared = job_module.prepare_job(store, "r1", source, ranks=DaskRanks(_InlineClient(), store))
+    assert prepared.durable == frozenset()
+    store.discard(prepared.staging)
+
+    monkeypatch.undo()
+    local = job_module.prepare_job(
+        store, "r1", [*expand(str(SAMPLE / "rank1.pt.trace.json.gz")).sources]
+    )
+    assert local.durable == frozenset()
+    files, _ = _fsyncs(monkeypatch)
+    job_module.publish_job(store, local)
+    assert "gpu.parquet" in {p.name for p in files}
+
+
+def test_store_connections_keep_to_the_ingest_thread_budget(store):
+    """An ingest task reads its rank back through a store connection (the rank card): within
+    its worker's threads, not 4 of the host's CPUs each."""
+    from stallscope.ingest import startup
+
+    try:
+        startup.set_thread_budget(1)
+        con = store.connect([])
+        assert con.execute("SELECT current_setting('threads')").fetchone()[0] == 1
+        con.close()
+    finally:
+        startup.set_thread_budget(None)
+    con = store.connect([])
+    expected = max(1, min(4, os.cpu_count() or 1))
+    assert con.execute("SELECT current_setting('threads')").fetchone()[0] == expected
+    con.close()
