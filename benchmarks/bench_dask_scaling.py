@@ -1,21 +1,41 @@
-"""How ingest throughput grows with Dask workers (issue #15: >= 0.8x linear up to 16).
+"""Ingest throughput per Dask worker count (issue #15: >= 0.8x linear up to 16 workers).
 
-    python benchmarks/bench_dask_scaling.py [--workers 1,2,4,8,16] [--ranks 256] [--job DIR]
+    python benchmarks/bench_dask_scaling.py [--workers 1,2,4,8,16] [--ranks 256]
+        [--big-ranks 32 --big-mb 30] [--job DIR] [--json FILE]
 
-Builds the N-rank job of ``bench_dask.py`` (the real ``ddp_straggler`` sample,
-replicated with rewritten ranks) unless ``--job`` names a folder of rank files,
-then for each W starts a fresh ``distributed.LocalCluster`` of W worker
-processes (one thread each) and times ``stallscope ingest --no-analyze
---scheduler ADDRESS`` into a fresh store, as a user runs it (the whole command:
-start-up, connection, planning, publishing; not the cluster's start).
+Jobs: ``--ranks`` tiny ranks (the real 2-rank ``ddp_straggler`` sample
+replicated with rewritten ranks, as ``bench_ranks.py`` grows it: 1.5 MB of
+JSON a rank) and ``--big-ranks`` ranks of about ``--big-mb`` MB of JSON each
+(the same rank traces, each repeated in time by ``make_big_trace.build``
+until it is that big), or ``--job``, a folder of rank files. Files are gzip
+level 1, as a profiler writes them. 0 skips a job.
 
-Printed per W: wall seconds, throughput (ranks per second), speed-up over the
-first W and its share of linear (``speed-up / (W / W0)``: the issue asks
->= 0.8), and each worker's memory: its peak RSS over the ingest (largest over
-the workers) and that peak less the worker's RSS just before the ingest with
-the ingest modules already imported (the part a rank costs; the workers'
-high-water marks are reset then, through ``/proc/self/clear_refs``, Linux),
-against the largest decompressed rank file (the issue asks <= 1.5x).
+For each job and W, a fresh ``distributed.LocalCluster`` of W worker
+processes (one thread each; the ingest modules imported on each worker
+first, as a cluster that has run before) and ``stallscope ingest
+--no-analyze --progress-jsonl --scheduler ADDRESS`` into a fresh store, as a
+user runs it. Measured per row:
+
+* **command s**: the whole command (start-up, connection, hashing, parsing,
+  publishing; not the cluster's start), and its speed-up over the first W;
+* **parse phase s**: from the first parse task's start to the last one's end
+  on the workers (the scheduler's task stream): the part the workers share,
+  and the **throughput** over it: MB of JSON (decompressed) per second and
+  ranks per second, with its share of linear (``(rate_W / rate_W0) / (W / W0)``;
+  the issue asks >= 0.8);
+* **task s**: the median parse task (one rank) and the mean of the workers'
+  first tasks (a worker's first rank starts DuckDB, Arrow's pools and the
+  modules the first parse imports); ``task / task at W0`` says how much slower
+  one rank gets when W ranks run at once on one host (contention);
+* **fixed s**: the command's time outside the parse phase (start-up and
+  connection, the hash round, the gather, the catalog writes and the publish);
+* each worker's peak RSS and that peak less its RSS before the ingest
+  (``/proc/self/clear_refs``, Linux) against the largest rank.
+
+``--ceiling`` (default on) first times the host alone: the same JSON decode
+(``json.loads`` of a sample rank, 12 times) in W plain processes at once,
+each process's time against one process's: what this host's cores give
+memory-heavy single-thread Python work, with no Dask and no stallscope.
 
 The workers import stallscope from this process's ``sys.path``: to time
 another version, run this script with that version importable (``PYTHONPATH``).
@@ -24,18 +44,100 @@ another version, run this script with that version importable (``PYTHONPATH``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import io
 import json
 import os
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ranks  # noqa: E402
 import benchlib  # noqa: E402
+import make_big_trace  # noqa: E402
+
+_SAMPLE: dict = {}
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+def _write_rank(args: tuple[int, int, int, str]) -> int:
+    """Write rank ``rank`` of a ``world``-rank job, its events repeated ``copies`` times (in a
+    pool process; the sample loaded once). Returns its JSON bytes."""
+    rank, world, copies, folder = args
+    if not _SAMPLE:
+        _SAMPLE.update(bench_ranks.load_sample())
+    data = json.dumps(bench_ranks.rank_trace(_SAMPLE, rank, world)).encode()
+    if copies > 1:
+        out = io.BytesIO()
+        with contextlib.redirect_stderr(io.StringIO()):  # (it reports each copy)
+            make_big_trace.build(data, copies, out)
+        data = out.getvalue()
+    (Path(folder) / f"rank{rank}.pt.trace.json.gz").write_bytes(gzip.compress(data, 1))
+    return len(data)
+
+
+def build_job(world: int, copies: int, folder: Path) -> None:
+    """A ``world``-rank job of ``bench_ranks`` ranks, each repeated ``copies`` times in time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = [(r, world, copies, str(folder)) for r in range(world)]
+    with ProcessPoolExecutor(min(os.cpu_count() or 1, 16)) as pool:
+        list(pool.map(_write_rank, jobs))
+
+
+def json_mb(job: Path) -> list[float]:
+    """Each rank file of ``job``, decompressed, MB."""
+    sizes = []
+    for path in sorted(job.iterdir()):
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as fh:
+                sizes.append(len(fh.read()) / 1e6)
+        elif path.is_file():
+            sizes.append(path.stat().st_size / 1e6)
+    return sizes
+
+
+# -- the host alone --------------------------------------------------------------------------
+
+
+def _decode_job(barrier, results) -> None:
+    """In a process: decode a sample rank's JSON 12 times once every process is ready;
+    put the seconds it took."""
+    data = gzip.decompress((bench_ranks.SAMPLE / "rank0.pt.trace.json.gz").read_bytes())
+    json.loads(data)
+    barrier.wait()
+    started = time.perf_counter()
+    for _ in range(12):
+        json.loads(data)
+    results.put(time.perf_counter() - started)
+
+
+def host_ceiling(workers: list[int]) -> dict[int, float]:
+    """Per W: the mean time of one process's JSON decode with W processes decoding at once,
+    over the time with one (1.0: no slowdown)."""
+    ctx = get_context("fork")
+    times = {}
+    for w in sorted({1, *workers}):
+        barrier, results = ctx.Barrier(w), ctx.Queue()
+        procs = [ctx.Process(target=_decode_job, args=(barrier, results)) for _ in range(w)]
+        for proc in procs:
+            proc.start()
+        times[w] = statistics.mean(results.get() for _ in range(w))
+        for proc in procs:
+            proc.join()
+    return {w: times[w] / times[1] for w in workers}
+
+
+# -- one ingest --------------------------------------------------------------------------------
 
 
 def _warm_and_reset() -> float:
@@ -65,20 +167,27 @@ def _status_mb(key: str) -> float:
     return float("nan")
 
 
-def largest_rank_mb(job: Path) -> float:
-    """The largest rank file of ``job``, decompressed, MB."""
-    sizes = []
-    for path in job.iterdir():
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                sizes.append(len(fh.read()))
-        elif path.is_file():
-            sizes.append(path.stat().st_size)
-    return max(sizes) / 1e6
+def run_command(cmd: list[str]) -> tuple[float, float, float, float | None]:
+    """(start, end, client CPU s, time of the ``publishing`` line) of one ``ingest
+    --progress-jsonl`` command; times are ``time.time()``."""
+    started = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    publishing = None
+    tail = []
+    for line in proc.stderr:
+        if '"publishing"' in line and publishing is None:
+            publishing = time.time()
+        tail = (tail + [line])[-20:]
+    _, status, usage = os.wait4(proc.pid, 0)
+    ended = time.time()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{''.join(tail)}")
+    return started, ended, usage.ru_utime + usage.ru_stime, publishing
 
 
 def measure(cmd: list[str], job: Path, workers: int, work: Path) -> dict:
-    from distributed import Client, LocalCluster
+    from distributed import Client, LocalCluster, get_task_stream
+    from distributed.utils import key_split
 
     store = work / f"store_w{workers}"
     shutil.rmtree(store, ignore_errors=True)
@@ -89,80 +198,139 @@ def measure(cmd: list[str], job: Path, workers: int, work: Path) -> dict:
     client = Client(cluster)
     try:
         before = list(client.run(_warm_and_reset).values())
-        started = time.perf_counter()
-        wall, cpu, client_mb, _ = benchlib.run_child(
-            [
-                *cmd,
-                "ingest",
-                "--no-analyze",
-                "--store",
-                str(store),
-                "--scheduler",
-                cluster.scheduler_address,
-                str(job),
-            ]  # fmt: skip
-        )
-        wall = time.perf_counter() - started
+        with get_task_stream(client) as stream:
+            started, ended, client_cpu, publishing = run_command(
+                [*cmd, "ingest", "--no-analyze", "--progress-jsonl", "--store", str(store),
+                 "--scheduler", cluster.scheduler_address, str(job)]
+            )  # fmt: skip
         peaks = client.run(_peak_mb)
         after = [peaks[w] for w in peaks]
     finally:
         client.close()
         cluster.close()
     shutil.rmtree(store, ignore_errors=True)
+    tasks: dict[str, list[tuple[float, float, str]]] = {}
+    for record in stream.data:
+        for span in record["startstops"]:
+            if span["action"] == "compute":
+                tasks.setdefault(key_split(record["key"]), []).append(
+                    (span["start"], span["stop"], record["worker"])
+                )
+    parse = sorted(tasks.get("ingest_rank", []))
+    hashing = tasks.get("hash_file", [])
+    firsts: dict[str, float] = {}
+    for start, stop, worker in parse:
+        firsts.setdefault(worker, stop - start)
+    phase = max(stop for _, stop, _ in parse) - parse[0][0]
     return {
         "workers": workers,
-        "wall_s": wall,
-        "client_cpu_s": cpu,
-        "client_mb": client_mb,
+        "command_s": ended - started,
+        "client_cpu_s": client_cpu,
+        "parse_phase_s": phase,
+        "before_parse_s": parse[0][0] - started,
+        "hash_round_s": (max(s for _, s, _ in hashing) - min(s for s, _, _ in hashing))
+        if hashing
+        else 0.0,
+        "after_parse_s": ended - max(stop for _, stop, _ in parse),
+        "publish_s": (ended - publishing) if publishing else float("nan"),
+        "task_median_s": statistics.median(stop - start for start, stop, _ in parse),
+        "task_busy_s": sum(stop - start for start, stop, _ in parse),
+        "first_task_s": statistics.mean(firsts.values()),
         "worker_peak_mb": max(after),
         "worker_rank_mb": max(a - b for a, b in zip(after, before, strict=False)),
-        "worker_idle_mb": max(before),
     }
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def summarize(rows: list[dict], sizes: list[float], ceiling: dict[int, float]) -> None:
+    """Add the rates and shares of linear to each row (against the first row)."""
+    mb, ranks = sum(sizes), len(sizes)
+    first = rows[0]
+    for r in rows:
+        scale = r["workers"] / first["workers"]
+        r.update(
+            ranks=ranks,
+            json_mb=mb,
+            largest_rank_mb=max(sizes),
+            mb_per_s=mb / r["parse_phase_s"],
+            ranks_per_s=ranks / r["parse_phase_s"],
+            command_mb_per_s=mb / r["command_s"],
+            share_of_linear=(first["parse_phase_s"] / r["parse_phase_s"]) / scale,
+            command_share_of_linear=(first["command_s"] / r["command_s"]) / scale,
+            task_slowdown=r["task_median_s"] / first["task_median_s"],
+            host_slowdown=ceiling.get(r["workers"], float("nan")),
+        )
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    r0 = rows[0]
+    print(f"\n{title}: {r0['ranks']} ranks, {r0['json_mb']:.0f} MB of JSON "
+          f"(largest rank {r0['largest_rank_mb']:.1f} MB)\n")  # fmt: skip
+    print(
+        "| workers | command s | command share of linear | parse phase s | MB/s | ranks/s "
+        "| share of linear (target >= 0.8) | task s (median / first) | task slowdown "
+        "| host slowdown (JSON decode) | fixed s (before / after parse) | publish s "
+        "| worker peak MB (less idle) |"
+    )
+    print("|---:" * 13 + "|")
+    for r in rows:
+        print(
+            f"| {r['workers']} | {r['command_s']:.1f} | {r['command_share_of_linear']:.2f} "
+            f"| {r['parse_phase_s']:.1f} | {r['mb_per_s']:.0f} | {r['ranks_per_s']:.1f} "
+            f"| **{r['share_of_linear']:.2f}** | {r['task_median_s']:.2f} / {r['first_task_s']:.2f} "
+            f"| {r['task_slowdown']:.2f}x | {r['host_slowdown']:.2f}x "
+            f"| {r['before_parse_s']:.1f} / {r['after_parse_s']:.1f} | {r['publish_s']:.2f} "
+            f"| {r['worker_peak_mb']:.0f} ({r['worker_rank_mb']:.0f}) |"
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="1,2,4,8,16", help="W,W,... (default 1,2,4,8,16)")
-    parser.add_argument("--ranks", type=int, default=256, help="ranks of the built job (256)")
-    parser.add_argument("--job", help="a folder of rank files to ingest instead")
+    parser.add_argument("--ranks", type=int, default=256, help="tiny ranks (256; 0: none)")
+    parser.add_argument("--big-ranks", type=int, default=32, help="big ranks (32; 0: none)")
+    parser.add_argument("--big-mb", type=float, default=30.0, help="MB of JSON a big rank (30)")
+    parser.add_argument("--job", help="a folder of rank files to ingest instead of both")
+    parser.add_argument("--no-ceiling", action="store_true", help="skip the host's own test")
     parser.add_argument("--stallscope", help="command that runs stallscope (default: this venv's)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     cmd = benchlib.stallscope_cmd(args.stallscope)
     workers = [int(w) for w in args.workers.split(",")]
     print(f"machine: {benchlib.machine()}\nCPUs: {os.cpu_count()}\n", flush=True)
+    ceiling = {} if args.no_ceiling else host_ceiling(workers)
+    if ceiling:
+        print("host slowdown of a JSON decode, W processes at once: "
+              + ", ".join(f"W={w} {s:.2f}x" for w, s in ceiling.items()), flush=True)  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="bench_scaling_"))
+    results = {}
     try:
+        jobs = []
         if args.job:
-            job = Path(args.job)
+            jobs.append(("given job", Path(args.job)))
         else:
-            job = work / f"job{args.ranks}"
-            bench_ranks.build_job(bench_ranks.load_sample(), args.ranks, job)
-        ranks = sum(1 for p in job.iterdir() if p.is_file())
-        biggest = largest_rank_mb(job)
-        rows = []
-        for w in workers:
-            row = measure(cmd, job, w, work)
-            rows.append(row)
-            print(f"W={w}: {row['wall_s']:.1f} s", flush=True)
+            copies = max(1, round(args.big_mb / 1.5))  # a sample rank holds ~1.5 MB of JSON
+            for title, world, reps in (("tiny ranks", args.ranks, 1),
+                                       (f"~{args.big_mb:g} MB ranks", args.big_ranks, copies)):  # fmt: skip
+                if world > 0:
+                    build_job(world, reps, work / f"job{world}x{reps}")
+                    jobs.append((title, work / f"job{world}x{reps}"))
+        for title, job in jobs:
+            sizes = json_mb(job)
+            rows = []
+            for w in workers:
+                rows.append(measure(cmd, job, w, work))
+                print(f"{title} W={w}: command {rows[-1]['command_s']:.1f} s, parse phase "
+                      f"{rows[-1]['parse_phase_s']:.1f} s", flush=True)  # fmt: skip
+            summarize(rows, sizes, ceiling)
+            print_table(title, rows)
+            results[title] = rows
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    first = rows[0]
-    print(f"\n{ranks} ranks, largest rank file {biggest:.1f} MB decompressed\n")
-    print("| workers | ingest s | ranks/s | speed-up | share of linear | client CPU s "
-          "| worker peak MB | worker peak less idle MB (x largest rank) |")  # fmt: skip
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        speedup = first["wall_s"] / r["wall_s"]
-        linear = speedup / (r["workers"] / first["workers"])
-        r.update(speedup=speedup, share_of_linear=linear, ranks=ranks, largest_rank_mb=biggest)
-        print(
-            f"| {r['workers']} | {r['wall_s']:.1f} | {ranks / r['wall_s']:.1f} | {speedup:.2f}x "
-            f"| {linear:.2f} | {r['client_cpu_s']:.1f} | {r['worker_peak_mb']:.0f} "
-            f"| {r['worker_rank_mb']:.0f} ({r['worker_rank_mb'] / biggest:.1f}x) |"
-        )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"ceiling": ceiling, "jobs": results}, indent=1))
     return 0
 
 
