@@ -11,8 +11,9 @@ until it is that big), or ``--job``, a folder of rank files. Files are gzip
 level 1, as a profiler writes them. 0 skips a job.
 
 For each job and W, a fresh ``distributed.LocalCluster`` of W worker
-processes (one thread each; the ingest modules imported on each worker
-first, as a cluster that has run before) and ``stallscope ingest
+processes (one thread each; each worker first ingests one sample rank into a
+throwaway store, so it is as warm as a worker of a cluster that ingested
+before: what a long-lived cluster sustains) and ``stallscope ingest
 --no-analyze --progress-jsonl --scheduler ADDRESS`` into a fresh store, as a
 user runs it. Measured per row:
 
@@ -24,9 +25,8 @@ user runs it. Measured per row:
   ranks per second, with its share of linear (``(rate_W / rate_W0) / (W / W0)``;
   the issue asks >= 0.8);
 * **task s**: the median parse task (one rank) and the mean of the workers'
-  first tasks (a worker's first rank starts DuckDB, Arrow's pools and the
-  modules the first parse imports); ``task / task at W0`` says how much slower
-  one rank gets when W ranks run at once on one host (contention);
+  first tasks; ``task / task at W0`` says how much slower one rank gets when W
+  ranks run at once on one host (contention);
 * **fixed s**: the command's time outside the parse phase (start-up and
   connection, the hash round, the gather, the catalog writes and the publish);
 * each worker's peak RSS and that peak less its RSS before the ingest
@@ -141,11 +141,20 @@ def host_ceiling(workers: list[int]) -> dict[int, float]:
 
 
 def _warm_and_reset() -> float:
-    """On a worker: import what an ingest task imports, reset the peak RSS; the RSS now, MB."""
-    import stallscope.cluster  # noqa: F401
-    import stallscope.ingest.job  # noqa: F401
-    import stallscope.ingest.kineto.parse  # noqa: F401
+    """On a worker: ingest one sample rank into a throwaway store (the worker is then as
+    warm as one that ingested before: modules imported, DuckDB and Arrow started), then
+    reset the peak RSS; the RSS now, MB."""
+    from stallscope.cluster import RankFile, ingest_rank
+    from stallscope.store import Store
 
+    sample = bench_ranks.SAMPLE / "rank0.pt.trace.json.gz"
+    root = tempfile.mkdtemp(prefix="bench_warm_")
+    try:
+        staging = Store(root).new_staging()
+        item = RankFile(sample.name, sample.stat().st_size, str(sample))
+        ingest_rank(root, str(staging), "warm", "0" * 64, item, False)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")  # resets VmHWM to the current RSS
@@ -278,7 +287,7 @@ def print_table(title: str, rows: list[dict]) -> None:
     for r in rows:
         print(
             f"| {r['workers']} | {r['command_s']:.1f} | {r['command_share_of_linear']:.2f} "
-            f"| {r['parse_phase_s']:.1f} | {r['mb_per_s']:.0f} | {r['ranks_per_s']:.1f} "
+            f"| {r['parse_phase_s']:.1f} | {r['mb_per_s']:.1f} | {r['ranks_per_s']:.1f} "
             f"| **{r['share_of_linear']:.2f}** | {r['task_median_s']:.2f} / {r['first_task_s']:.2f} "
             f"| {r['task_slowdown']:.2f}x | {r['host_slowdown']:.2f}x "
             f"| {r['before_parse_s']:.1f} / {r['after_parse_s']:.1f} | {r['publish_s']:.2f} "
