@@ -321,8 +321,8 @@ def main() -> int:
             jobs.append(("given job", Path(args.job)))
         else:
             copies = max(1, round(args.big_mb / 1.5))  # a sample rank holds ~1.5 MB of JSON
-            for title, world, reps in (("tiny ranks", args.ranks, 1),
-                                       (f"~{args.big_mb:g} MB ranks", args.big_ranks, copies)):  # fmt: skip
+            for title, world, reps in ((f"~{args.big_mb:g} MB ranks", args.big_ranks, copies),
+                                       ("tiny ranks", args.ranks, 1)):  # fmt: skip
                 if world > 0:
                     build_job(world, reps, work / f"job{world}x{reps}")
                     jobs.append((title, work / f"job{world}x{reps}"))
@@ -331,8 +331,10 @@ def main() -> int:
             rows = []
             for w in workers:
                 rows.append(measure(cmd, job, w, work))
-                print(f"{title} W={w}: command {rows[-1]['command_s']:.1f} s, parse phase "
-                      f"{rows[-1]['parse_phase_s']:.1f} s", flush=True)  # fmt: skip
+                print(
+                    f"{title} W={w}: " + json.dumps({k: round(v, 3) for k, v in rows[-1].items()}),
+                    flush=True,
+                )  # fmt: skip (kept if a later row never comes)
             summarize(rows, sizes, ceiling)
             print_table(title, rows)
             results[title] = rows
