@@ -1,13 +1,13 @@
 """Ingest throughput per Dask worker count (issue #15: >= 0.8x linear up to 16 workers).
 
     python benchmarks/bench_dask_scaling.py [--workers 1,2,4,8,16] [--ranks 256]
-        [--big-ranks 32 --big-mb 30] [--job DIR] [--json FILE]
+        [--big-ranks 32 --big-mb 30] [--job DIR] [--no-ceiling] [--json FILE]
 
 Jobs: ``--ranks`` tiny ranks (the real 2-rank ``ddp_straggler`` sample
 replicated with rewritten ranks, as ``bench_ranks.py`` grows it: 1.5 MB of
 JSON a rank) and ``--big-ranks`` ranks of about ``--big-mb`` MB of JSON each
 (the same rank traces, each repeated in time by ``make_big_trace.build``
-until it is that big), or ``--job``, a folder of rank files. Files are gzip
+until it is that big; the big job runs first), or ``--job``, a folder of rank files. Files are gzip
 level 1, as a profiler writes them. 0 skips a job.
 
 For each job and W, a fresh ``distributed.LocalCluster`` of W worker
@@ -32,7 +32,7 @@ user runs it. Measured per row:
 * each worker's peak RSS and that peak less its RSS before the ingest
   (``/proc/self/clear_refs``, Linux) against the largest rank.
 
-``--ceiling`` (default on) first times the host alone: the same JSON decode
+First (unless ``--no-ceiling``) it times the host alone: the same JSON decode
 (``json.loads`` of a sample rank, 12 times) in W plain processes at once,
 each process's time against one process's: what this host's cores give
 memory-heavy single-thread Python work, with no Dask and no stallscope.
