@@ -168,7 +168,9 @@ def _job_list() -> None:
             for j in shown
         ]
     )
-    for column in NUMBER_COLUMNS:  # numbers (NaN when missing): sorted as numbers, shown as —
+    # numbers (NaN when missing): sorted as numbers, shown as —; Streamlit's default number
+    # format prints up to 4 decimals, trailing zeros trimmed ("plain" prints float noise)
+    for column in NUMBER_COLUMNS:
         if column in table:
             table[column] = significant(table[column].tolist())
     st.caption(f"{len(shown)} of {len(all_jobs)} jobs")
@@ -181,14 +183,13 @@ def _job_list() -> None:
             "open": st.column_config.LinkColumn("open", display_text="overview"),
             "step ms": st.column_config.NumberColumn(
                 "step ms",
-                format="plain",
                 help="Median step time of the slowest rank (as on its Overview)",
             ),
             "GPU busy %": st.column_config.NumberColumn(
-                "GPU busy %", format="plain", help="Over every rank and GPU, span-weighted"
+                "GPU busy %", help="Over every rank and GPU, span-weighted"
             ),
             "ms/token": st.column_config.NumberColumn(
-                "ms/token", format="plain", help="Inference jobs: median time per output token"
+                "ms/token", help="Inference jobs: median time per output token"
             ),
         },
     )

@@ -125,7 +125,8 @@ def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
         height=170 + 40 * len(labels),
         margin={"l": 10, "r": 10, "t": 80, "b": 10},
         xaxis_title="ms of each GPU's span (the parts do not overlap)",
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+        # the legend in the bars' left-to-right order (plotly reverses it for stacked bars)
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0, "traceorder": "normal"},
     )
     return fig
 

@@ -96,7 +96,37 @@ def test_overview_headline_step_bars_copies_and_evidence(server):
         page.goto(f"{url}/overview?job={copies}")
         wait_idle(page)
         assert re.search(r"copies alone \d+%", page.inner_text("body")), "copy share not shown"
-        assert "copies (no kernel beside them)" in _legends(page)
+        assert "copies alone (no kernel beside them)" in _legends(page)
+        browser.close()
+
+
+def test_overview_of_a_straggler_job_splits_busy_time_and_names_the_waiting(server):
+    """ddp_straggler: rank 0's GPU sits in all-reduces waiting for rank 1. The per-GPU bars
+    draw parts that never overlap (the waiting apart), and under the busy tile the busy share
+    without that waiting, as the report's numbers give it (docs/metrics.md)."""
+    from playwright.sync_api import sync_playwright
+
+    from stallscope import report_store
+    from stallscope.charts import busy_shares, device_time_table
+
+    url, store = server
+    traces = sorted(str(p) for p in (KINETO / "ddp_straggler").glob("*.json.gz"))
+    (result,) = ingest_paths(store, traces)
+    report, _ = report_store.ensure(store, store.traces(result.job_id))
+    shares = busy_shares(device_time_table(report))
+    assert shares["busy_no_wait_pct"] < shares["busy_pct"] - 30  # 190 of 500 ms: waiting
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+        page.goto(f"{url}/overview?job={result.job_id}")
+        wait_idle(page)
+        body = page.inner_text("body")
+        assert f"GPU busy without NCCL waiting: {shares['busy_no_wait_pct']:.0f}%" in body
+        assert _metrics(page)["GPU busy"] == f"{shares['busy_pct']:.0f}%"
+        legends = _legends(page)
+        for part in ("compute only", "communication under compute",
+                     "communication alone: waiting for other ranks"):  # fmt: skip
+            assert part in legends, legends
         browser.close()
 
 
