@@ -100,6 +100,9 @@ def busy_shares(table: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+LEGEND_ROW_PX = 20  # one legend entry's row height in the time-by-cause chart
+
+
 def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
     """Stacked bars per rank/GPU of parts that never overlap and sum to its span, in ms: compute
     only, communication under compute, communication alone (waiting for other ranks apart),
@@ -110,24 +113,28 @@ def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
         return fig
     # ASCII labels: plotly encodes JSON with orjson when it is installed, which escapes non-ASCII differently
     labels = [f"rank {r}, GPU {d}" for r, d in zip(frame["rank"], frame["device"], strict=True)]
-    parts = [(c, n, color) for c, n, color in BUSY_PARTS[:3]]
-    parts += [p for p in BUSY_PARTS[3:] if frame[p[0]].sum() > 0]
+    parts = list(BUSY_PARTS)
     parts += [(f"idle_{c}_ms", f"idle: {c}", c) for c in IDLE_CAUSES]
     parts.append(("idle_other_ms", "idle: cause not measured", "unknown"))
-    for column, name, color in parts:
-        if column.startswith("idle") and not frame[column].sum() > 1e-9:
-            continue
+    # compute only always (the busy anchor); the other parts where some GPU has them
+    drawn = [p for p in parts if p is parts[0] or frame[p[0]].sum() > 1e-9]
+    for column, name, color in drawn:
         fig.add_bar(
             y=labels, x=frame[column], name=name, orientation="h", marker_color=CAUSE_COLORS[color]
         )
     fig.update_layout(
         barmode="stack",
-        height=170 + 40 * len(labels),
+        # room for the legend above the bars even when a narrow page puts one entry per row
+        # (plotly otherwise caps it at half the figure and scrolls it)
+        height=150 + 40 * len(labels) + LEGEND_ROW_PX * len(drawn),
         margin={"l": 10, "r": 10, "t": 80, "b": 10},
         xaxis_title="ms of each GPU's span (the parts do not overlap)",
         # the legend in the bars' left-to-right order (plotly reverses it for stacked bars)
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0, "traceorder": "normal"},
-    )
+        legend={
+            "orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0, "traceorder": "normal",
+            "maxheight": LEGEND_ROW_PX * len(drawn) + 10,
+        },
+    )  # fmt: skip
     return fig
 
 
