@@ -11,6 +11,10 @@ Definitions (docs/analyzers/utilization.md), per trace and device:
 * ``compute_pct`` = |union of non-communication kernels| / span * 100;
 * ``comm_pct`` = |union of communication kernels| / span * 100;
 * ``memcpy_pct`` = |union of memcpys and memsets| / span * 100;
+* the busy time split into parts that never overlap (ns; with the idle time,
+  span - busy, they sum to the span exactly): ``compute_only_ns`` =
+  |compute - comm|, ``comm_under_compute_ns`` = |compute ∩ comm|,
+  ``comm_only_ns`` = |comm - compute|, ``copy_only_ns`` = |copies - kernels|;
 * ``kernel_count`` = number of kernels;
 * ``step_time_ms_median`` (per trace) = median duration of ``ProfilerStep#N``
   ranges, in milliseconds.
@@ -63,6 +67,7 @@ class DeviceBusy(msgspec.Struct, kw_only=True):
     compute_ns: int  # non-communication kernels
     comm_ns: int  # communication kernels
     memcpy_ns: int  # copies and memsets
+    kernel_ns: int  # every kernel, communication or not (their union)
     kernel_count: int
     gap_count: int  # idle gaps in the span
     windows: list[list[int]]  # the longest gaps, longest first (MAX_WINDOWS)
@@ -71,6 +76,19 @@ class DeviceBusy(msgspec.Struct, kw_only=True):
     @property
     def idle_ns(self) -> int:
         return self.span_ns - self.busy_ns
+
+    @property
+    def exclusive_ns(self) -> dict[str, int]:
+        """The busy time in parts that never overlap, ns (metric name -> ns); with
+        :attr:`idle_ns` they sum to ``span_ns``. By inclusion-exclusion over the unions:
+        |compute ∩ comm| = |compute| + |comm| - |kernels|, |copies - kernels| = |busy| - |kernels|."""
+        under = self.compute_ns + self.comm_ns - self.kernel_ns
+        return {
+            "compute_only_ns": self.compute_ns - under,
+            "comm_under_compute_ns": under,
+            "comm_only_ns": self.comm_ns - under,
+            "copy_only_ns": self.busy_ns - self.kernel_ns,
+        }
 
     @property
     def idle_pct(self) -> float:
@@ -107,6 +125,7 @@ def measure_device(job: JobData, where: Where, dev: dict) -> DeviceBusy | None:
         compute_ns=intervals.total(starts[is_kernel & ~is_comm], ends[is_kernel & ~is_comm]),
         comm_ns=intervals.total(starts[is_kernel & is_comm], ends[is_kernel & is_comm]),
         memcpy_ns=intervals.total(starts[~is_kernel], ends[~is_kernel]),
+        kernel_ns=intervals.total(starts[is_kernel], ends[is_kernel]),
         kernel_count=int(is_kernel.sum()),
         gap_count=int(gap_starts.size),
         windows=[[int(gap_starts[i]), int(gap_ends[i])] for i in longest],
@@ -126,7 +145,8 @@ def measure_steps(job: JobData, where: Where) -> StepMedian:
 
 
 def metrics(m: DeviceBusy) -> list[Metric]:
-    """The device's shares of its span (%), kernel count and span (ns)."""
+    """The device's shares of its span (%), kernel count, span and its busy time's exclusive
+    parts (ns)."""
     w, span = m.where, m.span_ns
     shares = {
         "gpu_busy_pct": m.busy_ns,
@@ -138,6 +158,7 @@ def metrics(m: DeviceBusy) -> list[Metric]:
     out.append(Metric(w.trace, w.rank, w.device, "gpu_idle_pct", round(m.idle_pct, 3), "%"))
     out.append(Metric(w.trace, w.rank, w.device, "kernel_count", m.kernel_count, "count"))
     out.append(Metric(w.trace, w.rank, w.device, "gpu_span_ns", span, "ns"))
+    out += [Metric(w.trace, w.rank, w.device, n, ns, "ns") for n, ns in m.exclusive_ns.items()]
     return out
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from stallscope.errors import StallscopeError
+from stallscope.humanize import MISSING, significant
 from stallscope.pages.state import get_store, jobs, max_upload_mb, stored_summaries
 from stallscope.pages.text import literal
 from stallscope.targets import upload_extensions
@@ -167,23 +168,28 @@ def _job_list() -> None:
             for j in shown
         ]
     )
+    # numbers (NaN when missing): sorted as numbers, shown as —; Streamlit's default number
+    # format prints up to 4 decimals, trailing zeros trimmed ("plain" prints float noise)
+    for column in NUMBER_COLUMNS:
+        if column in table:
+            table[column] = significant(table[column].tolist())
     st.caption(f"{len(shown)} of {len(all_jobs)} jobs")
     st.dataframe(
         table,
         hide_index=True,
         width="stretch",
+        placeholder=MISSING,
         column_config={
             "open": st.column_config.LinkColumn("open", display_text="overview"),
             "step ms": st.column_config.NumberColumn(
                 "step ms",
-                format="%.1f",
                 help="Median step time of the slowest rank (as on its Overview)",
             ),
             "GPU busy %": st.column_config.NumberColumn(
-                "GPU busy %", format="%.0f", help="Over every rank and GPU, span-weighted"
+                "GPU busy %", help="Over every rank and GPU, span-weighted"
             ),
             "ms/token": st.column_config.NumberColumn(
-                "ms/token", format="%.2f", help="Inference jobs: median time per output token"
+                "ms/token", help="Inference jobs: median time per output token"
             ),
         },
     )
@@ -193,6 +199,8 @@ def _job_list() -> None:
 
 
 NOT_ANALYZED = "not analyzed yet"
+# From the stored report's summary, to 3 significant digits; — where a job has none.
+NUMBER_COLUMNS = ("step ms", "GPU busy %", "ms/token")
 
 
 def _report_columns(summary: dict | None) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from stallscope.charts import (
+    busy_shares,
     device_time_table,
     step_rows,
     step_stack_figure,
@@ -53,8 +54,8 @@ def _headline(job: dict, report: dict) -> None:
         st.warning("No GPU activity in this job.")
         return
     span = table["span_ms"].max()
-    busy = (table["gpu_busy_pct"] * table["span_ms"]).sum() / table["span_ms"].sum()
-    copies = (table["copy_ms"]).sum() / table["span_ms"].sum() * 100
+    shares = busy_shares(table)
+    busy, copies = shares["busy_pct"], shares["copies_pct"]
     idle = (table["gpu_idle_pct"] * table["span_ms"]).sum() / 100
     steps = _step_times(report)
     # two rows of three: six tiles in one row cut "62.3 ms" to "62.…" at laptop widths
@@ -81,8 +82,15 @@ def _headline(job: dict, report: dict) -> None:
         delta_color="off",
         delta_arrow="off",
         help="Time-weighted over all ranks and GPUs: kernels, copies and memsets. "
-        "'copies alone' is the share with a copy and no kernel running.",
+        "'copies alone' is the share with a copy and no kernel running. A communication "
+        "kernel counts as busy while it runs, also while it only waits for another rank.",
     )
+    if "busy_no_wait_pct" in shares:  # only jobs whose collectives were matched across ranks
+        cols[3].caption(
+            f"GPU busy without NCCL waiting: **{shares['busy_no_wait_pct']:.0f}%**",
+            help="GPU busy less the time communication kernels only waited for a later rank "
+            "with no compute kernel beside them (docs/metrics.md)",
+        )
     cols[4].metric(
         "GPU idle",
         _ms(idle),

@@ -16,6 +16,7 @@ from stallscope.report_types import IDLE_CAUSES
 CAUSE_COLORS = {
     "compute": "#2e7d32",
     "comm": "#1565c0",
+    "comm_under": "#4db6ac",
     "comm_wait": "#90caf9",
     "memcpy": "#6a1b9a",
     "memcpy_busy": "#ab47bc",
@@ -28,9 +29,29 @@ CAUSE_COLORS = {
 }
 
 
+# The exclusive parts of a GPU's span, left to right: (column, legend name, color). The busy
+# ones come from utilization's *_only_ns / comm_under_compute_ns metrics, the waiting part of
+# communication alone from overlap's exposed_comm_wait_ns, idle by cause from gpu_idle.
+BUSY_PARTS = (
+    ("compute_only_ms", "compute only", "compute"),
+    ("comm_under_ms", "communication under compute", "comm_under"),
+    ("comm_transfer_ms", "communication alone (exposed)", "comm"),
+    ("comm_wait_ms", "communication alone: waiting for other ranks", "comm_wait"),
+    ("copy_ms", "copies alone (no kernel beside them)", "memcpy_busy"),
+)
+
+
 def device_time_table(report: dict[str, Any]) -> pd.DataFrame:
-    """One row per (trace, rank, device) with GPU activity: span and ms of busy categories and idle
-    causes (a device known only from other metrics, e.g. a memory snapshot's, has no row)."""
+    """One row per (trace, rank, device) with GPU activity: the span and its parts, in ms, that
+    never overlap and sum to ``span_ms`` (a device known only from other metrics, e.g. a memory
+    snapshot's, has no row).
+
+    Busy parts (:data:`BUSY_PARTS`): compute only, communication under compute, communication
+    alone split into waiting for other ranks (overlap's ``exposed_comm_wait_ns``, clipped to it)
+    and the rest (``comm_transfer_ms``), copies alone. Idle: ``idle_<cause>_ms`` (gpu_idle) and
+    ``idle_other_ms``, idle time no cause metric covers (0 when gpu_idle ran). ``busy_ms`` is the
+    busy parts' sum. A report without the
+    utilization parts (one made before they existed) has NaN busy parts and NaN idle."""
     rows: dict[tuple, dict[str, Any]] = {}
     for m in report["metrics"]:
         if m["device"] is None:
@@ -43,59 +64,77 @@ def device_time_table(report: dict[str, Any]) -> pd.DataFrame:
     frame = pd.DataFrame([row for row in rows.values() if row.get("gpu_span_ns") is not None])
     if frame.empty:
         return frame
-    span_ms = frame.get("gpu_span_ns", 0) / 1e6
-    frame["span_ms"] = span_ms
-    for name in ("compute", "comm"):
-        frame[f"{name}_ms"] = frame.get(f"{name}_pct", 0) / 100 * span_ms
-    # Time inside collectives spent waiting for a late rank (nccl_wait), drawn apart from transfer.
-    wait_ms = frame.get("nccl_wait_ns", pd.Series(0.0, index=frame.index)).fillna(0) / 1e6
-    frame["comm_wait_ms"] = wait_ms.clip(upper=frame["comm_ms"])
-    frame["comm_transfer_ms"] = frame["comm_ms"] - frame["comm_wait_ms"]
-    # Copies with no kernel beside them (overlap's exposed_memcpy_ns; else all copy time):
-    # a copy-bound GPU is busy copying, and the bar must show it.
-    copies_ms = frame.get("memcpy_pct", pd.Series(0.0, index=frame.index)).fillna(0) / 100 * span_ms
-    exposed = frame.get("exposed_memcpy_ns", pd.Series(float("nan"), index=frame.index)) / 1e6
-    frame["copy_ms"] = exposed.fillna(copies_ms).clip(lower=0)
+
+    def ms(name: str, default: float = float("nan")) -> pd.Series:
+        return frame.get(name, pd.Series(default, index=frame.index)).astype(float) / 1e6
+
+    frame["span_ms"] = ms("gpu_span_ns")
+    frame["compute_only_ms"] = ms("compute_only_ns")
+    frame["comm_under_ms"] = ms("comm_under_compute_ns")
+    comm_only = ms("comm_only_ns")
+    frame["comm_wait_ms"] = ms("exposed_comm_wait_ns", 0.0).fillna(0).clip(upper=comm_only)
+    frame["comm_transfer_ms"] = comm_only - frame["comm_wait_ms"]
+    frame["copy_ms"] = ms("copy_only_ns")
+    frame["busy_ms"] = sum(frame[column] for column, _, _ in BUSY_PARTS)
+    idle = frame["span_ms"] - frame["busy_ms"]
     for cause in IDLE_CAUSES:
-        frame[f"idle_{cause}_ms"] = frame.get(f"idle_{cause}_ns", 0) / 1e6
+        frame[f"idle_{cause}_ms"] = ms(f"idle_{cause}_ns", 0.0).fillna(0)
+    causes = sum(frame[f"idle_{cause}_ms"] for cause in IDLE_CAUSES)
+    frame["idle_other_ms"] = (idle - causes).clip(lower=0)
     return frame.sort_values(["rank", "device"]).reset_index(drop=True)
 
 
+def busy_shares(table: pd.DataFrame) -> dict[str, float]:
+    """Job-wide shares (%) over :func:`device_time_table`'s GPUs, weighted by their spans:
+    ``busy_pct`` (``gpu_busy_pct``, as the Library's), ``copies_pct`` (copies alone), and,
+    only when the job's collectives were matched across ranks (``exposed_comm_wait_ns``
+    measured), ``busy_no_wait_pct``: busy less the waiting part of communication alone
+    (docs/metrics.md, "GPU busy without NCCL waiting")."""
+    span = table["span_ms"].sum()
+    out = {
+        "busy_pct": float((table["gpu_busy_pct"] * table["span_ms"]).sum() / span),
+        "copies_pct": float(100 * table["copy_ms"].fillna(0).sum() / span),
+    }
+    if "exposed_comm_wait_ns" in table and table["exposed_comm_wait_ns"].notna().any():
+        out["busy_no_wait_pct"] = out["busy_pct"] - float(100 * table["comm_wait_ms"].sum() / span)
+    return out
+
+
+LEGEND_ROW_PX = 20  # one legend entry's row height in the time-by-cause chart
+
+
 def time_by_cause_figure(report: dict[str, Any]) -> go.Figure:
-    """Stacked bars per rank/GPU: busy (compute, communication, copies with no kernel beside
-    them) and idle by cause, in ms."""
+    """Stacked bars per rank/GPU of parts that never overlap and sum to its span, in ms: compute
+    only, communication under compute, communication alone (waiting for other ranks apart),
+    copies alone, idle by cause (:func:`device_time_table`)."""
     frame = device_time_table(report)
     fig = go.Figure()
     if frame.empty:
         return fig
     # ASCII labels: plotly encodes JSON with orjson when it is installed, which escapes non-ASCII differently
     labels = [f"rank {r}, GPU {d}" for r, d in zip(frame["rank"], frame["device"], strict=True)]
-    bars = [("compute", "compute_ms", "compute"), ("communication", "comm_transfer_ms", "comm")]
-    if frame["comm_wait_ms"].sum() > 0:
-        bars.append(("communication: waiting for other ranks", "comm_wait_ms", "comm_wait"))
-    if frame["copy_ms"].sum() > 0:
-        bars.append(("copies (no kernel beside them)", "copy_ms", "memcpy_busy"))
-    for name, column, color in bars:
+    parts = list(BUSY_PARTS)
+    parts += [(f"idle_{c}_ms", f"idle: {c}", c) for c in IDLE_CAUSES]
+    parts.append(("idle_other_ms", "idle: cause not measured", "unknown"))
+    # compute only always (the busy anchor); the other parts where some GPU has them
+    drawn = [p for p in parts if p is parts[0] or frame[p[0]].sum() > 1e-9]
+    for column, name, color in drawn:
         fig.add_bar(
             y=labels, x=frame[column], name=name, orientation="h", marker_color=CAUSE_COLORS[color]
         )
-    for cause in IDLE_CAUSES:
-        column = f"idle_{cause}_ms"
-        if frame[column].sum() > 0:
-            fig.add_bar(
-                y=labels,
-                x=frame[column],
-                name=f"idle: {cause}",
-                orientation="h",
-                marker_color=CAUSE_COLORS[cause],
-            )
     fig.update_layout(
         barmode="stack",
-        height=170 + 40 * len(labels),
+        # room for the legend above the bars even when a narrow page puts one entry per row
+        # (plotly otherwise caps it at half the figure and scrolls it)
+        height=150 + 40 * len(labels) + LEGEND_ROW_PX * len(drawn),
         margin={"l": 10, "r": 10, "t": 80, "b": 10},
-        xaxis_title="ms (compute and communication may overlap)",
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
-    )
+        xaxis_title="ms of each GPU's span (the parts do not overlap)",
+        # the legend in the bars' left-to-right order (plotly reverses it for stacked bars)
+        legend={
+            "orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0, "traceorder": "normal",
+            "maxheight": LEGEND_ROW_PX * len(drawn) + 10,
+        },
+    )  # fmt: skip
     return fig
 
 

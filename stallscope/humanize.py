@@ -204,3 +204,22 @@ def dashed(frame: pd.DataFrame, formats: dict[str, str]) -> pd.DataFrame:
     for column, fmt in formats.items():
         out[column] = [MISSING if pd.isna(v) else fmt.format(v) for v in frame[column]]
     return out
+
+
+def significant(values: list[Any], digits: int = 3) -> pd.Series:
+    """``values`` as a float column for a numeric table column: a missing value (None, NaN, not
+    a number) is NaN (``st.dataframe`` shows its ``placeholder``, e.g. :data:`MISSING`, and the
+    column still sorts as numbers); the others rounded to ``digits`` significant digits, never
+    dropping integer digits (62.41 -> 62.4, 0.03123 -> 0.0312, 1234.5 -> 1234.0), so a small
+    value does not print as 0.0."""
+
+    def rounded(v: Any) -> float:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            return math.nan
+        if not math.isfinite(x) or x == 0:
+            return x
+        return round(x, max(0, digits - 1 - math.floor(math.log10(abs(x)))))
+
+    return pd.Series([rounded(v) for v in values], dtype="float64")

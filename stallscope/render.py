@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from typing import Any
 
@@ -300,16 +301,40 @@ def _md_line(text: str) -> str:
     return "".join("\\" + c if c in _MD_SPECIALS else c for c in str(text).replace("\n", " "))
 
 
+# Cells wrap at spaces and at the <wbr> that _cell puts in long identifiers, never inside a
+# word ("CRITICA L"); a table wider than the page scrolls sideways in its .scroll box.
 _HTML_STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #212121; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
-td { max-width: 36em; overflow-wrap: anywhere; }
+td { max-width: 36em; overflow-wrap: normal; word-break: normal; hyphens: manual; }
+td.prose { min-width: 14em; } td.num, td.sev { white-space: nowrap; }
 th { background: #f5f5f5; }
+h2.chart { margin: 1.2em 0 0.2em; font-size: 1.2em; }
 .sev { font-weight: bold; text-transform: uppercase; }
 .critical { color: #b71c1c; } .high { color: #e65100; } .medium { color: #f9a825; }
 .low { color: #558b2f; } .info { color: #546e7a; }
 """
+
+
+_BREAK_AFTER = re.compile(r"(?<=[_./:,=])")  # identifier separators: a line may break after them
+_LONG_WORD = 12  # characters: words this short (a trace id) are never given break points
+
+
+def _cell(text: str) -> str:
+    """HTML-escaped cell text whose long words (kernel names, paths, trace files) may break
+    after ``_ . / : , =`` (``<wbr>``), so a narrow column wraps between an identifier's parts
+    instead of inside a word, or of overflowing."""
+    from html import escape
+
+    words = re.split(r"(\s+)", str(text))
+    return "".join(
+        "<wbr>".join(escape(part) for part in _BREAK_AFTER.split(w))
+        if len(w) > _LONG_WORD
+        else escape(w)
+        for w in words
+    )
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -334,12 +359,19 @@ def render_html(report: dict[str, Any]) -> str:
     caption, header, rows = _metrics_table(report)
     if rows:
         parts += [f"<p>{escape(caption)}</p>"] if caption else []
-        parts.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows]
-        parts.append("</table>")
+        parts.append(
+            '<div class="scroll"><table><tr>'
+            + "".join(f"<th>{escape(h)}</th>" for h in header)
+            + "</tr>"
+        )
+        parts += ["<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>" for row in rows]
+        parts.append("</table></div>")
         charted, title = _chart_report(report)
         figure = time_by_cause_figure(charted)
-        figure.update_layout(title=title, template="plotly_white")  # not pio.templates.default
+        figure.update_layout(template="plotly_white")  # not pio.templates.default
+        # the title as a heading above the chart: inside the figure, the legend (above the
+        # plot, as many rows as the width needs) was drawn over it
+        parts.append(f'<h2 class="chart">{escape(title)}</h2>')
         parts.append(
             figure.to_html(
                 full_html=False,
@@ -361,21 +393,23 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append("<p>No findings.</p>")
     else:
         header = ("severity", "analyzer", "finding", "where", "ms lost", "ms saved if fixed", "fix")
-        parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in header) + "</tr>")
+        parts.append(
+            '<div class="scroll"><table><tr>' + "".join(f"<th>{h}</th>" for h in header) + "</tr>"
+        )
         for group in groups:
             f = group[0]  # the worst speaks for the group
-            where = escape(_where(f))
+            where = _cell(_where(f))
             if len(group) > 1:
-                where = f"worst: {where}<br>{escape(spread_text(group))}"
+                where = f"worst: {where}<br>{_cell(spread_text(group))}"
             parts.append(
                 f'<tr><td class="sev {escape(f["severity"])}">{escape(f["severity"])}</td>'
-                f"<td>{escape(f['analyzer'])}</td>"
-                f"<td><b>{escape(f['title'])}</b><br>{escape(f['detail'])}</td>"
-                f"<td>{where}</td><td>{f['impact_ns'] / 1e6:.2f}</td>"
-                f"<td>{_saving_ms(f)}</td>"
-                f"<td>{escape(f['recommendation'])}</td></tr>"
+                f"<td>{_cell(f['analyzer'])}</td>"
+                f'<td class="prose"><b>{_cell(f["title"])}</b><br>{_cell(f["detail"])}</td>'
+                f'<td>{where}</td><td class="num">{f["impact_ns"] / 1e6:.2f}</td>'
+                f'<td class="num">{_saving_ms(f)}</td>'
+                f'<td class="prose">{_cell(f["recommendation"])}</td></tr>'
             )
-        parts.append("</table>")
+        parts.append("</table></div>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 

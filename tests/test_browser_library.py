@@ -1,5 +1,6 @@
 """In a real browser: the Library shows each job's worst severity and step time from its stored
-report, and "not analyzed yet" for a job without one (Chromium against `stallscope serve`)."""
+report, and "not analyzed yet" (numbers: a dash) for a job without one (Chromium against
+`stallscope serve`)."""
 
 from __future__ import annotations
 
@@ -69,11 +70,16 @@ def test_library_shows_worst_severity_and_step_time(tmp_path):
     assert cells[analyzed["job_id"]][header.index("worst")] == worst
     # (the accessible table holds the values; the canvas draws them rounded)
     assert float(cells[analyzed["job_id"]][header.index("step ms")]) == pytest.approx(
-        step, abs=0.05
-    )
+        step, rel=0.005
+    )  # 3 significant digits
     busy = float(cells[analyzed["job_id"]][header.index("GPU busy %")])
     assert busy == pytest.approx(summary["gpu_busy_pct"], abs=0.5)
     assert cells[plain["job_id"]][header.index("worst")] == "not analyzed yet"
+    # a number the job's report does not give is an empty cell here (the canvas draws the
+    # placeholder, a dash), never Streamlit's "None"
+    numbers = [header.index(c) for c in ("step ms", "GPU busy %", "ms/token")]
+    assert [cells[plain["job_id"]][i] for i in numbers] == [""] * 3
+    assert cells[analyzed["job_id"]][header.index("ms/token")] == ""  # not an inference job
     # the Library analyzed nothing: the plain job still has no report
     assert report_store.default_summary(store, plain["job_id"], plain["trace_ids"]) is None
 

@@ -96,7 +96,37 @@ def test_overview_headline_step_bars_copies_and_evidence(server):
         page.goto(f"{url}/overview?job={copies}")
         wait_idle(page)
         assert re.search(r"copies alone \d+%", page.inner_text("body")), "copy share not shown"
-        assert "copies (no kernel beside them)" in _legends(page)
+        assert "copies alone (no kernel beside them)" in _legends(page)
+        browser.close()
+
+
+def test_overview_of_a_straggler_job_splits_busy_time_and_names_the_waiting(server):
+    """ddp_straggler: rank 0's GPU sits in all-reduces waiting for rank 1. The per-GPU bars
+    draw parts that never overlap (the waiting apart), and under the busy tile the busy share
+    without that waiting, as the report's numbers give it (docs/metrics.md)."""
+    from playwright.sync_api import sync_playwright
+
+    from stallscope import report_store
+    from stallscope.charts import busy_shares, device_time_table
+
+    url, store = server
+    traces = sorted(str(p) for p in (KINETO / "ddp_straggler").glob("*.json.gz"))
+    (result,) = ingest_paths(store, traces)
+    report, _ = report_store.ensure(store, store.traces(result.job_id))
+    shares = busy_shares(device_time_table(report))
+    assert shares["busy_no_wait_pct"] < shares["busy_pct"] - 30  # 190 of 500 ms: waiting
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+        page.goto(f"{url}/overview?job={result.job_id}")
+        wait_idle(page)
+        body = page.inner_text("body")
+        assert f"GPU busy without NCCL waiting: {shares['busy_no_wait_pct']:.0f}%" in body
+        assert _metrics(page)["GPU busy"] == f"{shares['busy_pct']:.0f}%"
+        legends = _legends(page)
+        for part in ("compute only", "communication under compute",
+                     "communication alone: waiting for other ranks"):  # fmt: skip
+            assert part in legends, legends
         browser.close()
 
 
@@ -153,4 +183,67 @@ def test_html_report_fits_a_1440_px_page(tmp_path):
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, f"the report is {overflow} px wider than the page"
         assert page.get_by_text("Fix", exact=False).count() >= 1
+        browser.close()
+
+
+# Letters/digits runs whose text is drawn on more than one line: words broken mid-word. A long
+# identifier may break at its _ . / : (the report's <wbr>): those are not inside a run.
+_BROKEN_WORDS_JS = """() => {
+  const broken = [];
+  for (const cell of document.querySelectorAll('td, th')) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.data.matchAll(/[A-Za-z0-9]+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const tops = new Set(Array.from(range.getClientRects()).map(r => Math.round(r.top)));
+        if (tops.size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  return broken;
+}"""
+
+# The chart's title (a heading, or plotly's own title) and its legend, as [left, top, right,
+# bottom] boxes on the page.
+_TITLE_AND_LEGEND_JS = """() => {
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const plot = document.querySelector('.js-plotly-plot');
+  const heading = Array.from(document.querySelectorAll('h1, h2, h3'))
+    .find(h => h.textContent.startsWith('GPU time by cause'));
+  const title = heading || plot.querySelector('.gtitle');
+  return [box(title), box(plot.querySelector('.legend'))];
+}"""
+
+
+@pytest.mark.parametrize("width", [1440, 1024])
+def test_html_report_title_clear_of_legend_and_words_whole(tmp_path, width):
+    """The 2-rank sample's report: the chart title is not drawn under its legend, and no table
+    cell breaks a word across lines ("CRITICA / L", "rank0.pt.trace.js / on.gz" before)."""
+    from playwright.sync_api import sync_playwright
+
+    out = tmp_path / "report.html"
+    traces = sorted(str(p) for p in (KINETO / "ddp_straggler").glob("*.json.gz"))
+    subprocess.run(
+        [sys.executable, "-m", "stallscope.cli", "analyze", *traces, "--format", "html",
+         "--output", str(out), "--store", str(tmp_path / "store")],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": width, "height": 900}).new_page()
+        page.goto(out.as_uri())
+        page.wait_for_selector(".js-plotly-plot .legend")
+        title, legend = page.evaluate(_TITLE_AND_LEGEND_JS)
+        apart = (
+            title[2] <= legend[0]
+            or legend[2] <= title[0]
+            or title[3] <= legend[1]
+            or legend[3] <= title[1]
+        )
+        assert apart, f"title {title} overlaps legend {legend}"
+        assert page.evaluate(_BROKEN_WORDS_JS) == []
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the report is {overflow} px wider than the page"
         browser.close()

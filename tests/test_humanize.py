@@ -12,6 +12,7 @@ from stallscope.humanize import (
     records_table,
     short_kernel_name,
     short_kernel_names,
+    significant,
     value_text,
 )
 
@@ -94,3 +95,11 @@ def test_dashed_shows_a_dash_for_missing_numbers():
     shown = dashed(frame, {"step ms": "{:.1f}", "count": "{:,.0f}"})
     assert list(shown["step ms"]) == ["12.3", "—"] and list(shown["count"]) == ["3", "—"]
     assert list(shown["op"]) == ["a", "b"] and frame["step ms"].dtype == float  # a copy
+
+
+def test_significant_keeps_numbers_numeric_and_small_values_visible():
+    column = significant([62.41, 0.03123, None, 1234.5, 0.0, "n/a", float("nan"), 7])
+    assert column.dtype == "float64"  # sorts as numbers, not as text
+    assert column[:2].tolist() == [62.4, 0.0312] and column[3:5].tolist() == [1234.0, 0.0]
+    assert column.isna().tolist() == [False, False, True, False, False, True, True, False]
+    assert column[7] == 7.0 and significant([]).empty

@@ -338,6 +338,17 @@ def test_library_shows_stored_figures_and_never_analyzes(app_store, job, tmp_pat
     assert frame.loc[job, "worst"].split(" ")[0] in ("critical", "high", "medium", "low", "info")
     assert frame.loc[other.job_id, "worst"] == "not analyzed yet"
     assert frame.loc[other.job_id, "step ms"] != frame.loc[other.job_id, "step ms"]  # NaN
+    # numeric columns (sorted as numbers) with NaN, drawn as the dash placeholder, never as
+    # Streamlit's "None" (an all-None column, e.g. ms/token of training jobs, was text)
+    import json
+
+    numbers = ("step ms", "GPU busy %", "ms/token")
+    assert [str(frame[c].dtype) for c in numbers] == ["float64"] * 3
+    assert frame["ms/token"].isna().all() and at.dataframe[0].proto.placeholder == "—"
+    config = json.loads(at.dataframe[0].proto.columns)
+    formats = {c: config[c]["type_config"].get("format") for c in numbers}
+    # Streamlit's default: up to 4 decimals, trimmed (0.03 ms printed as 0.03, not as "%.1f" 0.0)
+    assert formats == dict.fromkeys(numbers)
     assert stored_keys(app_store, other.job_id) == []  # listing analyzed nothing
 
 

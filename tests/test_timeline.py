@@ -169,19 +169,24 @@ def test_time_by_cause_draws_waiting_in_collectives_apart_from_transfer():
     def metric(trace, rank, name, value):
         return {"trace": trace, "rank": rank, "device": rank, "name": name, "value": value}
 
-    report = {
-        "metrics": [
-            metric("a", 0, "gpu_span_ns", 100e6), metric("a", 0, "comm_pct", 90.0),
-            metric("a", 0, "compute_pct", 10.0), metric("a", 0, "nccl_wait_ns", 70e6),
-            metric("b", 1, "gpu_span_ns", 100e6), metric("b", 1, "comm_pct", 5.0),
-            metric("b", 1, "compute_pct", 20.0), metric("b", 1, "nccl_wait_ns", 0),
-        ]
-    }  # fmt: skip
+    def gpu(trace, rank, compute_only, under, alone, wait):
+        return [
+            metric(trace, rank, "gpu_span_ns", 100e6), metric(trace, rank, "compute_only_ns", compute_only),
+            metric(trace, rank, "comm_under_compute_ns", under), metric(trace, rank, "comm_only_ns", alone),
+            metric(trace, rank, "copy_only_ns", 0), metric(trace, rank, "exposed_comm_wait_ns", wait),
+        ]  # fmt: skip
+
+    # rank 0: 90 ms alone in communication, 70 of it waiting (the wait is clipped to it)
+    report = {"metrics": gpu("a", 0, 10e6, 0, 90e6, 70e6) + gpu("b", 1, 15e6, 5e6, 0, 3e6)}
     table = device_time_table(report)
     assert table["comm_wait_ms"].tolist() == [70.0, 0.0]
-    assert table["comm_transfer_ms"].tolist() == [20.0, 5.0]
+    assert table["comm_transfer_ms"].tolist() == [20.0, 0.0]
+    assert table["idle_other_ms"].tolist() == [0.0, 80.0]  # no gpu_idle metrics here
     names = [bar.name for bar in time_by_cause_figure(report).data]
-    assert names[:3] == ["compute", "communication", "communication: waiting for other ranks"]
+    assert names == [
+        "compute only", "communication under compute", "communication alone (exposed)",
+        "communication alone: waiting for other ranks", "idle: cause not measured",
+    ]  # fmt: skip
 
 
 @pytest.fixture

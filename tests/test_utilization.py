@@ -60,6 +60,19 @@ def test_shares_of_span(metrics):
     assert values[(0, "kernel_count")] == 4
 
 
+def test_exclusive_parts_of_the_busy_time_by_hand(metrics):
+    """hand_trace's GPU 0 (µs): compute [0,30) [90,100), comm [25,45), copies [60,80).
+    Compute alone [0,25) + [90,100) = 35, comm beside compute [25,30) = 5, comm alone
+    [30,45) = 15, copies with no kernel [60,80) = 20; with 25 idle: the span, 100."""
+    values, _ = metrics
+    parts = ("compute_only_ns", "comm_under_compute_ns", "comm_only_ns", "copy_only_ns")
+    assert [values[(0, n)] for n in parts] == [35_000, 5_000, 15_000, 20_000]
+    idle = values[(0, "gpu_span_ns")] * values[(0, "gpu_idle_pct")] / 100
+    assert sum(values[(0, n)] for n in parts) + idle == values[(0, "gpu_span_ns")]
+    # GPU 1: one compute kernel [0,5) µs, nothing else
+    assert [values[(1, n)] for n in parts] == [5_000, 0, 0, 0]
+
+
 def test_per_device_and_steps(metrics):
     values, _ = metrics
     assert values[(1, "gpu_busy_pct")] == 5.0
@@ -210,6 +223,7 @@ def _busy(span=1_000_000, busy=600_000, *, stepped=True, idle=None) -> utilizati
         compute_ns=busy,
         comm_ns=0,
         memcpy_ns=0,
+        kernel_ns=busy,
         kernel_count=7,
         gap_count=3,
         windows=[[0, 10]],
@@ -240,6 +254,8 @@ def test_metrics_from_the_numbers():
     assert values == {
         "gpu_busy_pct": 33.333, "compute_pct": 33.333, "comm_pct": 0.0, "memcpy_pct": 0.0,
         "gpu_idle_pct": 66.667, "kernel_count": 7, "gpu_span_ns": 1_000_000,
+        "compute_only_ns": 333_333, "comm_under_compute_ns": 0, "comm_only_ns": 0,
+        "copy_only_ns": 0,
     }  # fmt: skip
     steps = utilization.StepMedian(where=Where("t", 1), count=4, median_ns=2_500_000.0)
     assert [(m.name, m.value) for m in utilization.step_metrics(steps)] == [
