@@ -39,7 +39,9 @@ DEVICE_KEYS: dict[str, str] = {
 class CanonicalTrace:
     """One rank's data in canonical form, ready for the store: a field per table of
     :data:`stallscope.schema.TABLES` (tests/test_schema.py checks they agree); a table a
-    format does not provide is left out and stays empty."""
+    format does not provide is left out and stays empty. A parser may hold a big table
+    as an ``ingest.streamed.WrittenTable`` instead (already written to Parquet, batch
+    by batch: the ingest moves that file into the trace's folder)."""
 
     gpu: pa.Table = field(default_factory=lambda: empty_table("gpu"))
     host: pa.Table = field(default_factory=lambda: empty_table("host"))

@@ -40,6 +40,7 @@ from stallscope.ingest.reader import Source
 from stallscope.ingest.registry import BY_NAME, FORMATS, companion_file, is_companion, provides
 from stallscope.ingest.sniff import sniff
 from stallscope.ingest.startup import skip_pandas_probe, thread_budget
+from stallscope.ingest.streamed import WrittenTable
 from stallscope.rank_card import write_card
 from stallscope.schema import RANK_CARD
 from stallscope.store import Store, current_user, new_upload, write_json, write_upload
@@ -382,27 +383,39 @@ def _check_in_range(name: str, trace: ParsedTrace) -> None:
         table = tables.get(table_name)
         if table is None or not (count := negative_durations(table)):
             continue
+        if isinstance(table, WrittenTable):  # streamed by its parser, repaired as written
+            trace.warnings.append(_negative_warning(count, table_name))
+            continue
         ends = pc.max_element_wise(table["end_ns"], table["start_ns"])
         setattr(
             trace.canonical,
             table_name,
             table.set_column(table.schema.get_field_index("end_ns"), "end_ns", ends),
         )
-        trace.warnings.append(
-            f"{count:,} {table_name} events had a negative duration (end before start): "
-            "given duration 0"
-        )
+        trace.warnings.append(_negative_warning(count, table_name))
+
+
+def _negative_warning(count: int, table_name: str) -> str:
+    return (
+        f"{count:,} {table_name} events had a negative duration (end before start): "
+        "given duration 0"
+    )
 
 
 def _write_tables(folder: Path, tables: dict[str, Any]) -> None:
     """One zstd Parquet file per canonical table, written by a few threads at once.
 
     Arrow encodes and compresses without the GIL, so the big tables (gpu,
-    host) are written side by side instead of one after the other.
+    host) are written side by side instead of one after the other. A table
+    its parser already streamed to Parquet (``streamed.WrittenTable``) is
+    moved into the folder.
     """
 
     def write(item: tuple[str, Any]) -> None:
         name, table = item
+        if isinstance(table, WrittenTable):
+            table.move_to(folder / f"{name}.parquet")
+            return
         pq.write_table(
             conform(name, table),
             folder / f"{name}.parquet",

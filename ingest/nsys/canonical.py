@@ -10,6 +10,7 @@ nothing per event passes through Python. The caller decides the traces
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -33,6 +34,8 @@ from stallscope.ingest.nsys.sql import (
     THREADS_OUT_SQL,
 )
 from stallscope.ingest.startup import duckdb_threads
+from stallscope.ingest.streamed import BATCH_ROWS as STREAM_BATCH_ROWS
+from stallscope.ingest.streamed import WrittenTable, write_split
 
 # (NVTX eventTypes, key columns): push/pop ranges hold what their own thread
 # launched; start/end ranges may end on another thread, so they hold what any
@@ -165,11 +168,18 @@ class NsysCanonical:
         return dict(zip(("dropped", "open_ranges", "graphs"), row, strict=True))
 
     # -- output ---------------------------------------------------------------------------
-    def emit(self, units: list[dict[str, Any]]) -> list[CanonicalTrace]:
+    def emit(
+        self, units: list[dict[str, Any]], scratch: Path | None = None
+    ) -> list[CanonicalTrace]:
         """The canonical tables of each unit (``tix, gp, device, split, trace_id, rank``).
 
         Called once, last: it drops the prepared event tables as soon as no
         later output needs them (only ``names``, ``stats`` and the small tables stay).
+        With ``scratch`` (a folder: the ingest's staging folder), the two big
+        tables, ``host`` and ``ranges``, are streamed from DuckDB straight to
+        one Parquet file per trace there (``ingest.streamed``: batch by batch,
+        never a whole table in Arrow) and the traces hold them as
+        ``WrittenTable``; without, every table is returned in Arrow.
         """
         con = self.con
         con.register("units", pa.Table.from_pylist(units, schema=_UNITS_SCHEMA))
@@ -177,18 +187,33 @@ class NsysCanonical:
         con.execute(CORR_DEV_SQL)
         n = len(units)
 
-        def rows_of(sql: str, *done: str) -> list[pa.Table]:
-            """``sql``'s rows split by trace; then the prepared tables no later query needs are dropped."""
-            rows = _split(con.sql(sql).to_arrow_table(), n)
-            for table in done:
+        def drop(tables: tuple[str, ...]) -> None:
+            """Drop the prepared tables no later query needs."""
+            for table in tables:
                 con.execute(f"DROP TABLE {table}")
+
+        def rows_of(sql: str, *done: str) -> list[pa.Table]:
+            """``sql``'s rows split by trace; then the tables ``done`` are dropped."""
+            rows = _split(con.sql(sql).to_arrow_table(), n)
+            drop(done)
+            return rows
+
+        def streamed(sql: str, table: str, *done: str) -> list[pa.Table | WrittenTable]:
+            """``sql``'s rows written per trace into ``scratch`` (else as ``rows_of``)."""
+            if scratch is None:
+                return rows_of(sql, *done)
+            reader = _reader(con.sql(sql))
+            paths = [scratch / f".nsys-{u['trace_id']}-{table}.parquet" for u in units]
+            written = write_split(reader, table, paths)
+            rows = written if written is not None else _split(reader.read_all(), n)
+            drop(done)
             return rows
 
         gpu = rows_of(GPU_OUT_SQL)
         collectives = rows_of(COLLECTIVES_OUT_SQL, "nccl_of")
         memory = rows_of(MEMORY_OUT_SQL) if self.has_memory_usage else [None] * n
-        host = rows_of(HOST_OUT_SQL, "g", "api", "os", "corr_dev")
-        ranges = rows_of(RANGES_OUT_SQL, "nv", "proj")
+        host = streamed(HOST_OUT_SQL, "host", "g", "api", "os", "corr_dev")
+        ranges = streamed(RANGES_OUT_SQL, "ranges", "nv", "proj")
         threads = rows_of(THREADS_OUT_SQL)
         names = con.sql("SELECT name_id, name FROM names ORDER BY name_id").to_arrow_table()
         out = []
@@ -198,7 +223,7 @@ class NsysCanonical:
                     [
                         chunk
                         for t in (gpu[i], host[i], ranges[i], collectives[i])
-                        for chunk in t["name_id"].chunks
+                        for chunk in _name_ids(t).chunks
                     ],
                     type=pa.int32(),
                 )
@@ -253,6 +278,19 @@ _PAYLOAD_SCHEMA = pa.schema(
     [("nvtx_id", pa.int64()), ("comm", pa.string()), ("nranks", pa.int64()),
      ("msg_bytes", pa.int64())]
 )  # fmt: skip
+
+
+def _reader(relation: duckdb.DuckDBPyRelation) -> pa.RecordBatchReader:
+    """The relation's rows as Arrow batches of ``streamed.BATCH_ROWS`` (DuckDB < 1.4: the older name)."""
+    method = getattr(relation, "to_arrow_reader", None) or relation.fetch_record_batch
+    return method(STREAM_BATCH_ROWS)
+
+
+def _name_ids(table: pa.Table | WrittenTable) -> pa.ChunkedArray:
+    """The ``name_id`` values of a table (of a streamed one: the distinct ones it recorded)."""
+    if isinstance(table, WrittenTable):
+        return pa.chunked_array([table.name_ids], type=pa.int32())
+    return table["name_id"]
 
 
 def _loaded(table: pa.Table | Callable[[], pa.Table]) -> pa.Table:

@@ -124,7 +124,7 @@ def parse_nsys_file(path: str | Path, name: str, ctx: ParseContext) -> list[Pars
         if len(units) > 1 and how != "recorded":
             first.append(f"ranks assigned by {how}: the export records no MPI or NCCL rank")
         nccl = canon.has_nccl()
-        traces = canon.emit(rows)  # last: it frees the prepared tables
+        traces = canon.emit(rows, ctx.scratch)  # last: it frees the prepared tables
     finally:
         canon.close()
     out = []

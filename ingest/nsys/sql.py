@@ -252,19 +252,19 @@ RANGES_OUT_SQL = f"""
 WITH r AS (
   SELECT CASE WHEN step IS NOT NULL THEN 'step' ELSE 'nvtx' END AS kind, name, domain, gp, tid,
          CAST(NULL AS INTEGER) AS device, CAST(NULL AS BIGINT) AS stream, start_ns, end_ns, step,
-         nvtx_id
+         nvtx_id, 0 AS projected
   FROM nv
   UNION ALL
   SELECT 'gpu_annotation', n.name, n.domain, n.gp, NULL, p.device, p.stream, p.start_ns, p.end_ns,
-         n.step, n.nvtx_id
+         n.step, n.nvtx_id, 1
   FROM proj p JOIN nv n USING (nvtx_id))
 SELECT u.tix, u.trace_id, r.kind, nm.name_id, r.domain,
   CASE WHEN r.kind = 'gpu_annotation' THEN NULL ELSE {_PID.format(t="r")} END AS pid,
   r.tid, r.device, r.stream, r.start_ns, r.end_ns, r.step, CAST(NULL AS BIGINT) AS external_id
 FROM r {_UNIT_JOIN.format(t="r", dev="device")}
 JOIN names nm ON nm.name = r.name
-ORDER BY u.tix, r.start_ns, r.nvtx_id, r.kind DESC, r.device, r.stream
-"""
+ORDER BY u.tix, r.start_ns, r.nvtx_id, r.projected, r.device, r.stream
+"""  # ``projected``: a range's own row first, then its GPU projections (``kind DESC``, by integer)
 
 COLLECTIVES_OUT_SQL = f"""
 SELECT u.tix, u.trace_id, u.rank, g.device, g.stream,
