@@ -263,13 +263,12 @@ def _host_unions(job: JobData, trace_id: str, threads: list[tuple[int, int]]):
     lower-priority causes are covered by its higher one anyway.
     """
     con = job.con
-    con.execute("CREATE OR REPLACE TEMP TABLE _threads (pid BIGINT, tid BIGINT)")
-    if threads:
-        con.executemany("INSERT INTO _threads VALUES (?, ?)", threads)
+    make = "CREATE OR REPLACE TEMP TABLE _threads AS SELECT pid::BIGINT AS pid, tid::BIGINT AS tid"
+    if threads:  # one statement (integer literals), not a table and an insert per thread
+        rows = ", ".join(f"({int(pid)}, {int(tid)})" for pid, tid in threads)
+        con.execute(f"{make} FROM (VALUES {rows}) AS t(pid, tid)")
     else:  # no launch correlation recorded: every host thread counts
-        con.execute(
-            "INSERT INTO _threads SELECT DISTINCT pid, tid FROM host WHERE trace_id = ?", [trace_id]
-        )
+        con.execute(f"{make} FROM (SELECT DISTINCT pid, tid FROM host WHERE trace_id = ?)", [trace_id])
     cols = con.execute(_CLASSIFY_SQL, {"trace": trace_id}).fetchnumpy()
     starts, ends = cols["start_ns"], cols["end_ns"]
     cause = np.asarray(cols["cause"])

@@ -25,7 +25,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from stallscope.store import Store, TraceRef
+from stallscope.store import Store, TraceRef, may_hold
 
 
 class JobData:
@@ -118,6 +118,12 @@ class JobData:
         if self.parent is not None:
             return self.store.connect(self.traces, cursor_of=self.parent.con, load=self.load)
         return self.store.connect(self.traces, tables=self.tables)
+
+    def may_hold(self, table: str) -> bool:
+        """Whether this job's traces may hold rows of canonical ``table`` (by their formats,
+        :func:`stallscope.store.may_hold`); when False its view is empty and a query on it
+        can be skipped."""
+        return may_hold({r.meta.get("source") for r in self.traces}, table)
 
     def sql(self, query: str, params: list[Any] | None = None) -> duckdb.DuckDBPyConnection:
         """Run a query on this job's views; returns the cursor (fetchall/fetchnumpy...)."""

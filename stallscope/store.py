@@ -51,7 +51,7 @@ from typing import Any
 import duckdb
 
 from stallscope.errors import NotFoundError, environment_problem
-from stallscope.schema import CATALOG_COLUMNS, EMPTY_SELECTS, TABLE_NAMES
+from stallscope.schema import BY_NAME, CATALOG_COLUMNS, EMPTY_SELECTS, TABLE_NAMES, TABLES as _TABLE_DEFS
 
 STORE_FORMAT = "stallscope-store/1"
 TABLES = TABLE_NAMES  # the canonical tables, declared in stallscope.schema
@@ -379,8 +379,9 @@ class Store:
         by_name = "true" if len({r.job_id for r in refs}) > 1 else "false"
         wanted = TABLES if tables is None else tuple(t for t in TABLES if t in tables)
         present = _table_files(refs, wanted)
+        sources = {r.meta.get("source") for r in refs}
         for table in wanted:
-            files = present[table]
+            files = present[table] if may_hold(sources, table) else []  # else: empty, not read
             if files:
                 listing = ", ".join(_sql_str(f) for f in files)
                 con.execute(
@@ -392,6 +393,19 @@ class Store:
                 )
         create_catalog(con, [r.meta for r in refs])
         return con
+
+
+_KNOWN_FORMATS = frozenset(f for t in _TABLE_DEFS for f in t.formats)
+
+
+def may_hold(sources: set[str | None], table: str) -> bool:
+    """Whether traces of these sources (catalog ``source``: their formats) may hold rows of
+    canonical ``table``: a format the table's declaration lists (``schema.Table.formats``),
+    or one no table lists (unknown here: it may hold anything). False only when every
+    source is a known format whose traces never fill ``table`` (e.g. ``kernel_metrics``
+    for Kineto timelines: only Nsight Compute results hold its rows)."""
+    formats = BY_NAME[table].formats
+    return any(s in formats or s not in _KNOWN_FORMATS for s in sources)
 
 
 def _table_files(refs: list[TraceRef], tables: tuple[str, ...]) -> dict[str, list[str]]:
