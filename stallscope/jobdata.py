@@ -28,6 +28,12 @@ import numpy as np
 from stallscope.store import Store, TraceRef, may_hold
 
 
+# The tables a part loads into memory: those the per-rank analyzers query many times per
+# rank (gpu ~24 queries, host and names ~12, ranges ~9); the others (devices, memory: one or
+# two; the rest: none) stay views over the rank's files, cheaper to create than to load.
+PART_LOADED_TABLES = ("gpu", "host", "names", "ranges")
+
+
 class JobData:
     """The traces (ranks) of one job, queryable with SQL."""
 
@@ -75,9 +81,10 @@ class JobData:
     def rank_parts(self) -> Iterator[JobData]:
         """One part per rank, in rank order, for many queries on each rank.
 
-        A part is a JobData over one rank's traces whose tables are read into
-        memory (temporary tables on a cursor of this job's database) when it is
-        first queried. Each has its own cache and is closed when the next one
+        A part is a JobData over one rank's traces whose much-queried tables
+        (:data:`PART_LOADED_TABLES`) are read into memory (temporary tables on a
+        cursor of this job's database) when it is first queried; its other
+        tables are temporary views over the rank's files. Each has its own cache and is closed when the next one
         is asked for (or the loop ends), so at most one rank's rows and derived
         data are held at a time. A job of one rank yields itself (its views,
         left open, its cache kept).
@@ -116,7 +123,8 @@ class JobData:
     @cached_property
     def con(self) -> duckdb.DuckDBPyConnection:
         if self.parent is not None:
-            return self.store.connect(self.traces, cursor_of=self.parent.con, load=self.load)
+            load = PART_LOADED_TABLES if self.load else False
+            return self.store.connect(self.traces, cursor_of=self.parent.con, load=load)
         return self.store.connect(self.traces, tables=self.tables)
 
     def may_hold(self, table: str) -> bool:
