@@ -128,16 +128,13 @@ def blocking_calls(job: JobData, trace_id: str) -> dict[str, np.ndarray]:
 
 
 def _fallback_devices(job: JobData, trace_id: str, cols: dict, missing: np.ndarray) -> np.ndarray:
-    busiest = job.sql(
+    by_busy = job.sql(  # busiest first; the devices with GPU work counted from the same rows
         "SELECT device FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset') "
-        "GROUP BY device ORDER BY sum(end_ns - start_ns) DESC, device LIMIT 1",
+        "GROUP BY device ORDER BY sum(end_ns - start_ns) DESC, device",
         [trace_id],
     ).fetchall()
-    default = int(busiest[0][0]) if busiest else -1
-    devices = job.sql(
-        "SELECT count(DISTINCT device) FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset')",
-        [trace_id],
-    ).fetchall()[0][0]
+    default = int(by_busy[0][0]) if by_busy else -1
+    devices = sum(device is not None for (device,) in by_busy)
     if devices <= 1:
         return np.full(int(missing.sum()), default, dtype=cols["device"].dtype)
     idx = np.flatnonzero(missing)
@@ -206,9 +203,7 @@ def measure_trace(job: JobData, where: Where) -> TraceSyncs:
     )
     if durations.size == 0:
         return out
-    steps = job.numpy(
-        "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
-    )
+    steps = job.steps(trace)
     step_union = intervals.union(steps["start_ns"], steps["end_ns"])
     in_step = intervals.covers(step_union, calls["start_ns"])
     sites = call_sites(

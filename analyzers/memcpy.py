@@ -158,9 +158,7 @@ def device_copies(job: JobData, where: Where) -> list[DeviceCopies]:
         for k, v in job.con.execute(_COPIES_SQL, {"trace": trace}).fetchnumpy().items()
     }
     devices = np.asarray(job.devices(trace, ("kernel", "memcpy", "memset")), dtype=np.int64)
-    steps = job.numpy(
-        "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
-    )
+    steps = job.steps(trace)
     n_steps = int(steps["start_ns"].size)
     window = (int(steps["start_ns"].min()), int(steps["end_ns"].max())) if n_steps else None
     in_step = intervals.covers(

@@ -142,11 +142,8 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
     gap_s, gap_e = idle_gaps(starts, ends, scope)
     threads = launch_threads(job, trace_id, device)
     cause_unions, graph_union, user_ranges = _host_unions(job, trace_id, threads)
-    step_edges = job.numpy(
-        "SELECT start_ns FROM ranges WHERE trace_id = $1 AND kind = 'step' "
-        "UNION SELECT end_ns FROM ranges WHERE trace_id = $1 AND kind = 'step'",
-        [trace_id],
-    )["start_ns"]
+    steps = job.steps(trace_id)
+    step_edges = np.unique(np.concatenate([steps["start_ns"], steps["end_ns"]]))
     per_gap, graph_per_gap, segments, range_only = _label_gaps(
         gap_s,
         gap_e,

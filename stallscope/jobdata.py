@@ -145,12 +145,31 @@ class JobData:
         """Devices of a trace with GPU activity of these kinds, ascending (cached)."""
         key = ("devices", trace_id, kinds)
         if key not in self.cache:
-            marks = ", ".join("?" for _ in kinds)
-            rows = self.sql(
-                f"SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND kind IN ({marks}) ORDER BY 1",
-                [trace_id, *kinds],
+            found = {d for d, kind in self.device_kinds(trace_id) if kind in kinds}
+            self.cache[key] = [int(d) for d in sorted(found)]
+        return self.cache[key]
+
+    def device_kinds(self, trace_id: str) -> list[tuple[int | None, str | None]]:
+        """The distinct (device, kind) pairs of the trace's ``gpu`` rows, in no set order:
+        one query per trace for every analyzer's device lists (cached)."""
+        key = ("device_kinds", trace_id)
+        if key not in self.cache:
+            self.cache[key] = self.sql(
+                "SELECT DISTINCT device, kind FROM gpu WHERE trace_id = ?", [trace_id]
             ).fetchall()
-            self.cache[key] = [int(r[0]) for r in rows]
+        return self.cache[key]
+
+    def steps(self, trace_id: str) -> dict[str, np.ndarray]:
+        """The trace's steps (its ``ranges`` rows of kind ``step``): columns ``step``,
+        ``start_ns``, ``end_ns`` (ns) as :meth:`numpy` gives them, by start then end (cached:
+        several analyzers read them)."""
+        key = ("steps", trace_id)
+        if key not in self.cache:
+            self.cache[key] = self.numpy(
+                "SELECT step, start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step' "
+                "ORDER BY start_ns, end_ns",
+                [trace_id],
+            )
         return self.cache[key]
 
     def close(self) -> None:

@@ -116,11 +116,9 @@ def scope_sql(job: JobData, trace_id: str, alias: str = "g") -> str:
 
 
 def _scope_sql(job: JobData, trace_id: str, alias: str) -> str:
-    devices = job.sql(
-        "SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND device IS NOT NULL", [trace_id]
-    ).fetchall()
+    devices = sorted({d for d, _ in job.device_kinds(trace_id) if d is not None})
     arms = []
-    for (device,) in devices:
+    for device in devices:
         scope = step_scope(job, trace_id, int(device))
         if scope is not None:
             start = f"{alias}.start_ns"
