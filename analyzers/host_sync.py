@@ -48,7 +48,7 @@ from stallscope.analyzers.base import (
     graded_thresholds,
 )
 from stallscope.host_ops import call_sites
-from stallscope.idle import CAUSES, attribute_idle
+from stallscope.idle import CAUSES, attribute_idle, device_busy
 from stallscope.jobdata import JobData
 from stallscope.sync_calls import API_SQL, COPY_API_REGEX, SMALL_H2D_BYTES, SYNC_API_REGEX
 
@@ -416,10 +416,7 @@ def measure_device(
     that device; ``in_step``: whether each starts in a step; ``sites``: their call
     sites). None when the device ran nothing or made no blocking call."""
     trace, device = where.trace, where.device
-    busy = job.numpy(
-        "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind IN ('kernel', 'memcpy', 'memset')",
-        [trace, device],
-    )
+    busy = device_busy(job, trace, device)
     if busy["start_ns"].size == 0 or calls["start_ns"].size == 0:
         return None
     first, last = int(busy["start_ns"].min()), int(busy["end_ns"].max())

@@ -44,6 +44,7 @@ from stallscope.analyzers.base import (
     graded_thresholds,
 )
 from stallscope.host_ops import call_sites
+from stallscope.idle import device_busy
 from stallscope.jobdata import JobData
 from stallscope.sync_calls import API_SQL, COPY_API_REGEX, SMALL_H2D_BYTES
 
@@ -820,14 +821,10 @@ def _by_site(sites: np.ndarray, nbytes: np.ndarray, dur: np.ndarray) -> list[dic
 def _span(job: JobData, trace: str, device: int, window: tuple[int, int] | None) -> int:
     """The device's span; with steps, only its part inside [first step start, last step end]
     (setup traffic before the steps, such as model.to(device), does not dilute the share)."""
-    row = job.sql(
-        "SELECT min(start_ns), max(end_ns) FROM gpu WHERE trace_id = ? AND device = ? "
-        "AND kind IN ('kernel', 'memcpy', 'memset')",
-        [trace, device],
-    ).fetchall()[0]
-    if row[0] is None:
+    busy = device_busy(job, trace, device)
+    if busy["start_ns"].size == 0:
         return 0
-    start, end = int(row[0]), int(row[1])
+    start, end = int(busy["start_ns"].min()), int(busy["end_ns"].max())
     if window and min(end, window[1]) > max(start, window[0]):
         start, end = max(start, window[0]), min(end, window[1])
     return end - start

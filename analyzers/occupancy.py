@@ -289,7 +289,9 @@ def _limits(job: JobData, trace: str, device: int | None) -> DeviceLimits | None
     cols = [d[0] for d in cur.description]
     row = cur.fetchone()
     dev = device_limits(dict(zip(cols, row, strict=True))) if row else None
-    if dev is None and device is not None and job.may_hold("kernel_metrics"):  # e.g. an nsys trace without TARGET_INFO_GPU: ask ncu
+    if (
+        dev is None and device is not None and job.may_hold("kernel_metrics")
+    ):  # e.g. an nsys trace without TARGET_INFO_GPU: ask ncu
         other = job.sql(
             "SELECT DISTINCT trace_id FROM kernel_metrics WHERE timeline_trace_id = ?", [trace]
         ).fetchall()

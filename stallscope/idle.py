@@ -129,11 +129,21 @@ def attribute_idle(job: JobData, trace_id: str, device: int) -> IdleAttribution:
     return job.cache[key]
 
 
+def device_busy(job: JobData, trace_id: str, device: int) -> dict[str, np.ndarray]:
+    """``start_ns``, ``end_ns`` of the device's kernels, copies and memsets, in no set order
+    (cached: idle attribution, host_sync and memcpy read them)."""
+    key = ("device_busy", trace_id, device)
+    if key not in job.cache:
+        job.cache[key] = job.numpy(
+            "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? "
+            "AND kind IN ('kernel', 'memcpy', 'memset')",
+            [trace_id, device],
+        )
+    return job.cache[key]
+
+
 def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
-    busy = job.numpy(
-        "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind IN ('kernel', 'memcpy', 'memset')",
-        [trace_id, device],
-    )
+    busy = device_busy(job, trace_id, device)
     scope = step_scope(job, trace_id, device)
     _, starts, ends = in_scope(busy["start_ns"], busy["end_ns"], scope)
     if starts.size == 0:
@@ -265,7 +275,9 @@ def _host_unions(job: JobData, trace_id: str, threads: list[tuple[int, int]]):
         rows = ", ".join(f"({int(pid)}, {int(tid)})" for pid, tid in threads)
         con.execute(f"{make} FROM (VALUES {rows}) AS t(pid, tid)")
     else:  # no launch correlation recorded: every host thread counts
-        con.execute(f"{make} FROM (SELECT DISTINCT pid, tid FROM host WHERE trace_id = ?)", [trace_id])
+        con.execute(
+            f"{make} FROM (SELECT DISTINCT pid, tid FROM host WHERE trace_id = ?)", [trace_id]
+        )
     cols = con.execute(_CLASSIFY_SQL, {"trace": trace_id}).fetchnumpy()
     starts, ends = cols["start_ns"], cols["end_ns"]
     cause = np.asarray(cols["cause"])

@@ -27,7 +27,6 @@ import numpy as np
 
 from stallscope.store import Store, TraceRef, may_hold
 
-
 # The tables a part loads into memory: those the per-rank analyzers query many times per
 # rank (gpu ~24 queries, host and names ~12, ranges ~9); the others (devices, memory: one or
 # two; the rest: none) stay views over the rank's files, cheaper to create than to load.

@@ -51,7 +51,8 @@ from typing import Any
 import duckdb
 
 from stallscope.errors import NotFoundError, environment_problem
-from stallscope.schema import BY_NAME, CATALOG_COLUMNS, EMPTY_SELECTS, TABLE_NAMES, TABLES as _TABLE_DEFS
+from stallscope.schema import BY_NAME, CATALOG_COLUMNS, EMPTY_SELECTS, TABLE_NAMES
+from stallscope.schema import TABLES as _TABLE_DEFS
 
 STORE_FORMAT = "stallscope-store/1"
 TABLES = TABLE_NAMES  # the canonical tables, declared in stallscope.schema

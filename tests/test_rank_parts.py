@@ -169,7 +169,10 @@ def test_a_parts_catalog_and_tables_are_its_ranks_alone(store, tmp_path):
     for part in job.rank_parts():
         own = duckdb.connect()
         create_catalog(own, [r.meta for r in part.traces])
-        assert part.sql("SELECT * FROM catalog").fetchall() == own.sql("SELECT * FROM catalog").fetchall()
+        assert (
+            part.sql("SELECT * FROM catalog").fetchall()
+            == own.sql("SELECT * FROM catalog").fetchall()
+        )
         kinds = dict(part.sql("SELECT table_name, table_type FROM information_schema.tables "
                               "WHERE table_schema = 'main' AND table_catalog = 'temp'").fetchall())  # fmt: skip
         assert kinds["gpu"] == "LOCAL TEMPORARY" and kinds["memory"] == "VIEW"
