@@ -241,7 +241,7 @@ def _low_time_pct(compute: list[KernelOccupancy], low_pct: float) -> float | Non
 
 
 def _timeline_groups(job: JobData, trace: str) -> list[dict]:
-    have = {r[0] for r in job.sql("SELECT column_name FROM (DESCRIBE gpu)").fetchall()}
+    have = job.columns("gpu")
     col = {c: (f"g.{c}" if c in have else "NULL") for c in _OPTIONAL}
     smem = f"coalesce({col['shared_mem_bytes']}, {col['static_shared_mem_bytes']} + {col['dynamic_shared_mem_bytes']})"
     rows = job.sql(

@@ -160,15 +160,26 @@ class JobData:
 
     def steps(self, trace_id: str) -> dict[str, np.ndarray]:
         """The trace's steps (its ``ranges`` rows of kind ``step``): columns ``step``,
-        ``start_ns``, ``end_ns`` (ns) as :meth:`numpy` gives them, by start then end (cached:
-        several analyzers read them)."""
+        ``start_ns``, ``end_ns`` (ns) as :meth:`numpy` gives them, by start (cached: several
+        analyzers read them; callers must not modify the arrays)."""
         key = ("steps", trace_id)
         if key not in self.cache:
             self.cache[key] = self.numpy(
                 "SELECT step, start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step' "
-                "ORDER BY start_ns, end_ns",
+                "ORDER BY start_ns",
                 [trace_id],
             )
+        return self.cache[key]
+
+    def columns(self, table: str) -> frozenset[str]:
+        """The column names of ``table``'s view (cached). A part asks its job: its tables
+        are its job's files, which one ingest conformed to one schema."""
+        if self.parent is not None:
+            return self.parent.columns(table)
+        key = ("columns", table)
+        if key not in self.cache:
+            rows = self.sql(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()
+            self.cache[key] = frozenset(row[0] for row in rows)
         return self.cache[key]
 
     def close(self) -> None:
