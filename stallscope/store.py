@@ -377,8 +377,7 @@ class Store:
             con = duckdb.connect(config={"threads": max(1, min(4, os.cpu_count() or 1))})
             view = "VIEW"
         else:
-            con, view = cursor_of.cursor(), "TEMP VIEW"
-        loaded = set(TABLES if load is True else load or ())
+            con, view = cursor_of.cursor(), "TEMP TABLE" if load else "TEMP VIEW"
         # One job's files were all written by one ingest, conformed to one schema: read by
         # position. Across jobs (stores of several versions) columns are matched by name,
         # which reads every file's footer at each bind: ~1 ms per file and query.
@@ -386,11 +385,12 @@ class Store:
         wanted = TABLES if tables is None else tuple(t for t in TABLES if t in tables)
         present = _table_files(refs, wanted)
         sources = {r.meta.get("source") for r in refs}
+        loaded = set(TABLES if load is True else load or ())  # with cursor_of: tables, not views
         for table in wanted:
             files = present[table] if may_hold(sources, table) else []  # else: empty, not read
             if files:
                 listing = ", ".join(_sql_str(f) for f in files)
-                kind = "TEMP TABLE" if cursor_of is not None and table in loaded else view
+                kind = view if cursor_of is None or table in loaded else "TEMP VIEW"
                 con.execute(
                     f"CREATE {kind} {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = {by_name})"
                 )
