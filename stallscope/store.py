@@ -409,19 +409,6 @@ class Store:
         return con
 
 
-_KNOWN_FORMATS = frozenset(f for t in _TABLE_DEFS for f in t.formats)
-
-
-def may_hold(sources: set[str | None], table: str) -> bool:
-    """Whether traces of these sources (catalog ``source``: their formats) may hold rows of
-    canonical ``table``: a format the table's declaration lists (``schema.Table.formats``),
-    or one no table lists (unknown here: it may hold anything). False only when every
-    source is a known format whose traces never fill ``table`` (e.g. ``kernel_metrics``
-    for Kineto timelines: only Nsight Compute results hold its rows)."""
-    formats = BY_NAME[table].formats
-    return any(s in formats or s not in _KNOWN_FORMATS for s in sources)
-
-
 def _table_files(refs: list[TraceRef], tables: tuple[str, ...]) -> dict[str, list[str]]:
     """Per table of ``tables``, the paths of its files among ``refs`` (in ``refs`` order): one
     directory listing per trace, not a ``stat`` per trace and table (~10 k at 1,024 ranks)."""
@@ -437,6 +424,19 @@ def _table_files(refs: list[TraceRef], tables: tuple[str, ...]) -> dict[str, lis
         for name in here:
             out[wanted[name]].append(prefix + name)
     return out
+
+
+_KNOWN_FORMATS = frozenset(f for t in _TABLE_DEFS for f in t.formats)
+
+
+def may_hold(sources: set[str | None], table: str) -> bool:
+    """Whether traces of these sources (catalog ``source``: their formats) may hold rows of
+    canonical ``table``: a format the table's declaration lists (``schema.Table.formats``),
+    or one no table lists (unknown here: it may hold anything). False only when every
+    source is a known format whose traces never fill ``table`` (e.g. ``kernel_metrics``
+    for Kineto timelines: only Nsight Compute results hold its rows)."""
+    formats = BY_NAME[table].formats
+    return any(s in formats or s not in _KNOWN_FORMATS for s in sources)
 
 
 # Python types that go into each catalog column unchanged (create_catalog's one-statement insert)
