@@ -48,7 +48,7 @@ from stallscope.analyzers.base import (
     graded_thresholds,
 )
 from stallscope.host_ops import call_sites
-from stallscope.idle import CAUSES, attribute_idle
+from stallscope.idle import CAUSES, attribute_idle, device_busy
 from stallscope.jobdata import JobData
 from stallscope.sync_calls import API_SQL, COPY_API_REGEX, SMALL_H2D_BYTES, SYNC_API_REGEX
 
@@ -128,16 +128,13 @@ def blocking_calls(job: JobData, trace_id: str) -> dict[str, np.ndarray]:
 
 
 def _fallback_devices(job: JobData, trace_id: str, cols: dict, missing: np.ndarray) -> np.ndarray:
-    busiest = job.sql(
+    by_busy = job.sql(  # busiest first; the devices with GPU work counted from the same rows
         "SELECT device FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset') "
-        "GROUP BY device ORDER BY sum(end_ns - start_ns) DESC, device LIMIT 1",
+        "GROUP BY device ORDER BY sum(end_ns - start_ns) DESC, device",
         [trace_id],
     ).fetchall()
-    default = int(busiest[0][0]) if busiest else -1
-    devices = job.sql(
-        "SELECT count(DISTINCT device) FROM gpu WHERE trace_id = ? AND kind IN ('kernel', 'memcpy', 'memset')",
-        [trace_id],
-    ).fetchall()[0][0]
+    default = int(by_busy[0][0]) if by_busy else -1
+    devices = sum(device is not None for (device,) in by_busy)
     if devices <= 1:
         return np.full(int(missing.sum()), default, dtype=cols["device"].dtype)
     idx = np.flatnonzero(missing)
@@ -206,9 +203,7 @@ def measure_trace(job: JobData, where: Where) -> TraceSyncs:
     )
     if durations.size == 0:
         return out
-    steps = job.numpy(
-        "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
-    )
+    steps = job.steps(trace)
     step_union = intervals.union(steps["start_ns"], steps["end_ns"])
     in_step = intervals.covers(step_union, calls["start_ns"])
     sites = call_sites(
@@ -421,10 +416,7 @@ def measure_device(
     that device; ``in_step``: whether each starts in a step; ``sites``: their call
     sites). None when the device ran nothing or made no blocking call."""
     trace, device = where.trace, where.device
-    busy = job.numpy(
-        "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind IN ('kernel', 'memcpy', 'memset')",
-        [trace, device],
-    )
+    busy = device_busy(job, trace, device)
     if busy["start_ns"].size == 0 or calls["start_ns"].size == 0:
         return None
     first, last = int(busy["start_ns"].min()), int(busy["end_ns"].max())

@@ -24,6 +24,7 @@ report's ``kernels``, ``kernel_categories`` and ``operators`` (typed rows).
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 import msgspec
 import numpy as np
@@ -169,6 +170,7 @@ def kernel_head(name: str) -> str:
     return text
 
 
+@lru_cache(maxsize=1 << 16)  # a pure function of the name; ranks share kernels
 def category_of(name: str, kind: str = "kernel", is_comm: bool = False) -> str:
     """The kernel's category by :data:`CATEGORY_RULES` (see docs/analyzers/hotspots.md)."""
     if is_comm:
@@ -182,6 +184,7 @@ def category_of(name: str, kind: str = "kernel", is_comm: bool = False) -> str:
     return "other"
 
 
+@lru_cache(maxsize=1 << 16)  # a pure function of the name; ranks share kernels
 def precision_of(name: str) -> str:
     """Numeric precision the kernel name shows, or ``unknown``."""
     clean = re.sub(r"fp8kvcachedatatype", "", kernel_head(name), flags=re.I)
@@ -196,6 +199,7 @@ def precision_of(name: str) -> str:
     return "unknown"
 
 
+@lru_cache(maxsize=1 << 16)  # a pure function of the name; ranks share kernels
 def tensor_cores_of(name: str) -> str:
     """``yes``/``no``/``unknown``: whether the kernel name shows Tensor Core (MMA/MFMA) use."""
     head = kernel_head(name)

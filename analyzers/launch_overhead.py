@@ -77,9 +77,7 @@ def run(job: JobData, params: dict[str, float]) -> AnalyzerResult:
     result = AnalyzerResult()
     for ref in job.traces:
         rank = int(ref.meta.get("rank", 0))
-        steps = job.sql(
-            "SELECT count(*) FROM ranges WHERE trace_id = ? AND kind = 'step'", [ref.trace_id]
-        ).fetchone()[0]
+        steps = job.steps(ref.trace_id)["start_ns"].size
         for device in job.devices(ref.trace_id):
             where = Where(ref.trace_id, rank, int(device))
             m = measure_device(job, where, steps=int(steps), params=params)

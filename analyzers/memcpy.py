@@ -44,6 +44,7 @@ from stallscope.analyzers.base import (
     graded_thresholds,
 )
 from stallscope.host_ops import call_sites
+from stallscope.idle import device_busy
 from stallscope.jobdata import JobData
 from stallscope.sync_calls import API_SQL, COPY_API_REGEX, SMALL_H2D_BYTES
 
@@ -158,9 +159,7 @@ def device_copies(job: JobData, where: Where) -> list[DeviceCopies]:
         for k, v in job.con.execute(_COPIES_SQL, {"trace": trace}).fetchnumpy().items()
     }
     devices = np.asarray(job.devices(trace, ("kernel", "memcpy", "memset")), dtype=np.int64)
-    steps = job.numpy(
-        "SELECT start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step'", [trace]
-    )
+    steps = job.steps(trace)
     n_steps = int(steps["start_ns"].size)
     window = (int(steps["start_ns"].min()), int(steps["end_ns"].max())) if n_steps else None
     in_step = intervals.covers(
@@ -822,14 +821,10 @@ def _by_site(sites: np.ndarray, nbytes: np.ndarray, dur: np.ndarray) -> list[dic
 def _span(job: JobData, trace: str, device: int, window: tuple[int, int] | None) -> int:
     """The device's span; with steps, only its part inside [first step start, last step end]
     (setup traffic before the steps, such as model.to(device), does not dilute the share)."""
-    row = job.sql(
-        "SELECT min(start_ns), max(end_ns) FROM gpu WHERE trace_id = ? AND device = ? "
-        "AND kind IN ('kernel', 'memcpy', 'memset')",
-        [trace, device],
-    ).fetchall()[0]
-    if row[0] is None:
+    busy = device_busy(job, trace, device)
+    if busy["start_ns"].size == 0:
         return 0
-    start, end = int(row[0]), int(row[1])
+    start, end = int(busy["start_ns"].min()), int(busy["end_ns"].max())
     if window and min(end, window[1]) > max(start, window[0]):
         start, end = max(start, window[0]), min(end, window[1])
     return end - start

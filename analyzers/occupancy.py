@@ -241,7 +241,7 @@ def _low_time_pct(compute: list[KernelOccupancy], low_pct: float) -> float | Non
 
 
 def _timeline_groups(job: JobData, trace: str) -> list[dict]:
-    have = {r[0] for r in job.sql("SELECT column_name FROM (DESCRIBE gpu)").fetchall()}
+    have = job.columns("gpu")
     col = {c: (f"g.{c}" if c in have else "NULL") for c in _OPTIONAL}
     smem = f"coalesce({col['shared_mem_bytes']}, {col['static_shared_mem_bytes']} + {col['dynamic_shared_mem_bytes']})"
     rows = job.sql(
@@ -289,7 +289,9 @@ def _limits(job: JobData, trace: str, device: int | None) -> DeviceLimits | None
     cols = [d[0] for d in cur.description]
     row = cur.fetchone()
     dev = device_limits(dict(zip(cols, row, strict=True))) if row else None
-    if dev is None and device is not None:  # e.g. an nsys trace without TARGET_INFO_GPU: ask ncu
+    if (
+        dev is None and device is not None and job.may_hold("kernel_metrics")
+    ):  # e.g. an nsys trace without TARGET_INFO_GPU: ask ncu
         other = job.sql(
             "SELECT DISTINCT trace_id FROM kernel_metrics WHERE timeline_trace_id = ?", [trace]
         ).fetchall()

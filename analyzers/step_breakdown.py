@@ -105,10 +105,7 @@ class TraceSteps(msgspec.Struct, kw_only=True):
 
 def measure_trace(job: JobData, where: Where) -> TraceSteps | None:
     """The trace's step times and per-step table; None when it has no steps."""
-    steps = job.numpy(
-        "SELECT step, start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step' ORDER BY start_ns",
-        [where.trace],
-    )
+    steps = job.steps(where.trace)
     if steps["step"].size == 0:
         return None
     return TraceSteps(

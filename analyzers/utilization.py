@@ -135,11 +135,8 @@ def measure_device(job: JobData, where: Where, dev: dict) -> DeviceBusy | None:
 
 def measure_steps(job: JobData, where: Where) -> StepMedian:
     """How many host steps the trace has and their median duration."""
-    cols = job.numpy(
-        "SELECT end_ns - start_ns AS dur FROM ranges WHERE trace_id = ? AND kind = 'step'",
-        [where.trace],
-    )
-    durations = cols["dur"]
+    steps = job.steps(where.trace)
+    durations = steps["end_ns"] - steps["start_ns"]
     median = float(np.median(durations)) if durations.size else None
     return StepMedian(where=where, count=int(durations.size), median_ns=median)
 

@@ -153,14 +153,23 @@ def _thread_blocks(stack: OpStack, pid: np.ndarray, tid: np.ndarray) -> np.ndarr
 
 
 def name_lookup(job: JobData, trace_id: str, name_ids: np.ndarray) -> dict[int, str]:
-    ids = sorted({int(i) for i in np.unique(name_ids) if i >= 0})
+    """name_id -> name of the ``name_ids`` (negative ones, "none", skipped) found in the trace's
+    ``names``; ids it lacks are absent. The trace's names are read once per JobData (one
+    query for every analyzer's look-ups: a trace interns each distinct name once)."""
+    ids = {int(i) for i in np.unique(name_ids) if i >= 0}
     if not ids:
         return {}
-    rows = job.sql(
-        "SELECT name_id, name FROM names WHERE trace_id = ? AND list_contains(?, name_id)",
-        [trace_id, ids],
-    ).fetchall()
-    return {int(i): str(n) for i, n in rows}
+    names = trace_names(job, trace_id)
+    return {i: names[i] for i in sorted(ids) if i in names}
+
+
+def trace_names(job: JobData, trace_id: str) -> dict[int, str]:
+    """name_id -> name (``str``) of every row of the trace's ``names`` (cached per JobData)."""
+    key = ("host_ops.names", trace_id)
+    if key not in job.cache:
+        rows = job.sql("SELECT name_id, name FROM names WHERE trace_id = ?", [trace_id]).fetchall()
+        job.cache[key] = {int(i): str(n) for i, n in rows}
+    return job.cache[key]
 
 
 def call_sites(job: JobData, trace_id: str, pid, tid, start, end, api: np.ndarray) -> np.ndarray:

@@ -129,11 +129,21 @@ def attribute_idle(job: JobData, trace_id: str, device: int) -> IdleAttribution:
     return job.cache[key]
 
 
+def device_busy(job: JobData, trace_id: str, device: int) -> dict[str, np.ndarray]:
+    """``start_ns``, ``end_ns`` of the device's kernels, copies and memsets, in no set order
+    (cached: idle attribution, host_sync and memcpy read them)."""
+    key = ("device_busy", trace_id, device)
+    if key not in job.cache:
+        job.cache[key] = job.numpy(
+            "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? "
+            "AND kind IN ('kernel', 'memcpy', 'memset')",
+            [trace_id, device],
+        )
+    return job.cache[key]
+
+
 def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
-    busy = job.numpy(
-        "SELECT start_ns, end_ns FROM gpu WHERE trace_id = ? AND device = ? AND kind IN ('kernel', 'memcpy', 'memset')",
-        [trace_id, device],
-    )
+    busy = device_busy(job, trace_id, device)
     scope = step_scope(job, trace_id, device)
     _, starts, ends = in_scope(busy["start_ns"], busy["end_ns"], scope)
     if starts.size == 0:
@@ -142,11 +152,8 @@ def _attribute(job: JobData, trace_id: str, device: int) -> IdleAttribution:
     gap_s, gap_e = idle_gaps(starts, ends, scope)
     threads = launch_threads(job, trace_id, device)
     cause_unions, graph_union, user_ranges = _host_unions(job, trace_id, threads)
-    step_edges = job.numpy(
-        "SELECT start_ns FROM ranges WHERE trace_id = $1 AND kind = 'step' "
-        "UNION SELECT end_ns FROM ranges WHERE trace_id = $1 AND kind = 'step'",
-        [trace_id],
-    )["start_ns"]
+    steps = job.steps(trace_id)
+    step_edges = np.unique(np.concatenate([steps["start_ns"], steps["end_ns"]]))
     per_gap, graph_per_gap, segments, range_only = _label_gaps(
         gap_s,
         gap_e,
@@ -263,12 +270,13 @@ def _host_unions(job: JobData, trace_id: str, threads: list[tuple[int, int]]):
     lower-priority causes are covered by its higher one anyway.
     """
     con = job.con
-    con.execute("CREATE OR REPLACE TEMP TABLE _threads (pid BIGINT, tid BIGINT)")
-    if threads:
-        con.executemany("INSERT INTO _threads VALUES (?, ?)", threads)
+    make = "CREATE OR REPLACE TEMP TABLE _threads AS SELECT pid::BIGINT AS pid, tid::BIGINT AS tid"
+    if threads:  # one statement (integer literals), not a table and an insert per thread
+        rows = ", ".join(f"({int(pid)}, {int(tid)})" for pid, tid in threads)
+        con.execute(f"{make} FROM (VALUES {rows}) AS t(pid, tid)")
     else:  # no launch correlation recorded: every host thread counts
         con.execute(
-            "INSERT INTO _threads SELECT DISTINCT pid, tid FROM host WHERE trace_id = ?", [trace_id]
+            f"{make} FROM (SELECT DISTINCT pid, tid FROM host WHERE trace_id = ?)", [trace_id]
         )
     cols = con.execute(_CLASSIFY_SQL, {"trace": trace_id}).fetchnumpy()
     starts, ends = cols["start_ns"], cols["end_ns"]

@@ -241,11 +241,8 @@ def classify_indices(ids: list[int]) -> tuple[str, int, int]:
 
 def has_shapes(job: JobData) -> bool:
     """Whether the job's host table has the ``input_dims`` column (stores older than it don't)."""
-    key = ("host_has_input_dims",)
-    if key not in job.cache:
-        columns = {row[0] for row in job.sql("DESCRIBE host").fetchall()}
-        job.cache[key] = "input_dims" in columns and "input_types" in columns
-    return job.cache[key]
+    columns = job.columns("host")
+    return "input_dims" in columns and "input_types" in columns
 
 
 def _embedding_calls(job: JobData, trace_id: str, min_calls: int = 2) -> list[tuple]:

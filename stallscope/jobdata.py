@@ -25,7 +25,12 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from stallscope.store import Store, TraceRef
+from stallscope.store import Store, TraceRef, may_hold
+
+# The tables a part loads into memory: those the per-rank analyzers query many times per
+# rank (gpu ~24 queries, host and names ~12, ranges ~9); the others (devices, memory: one or
+# two; the rest: none) stay views over the rank's files, cheaper to create than to load.
+PART_LOADED_TABLES = ("gpu", "host", "names", "ranges")
 
 
 class JobData:
@@ -75,9 +80,10 @@ class JobData:
     def rank_parts(self) -> Iterator[JobData]:
         """One part per rank, in rank order, for many queries on each rank.
 
-        A part is a JobData over one rank's traces whose tables are read into
-        memory (temporary tables on a cursor of this job's database) when it is
-        first queried. Each has its own cache and is closed when the next one
+        A part is a JobData over one rank's traces whose much-queried tables
+        (:data:`PART_LOADED_TABLES`) are read into memory (temporary tables on a
+        cursor of this job's database) when it is first queried; its other
+        tables are temporary views over the rank's files. Each has its own cache and is closed when the next one
         is asked for (or the loop ends), so at most one rank's rows and derived
         data are held at a time. A job of one rank yields itself (its views,
         left open, its cache kept).
@@ -116,8 +122,15 @@ class JobData:
     @cached_property
     def con(self) -> duckdb.DuckDBPyConnection:
         if self.parent is not None:
-            return self.store.connect(self.traces, cursor_of=self.parent.con, load=self.load)
+            load = PART_LOADED_TABLES if self.load else False
+            return self.store.connect(self.traces, cursor_of=self.parent.con, load=load)
         return self.store.connect(self.traces, tables=self.tables)
+
+    def may_hold(self, table: str) -> bool:
+        """Whether this job's traces may hold rows of canonical ``table`` (by their formats,
+        :func:`stallscope.store.may_hold`); when False its view is empty and a query on it
+        can be skipped."""
+        return may_hold({r.meta.get("source") for r in self.traces}, table)
 
     def sql(self, query: str, params: list[Any] | None = None) -> duckdb.DuckDBPyConnection:
         """Run a query on this job's views; returns the cursor (fetchall/fetchnumpy...)."""
@@ -131,12 +144,42 @@ class JobData:
         """Devices of a trace with GPU activity of these kinds, ascending (cached)."""
         key = ("devices", trace_id, kinds)
         if key not in self.cache:
-            marks = ", ".join("?" for _ in kinds)
-            rows = self.sql(
-                f"SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND kind IN ({marks}) ORDER BY 1",
-                [trace_id, *kinds],
+            found = {d for d, kind in self.device_kinds(trace_id) if kind in kinds}
+            self.cache[key] = [int(d) for d in sorted(found)]
+        return self.cache[key]
+
+    def device_kinds(self, trace_id: str) -> list[tuple[int | None, str | None]]:
+        """The distinct (device, kind) pairs of the trace's ``gpu`` rows, in no set order:
+        one query per trace for every analyzer's device lists (cached)."""
+        key = ("device_kinds", trace_id)
+        if key not in self.cache:
+            self.cache[key] = self.sql(
+                "SELECT DISTINCT device, kind FROM gpu WHERE trace_id = ?", [trace_id]
             ).fetchall()
-            self.cache[key] = [int(r[0]) for r in rows]
+        return self.cache[key]
+
+    def steps(self, trace_id: str) -> dict[str, np.ndarray]:
+        """The trace's steps (its ``ranges`` rows of kind ``step``): columns ``step``,
+        ``start_ns``, ``end_ns`` (ns) as :meth:`numpy` gives them, by start (cached: several
+        analyzers read them; callers must not modify the arrays)."""
+        key = ("steps", trace_id)
+        if key not in self.cache:
+            self.cache[key] = self.numpy(
+                "SELECT step, start_ns, end_ns FROM ranges WHERE trace_id = ? AND kind = 'step' "
+                "ORDER BY start_ns",
+                [trace_id],
+            )
+        return self.cache[key]
+
+    def columns(self, table: str) -> frozenset[str]:
+        """The column names of ``table``'s view (cached). A part asks its job: its tables
+        are its job's files, which one ingest conformed to one schema."""
+        if self.parent is not None:
+            return self.parent.columns(table)
+        key = ("columns", table)
+        if key not in self.cache:
+            rows = self.sql(f"SELECT column_name FROM (DESCRIBE {table})").fetchall()
+            self.cache[key] = frozenset(row[0] for row in rows)
         return self.cache[key]
 
     def close(self) -> None:

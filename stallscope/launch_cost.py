@@ -353,13 +353,18 @@ def _host_events(job: JobData, trace_id: str, threads: list[tuple[int, int]]) ->
     pairs = ", ".join(f"({int(p)}, {int(t)})" for p, t in threads)
     kinds = ", ".join(f"'{k}'" for k in HOST_KINDS)
     rows = job.numpy(
-        f"""SELECT h.pid, h.tid, h.start_ns, h.end_ns,
-              h.kind IN ('runtime', 'driver') AND regexp_matches({api_name_sql("n.name")}, '{SYNC_API_REGEX}') AS sync,
-              h.kind IN ('runtime', 'driver') AND regexp_matches({api_name_sql("n.name")}, '{COPY_API_REGEX}') AS copy,
-              CASE WHEN h.kind = 'cpu_op' THEN 0
-                   WHEN regexp_matches(n.name, '{LAUNCH_API_REGEX}') THEN 1 ELSE 2 END AS what
-            FROM host h JOIN names n ON n.trace_id = h.trace_id AND n.name_id = h.name_id
-            WHERE h.trace_id = ? AND h.kind IN ({kinds}) AND (h.pid, h.tid) IN (VALUES {pairs})
+        f"""WITH n AS (  -- the patterns per distinct name, not per event
+              SELECT name_id,
+                regexp_matches({api_name_sql("name")}, '{SYNC_API_REGEX}') AS sync_api,
+                regexp_matches({api_name_sql("name")}, '{COPY_API_REGEX}') AS copy_api,
+                regexp_matches(name, '{LAUNCH_API_REGEX}') AS launch_api
+              FROM names WHERE trace_id = $1)
+            SELECT h.pid, h.tid, h.start_ns, h.end_ns,
+              h.kind IN ('runtime', 'driver') AND n.sync_api AS sync,
+              h.kind IN ('runtime', 'driver') AND n.copy_api AS copy,
+              CASE WHEN h.kind = 'cpu_op' THEN 0 WHEN n.launch_api THEN 1 ELSE 2 END AS what
+            FROM host h JOIN n ON n.name_id = h.name_id
+            WHERE h.trace_id = $1 AND h.kind IN ({kinds}) AND (h.pid, h.tid) IN (VALUES {pairs})
             ORDER BY h.pid, h.tid, h.start_ns, h.end_ns DESC""",
         [trace_id],
     )

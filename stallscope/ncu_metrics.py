@@ -135,7 +135,11 @@ class Profile:
 def profiles(
     job: JobData, *, timeline: str | None = None, ncu_traces: list[str] | None = None
 ) -> dict[Key, Profile]:
-    """Profiles of the ncu kernels matched to trace ``timeline``, or of the ``ncu_traces``."""
+    """Profiles of the ncu kernels matched to trace ``timeline``, or of the ``ncu_traces``.
+
+    Empty (no query) when the job holds no Nsight Compute results."""
+    if not job.may_hold("kernel_metrics"):
+        return {}
     if timeline is not None:
         where, params = "k.timeline_trace_id = ?", [timeline]
     else:

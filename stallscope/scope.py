@@ -107,13 +107,18 @@ def scope_sql(job: JobData, trace_id: str, alias: str = "g") -> str:
     launched inside steps), the same window the idle and utilization figures
     use; set-up before the first step and tear-down after the last are out.
     ``TRUE`` for devices of a trace without step ranges. Literal bounds, one
-    ``CASE`` arm per device: a cheap filter, whatever the trace's size.
+    ``CASE`` arm per device: a cheap filter, whatever the trace's size. Cached per JobData.
     """
-    devices = job.sql(
-        "SELECT DISTINCT device FROM gpu WHERE trace_id = ? AND device IS NOT NULL", [trace_id]
-    ).fetchall()
+    key = ("scope_sql", trace_id, alias)
+    if key not in job.cache:
+        job.cache[key] = _scope_sql(job, trace_id, alias)
+    return job.cache[key]
+
+
+def _scope_sql(job: JobData, trace_id: str, alias: str) -> str:
+    devices = sorted({d for d, _ in job.device_kinds(trace_id) if d is not None})
     arms = []
-    for (device,) in devices:
+    for device in devices:
         scope = step_scope(job, trace_id, int(device))
         if scope is not None:
             start = f"{alias}.start_ns"

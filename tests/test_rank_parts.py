@@ -155,3 +155,42 @@ def test_a_one_rank_job_is_its_own_part(store):
 
 def test_cross_rank_analyzers_are_the_ones_left_out():
     assert {s.id for s in all_specs()} - PER_RANK == {"overlap", "nccl_wait"}
+
+
+def test_a_parts_catalog_and_tables_are_its_ranks_alone(store, tmp_path):
+    """A part's catalog (a filter of the job's) holds the rows a catalog of its own traces
+    would, in order; its loaded tables and its views give the rows of its files alone."""
+    import duckdb
+
+    from stallscope.store import create_catalog
+
+    (res,) = ingest_paths(store, replicated(3, tmp_path / "job"))
+    job = JobData(store, store.traces(res.job_id))
+    for part in job.rank_parts():
+        own = duckdb.connect()
+        create_catalog(own, [r.meta for r in part.traces])
+        assert (
+            part.sql("SELECT * FROM catalog").fetchall()
+            == own.sql("SELECT * FROM catalog").fetchall()
+        )
+        kinds = dict(part.sql("SELECT table_name, table_type FROM information_schema.tables "
+                              "WHERE table_schema = 'main' AND table_catalog = 'temp'").fetchall())  # fmt: skip
+        assert kinds["gpu"] == "LOCAL TEMPORARY" and kinds["memory"] == "VIEW"
+        mine = [r.trace_id for r in part.traces]
+        for table in ("gpu", "host", "memory", "devices"):
+            rows = part.sql(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+            marks = ", ".join("?" for _ in mine)
+            query = f"SELECT * FROM {table} WHERE trace_id IN ({marks}) ORDER BY ALL"
+            assert rows == job.sql(query, mine).fetchall(), table
+    assert len(job.sql("SELECT * FROM catalog").fetchall()) == 3
+    job.close()
+
+
+def test_kernel_metrics_is_read_only_where_nsight_compute_results_are():
+    from stallscope.store import may_hold
+
+    assert not may_hold({"kineto"}, "kernel_metrics") and not may_hold({"nsys"}, "kernel_metrics")
+    assert may_hold({"kineto", "ncu"}, "kernel_metrics")
+    assert may_hold({"kineto"}, "gpu") and not may_hold({"ncu"}, "gpu")
+    assert may_hold({"a-format-not-known-here"}, "kernel_metrics"), "unknown: may hold anything"
+    assert may_hold({None}, "kernel_metrics"), "a catalog row without its source"
