@@ -958,6 +958,8 @@ def _churn_unstepped(m: DeviceMeasure) -> Finding:
 
 SPEC = AnalyzerSpec(
     id="memory",
+    order=120,
+    per_rank=True,
     title="GPU memory",
     description="Allocated and reserved peaks, fragmentation, headroom and allocator churn "
     "from the allocator's events (Kineto profile_memory=True, CUDA memory snapshots; nsys "
