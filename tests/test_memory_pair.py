@@ -260,13 +260,6 @@ def test_every_page_opens_on_a_paired_job(store, tmp_path, monkeypatch):
     assert len(memory.subheader) == 1  # one device, not one per trace
 
 
-def test_the_companion_list_names_every_companion_format():
-    from stallscope.ingest.formats import COMPANION_SOURCES
-    from stallscope.ingest.registry import FORMATS
-
-    assert set(COMPANION_SOURCES) == {f.source for f in FORMATS if f.companion}
-
-
 def test_speak_writes_the_findings_from_the_measurement_alone():
     """No job, no store: a hand-made measurement gives the findings its numbers call for."""
     from stallscope.analyzers.base import Where

@@ -77,6 +77,7 @@ FORMAT = Format(
     title="PyTorch profiler (Kineto) JSON",
     detect=looks_like_kineto,
     parse=_parse,
-    provides=frozenset({"timeline", "memory"}),
+    provides=frozenset({"timeline"}),
+    priority=100,  # last: it claims any JSON object or array that nothing else did
     extensions=("json",),
 )
