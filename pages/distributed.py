@@ -16,6 +16,7 @@ from stallscope.charts import critical_path_figure
 from stallscope.finding_groups import spread_text
 from stallscope.humanize import records_table
 from stallscope.pages.links import padded, timeline_link
+from stallscope.pages.spec import PageSpec, Shot
 from stallscope.pages.state import current_overrides, get_store, report_for, selected_job
 from stallscope.pages.text import finding_text, literal
 from stallscope.rank_charts import MAX_ROWS, rank_bins, wait_distribution_figure, wait_heatmap
@@ -47,6 +48,11 @@ def _waits(job_id: str, skew_tolerance_us: float | None) -> pd.DataFrame:
         return wait_matrix(job)
     finally:
         job.close()
+
+
+PAGE = PageSpec(
+    "Distributed", "distributed", order=50, shots=(Shot("distributed", (("job", "straggler"),)),)
+)
 
 
 def render() -> None:
