@@ -54,7 +54,7 @@ from stallscope.analyzers.base import (
     Where,
 )
 from stallscope.jobdata import JobData
-from stallscope.report_types import MemoryDeviceRow, MemoryLiveRow
+from stallscope.report_tables.memory import MemoryDeviceRow, MemoryLiveRow
 
 GIB = 1 << 30
 # Device memory by product name, for traces whose devices table has no
