@@ -37,7 +37,7 @@ def _declared(package: str) -> tuple[Format, ...]:
 def _discover() -> tuple[Format, ...]:
     """Every declared format, by ``priority`` (binary ones first: a header tells them; Kineto
     last, as it claims any JSON object or array that nothing else did)."""
-    formats = [f for package in format_packages() for f in _declared(package)]
+    formats = [f for package in format_packages() for f in BY_PACKAGE[package]]
     for attr in ("priority", "name"):
         seen: dict[object, str] = {}
         for fmt in formats:
@@ -48,6 +48,8 @@ def _discover() -> tuple[Format, ...]:
     return tuple(sorted(formats, key=lambda f: f.priority))
 
 
+# format folder (``ingest/<name>/``) -> the formats it declares
+BY_PACKAGE: dict[str, tuple[Format, ...]] = {p: _declared(p) for p in format_packages()}
 FORMATS: tuple[Format, ...] = _discover()
 BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS}
 

@@ -131,9 +131,16 @@ def test_wheel_installs_only_the_stallscope_namespace(tmp_path):
         "stallscope/ingest/kineto/decode.py",
         "stallscope/ingest/nsys/db.py",
         "stallscope/ingest/ncu/parse.py",
-        "stallscope/ingest/memory_snapshot/parse.py",
         "stallscope/schema.py",
         "stallscope/analyzers/utilization.py",
         "stallscope/pages/main.py",
     ):
         assert module in names
+    from stallscope.ingest.registry import format_packages
+
+    for package in format_packages():  # every format folder, whole
+        files = {
+            p.relative_to(REPO / "ingest").as_posix()
+            for p in (REPO / "ingest" / package).glob("*.py")
+        }
+        assert {f"stallscope/ingest/{f}" for f in files} <= set(names), package

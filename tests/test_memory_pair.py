@@ -280,3 +280,21 @@ def test_speak_writes_the_findings_from_the_measurement_alone():
     names = [x.name for x in analyzer.metrics(m)]
     assert names == ["mem_allocated_peak_bytes", "mem_reserved_peak_bytes",
                      "mem_fragmentation_pct", "mem_headroom_pct"]  # fmt: skip
+
+
+def test_the_paired_sample_job_is_consistent(tmp_path):
+    """The memory_fragment trace with the snapshot of the same process, as one job, passes the
+    checks every sample job passes (tests/test_consistency.py)."""
+    from stallscope.report import analyze_job
+    from stallscope.store import Store
+    from tests.test_consistency import SAMPLE_JOBS, _check_job
+
+    store = Store(tmp_path / "store").ensure()
+    files = [*SAMPLE_JOBS["kineto/memory_fragment"],
+             SAMPLES / "memory_snapshot" / "memory_fragment.snapshot.pickle.gz"]  # fmt: skip
+    (res,) = ingest_paths(store, [str(p) for p in files])
+    job = JobData(store, store.traces(res.job_id))
+    try:
+        _check_job(job, analyze_job(job).findings)
+    finally:
+        job.close()
