@@ -298,3 +298,9 @@ def test_the_paired_sample_job_is_consistent(tmp_path):
         _check_job(job, analyze_job(job).findings)
     finally:
         job.close()
+
+
+def test_sniff_names_a_pickle_a_memory_snapshot():
+    from stallscope.ingest.sniff import sniff
+
+    assert sniff("s.pickle", b"\x80\x04\x95") == "memory-snapshot"

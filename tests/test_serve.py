@@ -66,9 +66,8 @@ def test_serve_preloads_samples_and_answers(tmp_path):
         assert all("sample" in j["tags"] for j in jobs)
         assert {tuple(j["sources"]) for j in jobs} == {
             ("kineto",),
-            ("nsys",),
             ("kineto", "ncu"),
-            ("memory-snapshot",),
+            *((BY_PACKAGE[p.parent.name][0].source,) for p in single),
         }
         # the occupancy sample comes with its Nsight Compute pages, in one job
         (occupancy,) = [j for j in jobs if j["name"] == "occupancy"]
