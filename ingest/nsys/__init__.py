@@ -5,8 +5,8 @@ stallscope reads) and :data:`REPORT` (``export.py`` runs ``nsys export`` and
 parses the result, or says which command to run). ``parse.py`` is the entry;
 ``db.py`` (SQLite access, layout detection), ``tables.py`` (what is read),
 ``enums.py``, ``sql.py`` + ``canonical.py`` (DuckDB SQL to canonical rows),
-``ranks.py``, ``parallel.py``, ``memory.py`` (CUDA memory usage events: the
-``memory`` table). docs/formats/nsys.md.
+``ranks.py``, ``parallel.py``, and a module per further table, named after it.
+docs/formats/nsys.md.
 """
 
 from __future__ import annotations
