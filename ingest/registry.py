@@ -34,10 +34,10 @@ def _declared(package: str) -> tuple[Format, ...]:
     return tuple(found)
 
 
-def _discover() -> tuple[Format, ...]:
+def _discover(by_package: dict[str, tuple[Format, ...]]) -> tuple[Format, ...]:
     """Every declared format, by ``priority`` (binary ones first: a header tells them; Kineto
     last, as it claims any JSON object or array that nothing else did)."""
-    formats = [f for package in format_packages() for f in BY_PACKAGE[package]]
+    formats = [f for package in sorted(by_package) for f in by_package[package]]
     for attr in ("priority", "name"):
         seen: dict[object, str] = {}
         for fmt in formats:
@@ -50,7 +50,7 @@ def _discover() -> tuple[Format, ...]:
 
 # format folder (``ingest/<name>/``) -> the formats it declares
 BY_PACKAGE: dict[str, tuple[Format, ...]] = {p: _declared(p) for p in format_packages()}
-FORMATS: tuple[Format, ...] = _discover()
+FORMATS: tuple[Format, ...] = _discover(BY_PACKAGE)
 BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS}
 
 

@@ -76,12 +76,10 @@ def test_an_ill_declared_format_is_an_error(monkeypatch):
     _fake_module(monkeypatch, "stallscope.ingest", "broken")
     with pytest.raises(RuntimeError, match="broken/__init__.py declares no FORMAT"):
         registry._declared("broken")
-    real = registry.format_packages()
-    monkeypatch.setattr(registry, "format_packages", lambda: [*real, "broken"])
     twin = Format("twin", "Twin", lambda n, h: False, lambda s, p, c: [], frozenset(), priority=30)
     _fake_module(monkeypatch, "stallscope.ingest", "broken", FORMAT=twin)
     with pytest.raises(RuntimeError, match="share priority 30"):
-        registry._discover()
+        registry._discover({**registry.BY_PACKAGE, "broken": registry._declared("broken")})
 
 
 def test_pages_are_found_in_navigation_order():
