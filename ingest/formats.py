@@ -114,6 +114,42 @@ PROVIDES = ("timeline",)
 
 
 @dataclass(frozen=True)
+class TableReader:
+    """A further canonical table a format reads, declared as ``TABLE_READER`` by a module of
+    the format's folder: the format's parser finds it there (:func:`table_readers`), so a new
+    table edits no parser. ``table``: the declared table it fills. ``read``: what the parser
+    calls, with the format's signature (Kineto: ``read(data, trace_id) -> (table, skipped
+    events)``; Nsight Systems: ``read(db) -> raw table``, registered as ``raw``, and
+    ``out_sql`` its canonical rows per trace). ``skipped``: what a warning calls the events
+    it could not read."""
+
+    table: str
+    read: Callable[..., Any]
+    skipped: str = "events"
+    raw: str = ""
+    out_sql: str = ""
+
+    def __post_init__(self) -> None:
+        if self.table not in {t.name for t in TABLES}:
+            raise ValueError(
+                f"TABLE_READER: no declared table {self.table!r} (stallscope/schema.py)"
+            )
+
+
+def table_readers(package: str, folder: Path) -> list[TableReader]:
+    """The ``TABLE_READER`` of each module of a format's folder (module-name order; only those
+    modules are imported). Raises RuntimeError for one that is not a TableReader."""
+    from stallscope.discovery import declared
+
+    readers = []
+    for name, reader, _ in declared(package, folder, "TABLE_READER"):
+        if not isinstance(reader, TableReader):
+            raise RuntimeError(f"{package}.{name}: TABLE_READER must be a TableReader")
+        readers.append(reader)
+    return readers
+
+
+@dataclass(frozen=True)
 class Format:
     """One input format, declared by its folder's ``__init__.py``.
 

@@ -13,13 +13,13 @@ or url path, are an error (tests/test_discovery.py).
 
 from __future__ import annotations
 
-import ast
 import functools
 import importlib
-import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from stallscope.discovery import modules_declaring
 
 HERE = Path(__file__).parent
 
@@ -54,21 +54,7 @@ class PageSpec:
 
 def page_modules() -> list[str]:
     """The modules of ``pages/`` that declare ``PAGE`` (sorted; read, not imported)."""
-    names = sorted(m.name for m in pkgutil.iter_modules([str(HERE)]))
-    return [n for n in names if _declares_page(HERE / f"{n}.py")]
-
-
-def _declares_page(path: Path) -> bool:
-    if not path.is_file():
-        return False
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        if isinstance(node, ast.AnnAssign):
-            targets = [node.target]
-        if any(isinstance(t, ast.Name) and t.id == "PAGE" for t in targets):
-            return True
-    return False
+    return modules_declaring(HERE, "PAGE")
 
 
 @functools.cache
