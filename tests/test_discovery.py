@@ -101,9 +101,9 @@ def test_an_ill_declared_page_is_an_error(monkeypatch):
     _fake_module(monkeypatch, "stallscope.pages", "broken", PAGE={"title": "x"}, render=print)
     with pytest.raises(RuntimeError, match="broken.py: PAGE must be a PageSpec"):
         spec.pages.__wrapped__()
-    twin = spec.PageSpec("Twin", "twin", order=80)
+    twin = spec.PageSpec("Twin", "twin", order=20)  # the Overview's
     _fake_module(monkeypatch, "stallscope.pages", "broken", PAGE=twin, render=print)
-    with pytest.raises(RuntimeError, match="share order 80"):
+    with pytest.raises(RuntimeError, match="share order 20"):
         spec.pages.__wrapped__()
 
 

@@ -3,7 +3,6 @@ docs/schema.md documents; the format registry agrees with it."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pickle
 import subprocess
@@ -63,9 +62,14 @@ def test_the_declaration_is_well_formed():
             assert set(table.filled_by(column)) <= set(table.formats), (table.name, column.name)
 
 
-def test_canonical_trace_has_a_field_per_declared_table():
-    fields = [f.name for f in dataclasses.fields(CanonicalTrace) if f.type == "pa.Table"]
-    assert fields == list(schema.TABLE_NAMES)
+def test_canonical_trace_holds_every_declared_table_and_no_other():
+    """Tables by declared name (attributes and keywords); an undeclared one is an error."""
+    assert list(CanonicalTrace().tables()) == list(schema.TABLE_NAMES)
+    with pytest.raises(TypeError, match="no declared table"):
+        CanonicalTrace(not_a_table=None)
+    trace = CanonicalTrace()
+    with pytest.raises(AttributeError):
+        trace.not_a_table  # noqa: B018
     empty = CanonicalTrace().tables()
     assert {name: t.schema for name, t in empty.items()} == {
         name: schema.arrow_schema(name) for name in schema.TABLE_NAMES
