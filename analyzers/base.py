@@ -2,8 +2,8 @@
 
 An analyzer is one module with a module-level :data:`SPEC` (:class:`AnalyzerSpec`)
 whose ``run(job, params)`` is pure: it reads the job's canonical tables
-through SQL and returns an :class:`AnalyzerResult` (an analyzer listed in
-``analyzers.PER_RANK`` is given one rank's traces at a time, and
+through SQL and returns an :class:`AnalyzerResult` (an analyzer whose
+``SPEC.per_rank`` is set is given one rank's traces at a time, and
 ``SPEC.combine_ranks`` joins the ranks' results). Thresholds are declared
 once in ``SPEC.thresholds``; the CLI turns them into flags and the dashboard
 into widgets, so both read the same declaration.
@@ -135,14 +135,25 @@ def concatenate(results: list[AnalyzerResult]) -> AnalyzerResult:
 class AnalyzerSpec:
     """Declaration of one analyzer: id, what it does, thresholds, entry point."""
 
-    id: str
+    id: str  # the module's name (analyzers/<id>.py)
     title: str
     description: str
     run: Callable[[Any, dict[str, float]], AnalyzerResult]
     thresholds: tuple[Threshold, ...] = ()
-    # For an analyzer in ``analyzers.PER_RANK`` (run over each rank alone): the job's
-    # result from the ranks' results, in rank order; None = their concatenation.
+    # For a ``per_rank`` analyzer (run over each rank alone): the job's result from the
+    # ranks' results, in rank order; None = their concatenation.
     combine_ranks: Callable[[list[AnalyzerResult]], AnalyzerResult] | None = None
+    # Its place in the report (analyzers run and their findings tie-break in this order;
+    # unique among the analyzers, checked when they are discovered). Required.
+    order: int = -1
+    # Whether it reads one rank at a time: ``report.analyze_job`` then runs it over every
+    # rank's traces alone (JobData.rank_parts: a connection over that rank's Parquet files,
+    # so a query costs the same at 8 ranks as at 256) and joins the ranks' results with
+    # ``combine_ranks``. Contract, checked by tests/test_rank_parts.py: the joined result
+    # equals ``run`` over the whole job. The others (overlap, nccl_wait: they match
+    # collectives across ranks) get the whole job and read per-rank data through
+    # JobData.part_of. Left False, an analyzer runs over the whole job: correct, but slower.
+    per_rank: bool = False
 
     def params(self, overrides: dict[str, float] | None = None) -> dict[str, float]:
         """Defaults merged with overrides keyed by threshold name."""

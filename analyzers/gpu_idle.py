@@ -476,6 +476,8 @@ def device_streams(job: JobData, trace: str, device: int) -> int:
 
 SPEC = AnalyzerSpec(
     id="gpu_idle",
+    order=20,
+    per_rank=True,
     title="GPU idle time and its host-side cause",
     description="Idle gaps per GPU, each nanosecond attributed to what the launching host threads were doing.",
     run=run,

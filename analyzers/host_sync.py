@@ -595,6 +595,8 @@ def _recommendation(sites: list[dict], pageable_d2h: bool) -> str:
 
 SPEC = AnalyzerSpec(
     id="host_sync",
+    order=80,
+    per_rank=True,
     title="Host synchronization",
     description=(
         "Synchronize calls and blocking copies (.item(), torch.cuda.synchronize, pageable "

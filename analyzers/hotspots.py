@@ -741,6 +741,8 @@ def _short(name: str, limit: int = 60) -> str:
 
 SPEC = AnalyzerSpec(
     id="hotspots",
+    order=100,
+    per_rank=True,
     title="GPU hotspots",
     description=(
         "Top kernels and operators by GPU time, kernel categories (GEMM, attention, convolution, "

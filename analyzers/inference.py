@@ -579,6 +579,8 @@ def _rows(its: Iterations, periods: DecodePeriods | None) -> list[dict]:
 
 SPEC = AnalyzerSpec(
     id="inference",
+    order=50,
+    per_rank=True,
     title="Inference serving: prefill, decode, time per output token",
     description="Prefill/decode iterations, time per output token, and what holds the decode loop back.",
     run=run,

@@ -357,6 +357,8 @@ def _us(value) -> str:
 
 SPEC = AnalyzerSpec(
     id="launch_overhead",
+    order=30,
+    per_rank=True,
     title="Kernel-launch overhead",
     description="GPU time lost waiting for the CPU to launch kernels; launch counts and the CUDA Graphs estimate.",
     run=run,

@@ -836,6 +836,8 @@ def _mib(nbytes: int) -> str:
 
 SPEC = AnalyzerSpec(
     id="memcpy",
+    order=90,
+    per_rank=True,
     title="Memory copies",
     description=(
         "Pageable host-to-device copies (bytes, time, GPU time lost against pinned memory), "

@@ -54,7 +54,7 @@ from stallscope.analyzers.base import (
     Where,
 )
 from stallscope.jobdata import JobData
-from stallscope.report_types import MemoryDeviceRow, MemoryLiveRow
+from stallscope.report_tables.memory import MemoryDeviceRow, MemoryLiveRow
 
 GIB = 1 << 30
 # Device memory by product name, for traces whose devices table has no
@@ -958,6 +958,8 @@ def _churn_unstepped(m: DeviceMeasure) -> Finding:
 
 SPEC = AnalyzerSpec(
     id="memory",
+    order=120,
+    per_rank=True,
     title="GPU memory",
     description="Allocated and reserved peaks, fragmentation, headroom and allocator churn "
     "from the allocator's events (Kineto profile_memory=True, CUDA memory snapshots; nsys "

@@ -1135,6 +1135,7 @@ def _union(ops: dict, mask) -> tuple[np.ndarray, np.ndarray]:
 
 SPEC = AnalyzerSpec(
     id="nccl_wait",
+    order=70,
     title="NCCL wait and stragglers",
     description="Time ranks spend inside collectives waiting for the last rank; who the straggler is and what it was doing.",
     run=run,

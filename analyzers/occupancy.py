@@ -698,6 +698,8 @@ def _key_of(row: KernelOccupancy) -> str:
 
 SPEC = AnalyzerSpec(
     id="occupancy",
+    order=110,
+    per_rank=True,
     title="Occupancy",
     description="Kernels with a material share of GPU time at low occupancy: limiter, bound, fix.",
     run=run,

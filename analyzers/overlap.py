@@ -715,6 +715,7 @@ def _union(ops: dict, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 SPEC = AnalyzerSpec(
     id="overlap",
+    order=60,
     title="Communication overlap",
     description="Communication and copies hidden under compute, exposed communication per rank and step, and the fix.",
     run=run,

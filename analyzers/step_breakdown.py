@@ -369,6 +369,8 @@ def speak_table(m: TraceSteps) -> Finding:
 
 SPEC = AnalyzerSpec(
     id="step_breakdown",
+    order=40,
+    per_rank=True,
     title="Step breakdown and jitter",
     description="Per-step GPU compute, communication, copies and idle time by cause; step-time jitter.",
     run=run,

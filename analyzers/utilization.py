@@ -208,6 +208,8 @@ def speak(m: DeviceBusy, params: dict[str, float]) -> Finding:
 
 SPEC = AnalyzerSpec(
     id="utilization",
+    order=10,
+    per_rank=True,
     title="GPU utilization",
     description="Busy, idle, compute, communication and copy shares of each GPU's profiled span.",
     run=run,

@@ -100,7 +100,7 @@ import json, sys, time, resource
 from stallscope.store import Store
 from stallscope.jobdata import JobData
 from stallscope import job_settings, report
-from stallscope.analyzers import PER_RANK, all_specs
+from stallscope.analyzers import all_specs
 from stallscope.rank_triage import select_ranks
 def clock():
     return time.perf_counter(), time.process_time()
@@ -116,12 +116,12 @@ for part in job.rank_parts():
     if chosen is not None and int(part.traces[0].meta.get("rank") or 0) not in chosen:
         continue
     for spec in specs:
-        if spec.id in PER_RANK:
+        if spec.per_rank:
             spec.run(part, spec.params(None))
 out["per_rank"] = since(t); out["per_rank"]["ranks"] = len(chosen) if chosen else len(refs)
 t = clock(); findings = []
 for spec in specs:
-    if spec.id not in PER_RANK:
+    if not spec.per_rank:
         findings += spec.run(job, spec.params(None)).findings
 out["cross_rank"] = since(t)
 waits = [f for f in findings if f.analyzer == "nccl_wait" and "straggler_rank" in f.evidence]

@@ -145,17 +145,12 @@ def time_pages(store: Path, job: str | None, what: str, fresh: bool = False) -> 
     from stallscope.store import Store
 
     job = job or Store(store).jobs()[0]["job_id"]
-    pages = {
-        "library": "",
-        "overview": f"overview?job={job}",
-        "timeline": f"timeline?job={job}",
-        "kernels": f"kernels?job={job}",
-        "distributed": f"distributed?job={job}",
-        "inference": f"inference?job={job}",
-        "occupancy": f"occupancy?job={job}",
-        "memory": f"memory?job={job}",
-        "compare": f"compare?base={job}&new={job}",
-        "sql": "sql",
+    from stallscope.pages.spec import pages as declared
+
+    pages = {  # every declared page, each URL parameter it needs naming ``job``
+        name: spec.url_path
+        + "".join(f"{'&' if i else '?'}{k}={job}" for i, k in enumerate(spec.needs))
+        for name, (spec, _) in declared().items()
     }
     print(f"{what}, job {job}; load average "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()) + f", {os.cpu_count()} cores")  # fmt: skip

@@ -39,10 +39,12 @@ def sample_jobs() -> dict[str, list[Path]]:
         *sorted((SAMPLES / "kineto" / "occupancy").glob("*.json*")),
         *sorted((SAMPLES / "ncu").glob("*.csv")),
     ]
-    for f in sorted((SAMPLES / "nsys").glob("*.sqlite.gz")):
-        jobs[f"nsys/{f.name}"] = [f]
-    for f in sorted((SAMPLES / "memory_snapshot").glob("*.pickle.gz")):
-        jobs[f"memory_snapshot/{f.name}"] = [f]
+    from stallscope.preload import sample_jobs as preloaded
+
+    for paths, _ in preloaded(SAMPLES):  # every other format's samples: one file, one job
+        f = Path(paths[0])
+        if f.parent.name != "ncu" and f.parent.parent == SAMPLES:
+            jobs[f"{f.parent.name}/{f.name}"] = [f]
     return {
         name: [p for p in files if not p.name.endswith(".truth.json")]
         for name, files in jobs.items()

@@ -1,9 +1,9 @@
 """Ingest: sniff and parse trace files into the canonical tables of the store.
 
 Entry point: :func:`ingest_paths`. One folder per format (``kineto/``,
-``nsys/``, ``ncu/``, ``memory_snapshot/``; ``registry`` lists them, ``sniff``
-tells them apart; docs/extending.md); ``reader`` handles compression and
-archives, ``job`` publishes atomically.
+``nsys/``, ``ncu/``...: ``registry`` finds them, ``sniff`` tells them apart;
+docs/extending.md); ``reader`` handles compression and archives, ``job``
+publishes atomically.
 """
 
 from __future__ import annotations

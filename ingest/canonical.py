@@ -8,7 +8,6 @@ elsewhere). One :class:`CanonicalTrace` is one rank of one job.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -35,28 +34,45 @@ DEVICE_KEYS: dict[str, str] = {
 }
 
 
-@dataclass
 class CanonicalTrace:
-    """One rank's data in canonical form, ready for the store: a field per table of
-    :data:`stallscope.schema.TABLES` (tests/test_schema.py checks they agree); a table a
-    format does not provide is left out and stays empty. A parser may hold a big table
-    as an ``ingest.streamed.WrittenTable`` instead (already written to Parquet, batch
-    by batch: the ingest moves that file into the trace's folder)."""
+    """One rank's data in canonical form, ready for the store: its tables by their declared
+    name (:data:`stallscope.schema.TABLES`), read and set as attributes (``trace.gpu``,
+    ``trace.memory = table``) or given as keywords. A table a format does not provide is left
+    out and reads as the declared empty table; a name the schema does not declare is an error.
+    A table added to the schema needs nothing here. A parser may hold a big table as an
+    ``ingest.streamed.WrittenTable`` instead (already written to Parquet, batch by batch: the
+    ingest moves that file into the trace's folder).
+    """
 
-    gpu: pa.Table = field(default_factory=lambda: empty_table("gpu"))
-    host: pa.Table = field(default_factory=lambda: empty_table("host"))
-    ranges: pa.Table = field(default_factory=lambda: empty_table("ranges"))
-    collectives: pa.Table = field(default_factory=lambda: empty_table("collectives"))
-    names: pa.Table = field(default_factory=lambda: empty_table("names"))
-    threads: pa.Table = field(default_factory=lambda: empty_table("threads"))
-    devices: pa.Table = field(default_factory=lambda: empty_table("devices"))
-    kernel_metrics: pa.Table = field(default_factory=lambda: empty_table("kernel_metrics"))
-    memory: pa.Table = field(default_factory=lambda: empty_table("memory"))
-    event_count: int = 0
-    dropped_events: int = 0
-    warnings: list[str] = field(default_factory=list)
+    def __init__(
+        self,
+        *,
+        event_count: int = 0,
+        dropped_events: int = 0,
+        warnings: list[str] | None = None,
+        **tables: pa.Table,
+    ) -> None:
+        unknown = sorted(set(tables) - set(TABLE_NAMES))
+        if unknown:
+            raise TypeError(f"CanonicalTrace: no declared table {unknown} (stallscope/schema.py)")
+        self._tables: dict[str, pa.Table] = dict(tables)
+        self.event_count = event_count
+        self.dropped_events = dropped_events
+        self.warnings = list(warnings or [])
+
+    def __getattr__(self, name: str) -> pa.Table:
+        if name.startswith("_") or name not in TABLE_NAMES:
+            raise AttributeError(name)
+        return self._tables.setdefault(name, empty_table(name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in TABLE_NAMES:
+            self._tables[name] = value
+        else:
+            object.__setattr__(self, name, value)
 
     def tables(self) -> dict[str, pa.Table]:
+        """Every declared table, in schema order (empty where not provided)."""
         return {name: getattr(self, name) for name in TABLE_NAMES}
 
 

@@ -1,10 +1,9 @@
 """The contract between the job ingester and each input format.
 
-Each format lives in its own folder (``ingest/kineto/``, ``nsys/``, ``ncu/``,
-``memory_snapshot/``) whose ``__init__.py`` declares a :class:`Format`: how a
-file of it is recognised, its parser, and what its traces provide. The
-formats are listed, in the order they are tried, in
-:data:`stallscope.ingest.registry.FORMATS`; :func:`stallscope.ingest.sniff.sniff`
+Each format lives in its own folder (``ingest/<format>/``) whose
+``__init__.py`` declares a :class:`Format`: how a file of it is recognised,
+its parser, what its traces provide and its place in the order formats are
+tried. :data:`stallscope.ingest.registry.FORMATS` finds them, in that order; :func:`stallscope.ingest.sniff.sniff`
 names a file's format.
 
 A parser turns one input file into one or more :class:`ParsedTrace` (a Kineto
@@ -22,6 +21,7 @@ from typing import Any
 
 from stallscope.ingest.canonical import CanonicalTrace
 from stallscope.ingest.reader import Source
+from stallscope.schema import TABLES
 
 
 @dataclass
@@ -106,14 +106,47 @@ SEPARATE_JOBS_HINT = (
 )
 
 
-# The catalog sources of the companion formats (``Format.companion``): Nsight Compute results
-# and CUDA memory snapshots. Formats may not import the registry (nor each other), so a
-# format's ``finish`` tells a timeline from a companion by this list (tests check it).
-COMPANION_SOURCES = ("ncu", "memory-snapshot")
+# What a format declares its traces provide beyond tables: a GPU timeline (the gpu, host,
+# ranges... tables that time-based analyzers read). The tables a format fills are added to
+# its ``provides`` from the schema (the formats each declared table names), so a new table
+# changes no format's declaration.
+PROVIDES = ("timeline",)
 
-# What a format's traces can provide: a GPU timeline (the gpu, host, ranges... tables that
-# time-based analyzers read), per-kernel metrics (kernel_metrics), allocator events (memory).
-PROVIDES = ("timeline", "kernel_metrics", "memory")
+
+@dataclass(frozen=True)
+class TableReader:
+    """A further canonical table a format reads, declared as ``TABLE_READER`` by a module of
+    the format's folder: the format's parser finds it there (:func:`table_readers`), so a new
+    table edits no parser. ``table``: the declared table it fills. ``read``: what the parser
+    calls, with the format's signature (Kineto: ``read(data, trace_id) -> (table, skipped
+    events)``; Nsight Systems: ``read(db) -> raw table``, registered as ``raw``, and
+    ``out_sql`` its canonical rows per trace). ``skipped``: what a warning calls the events
+    it could not read."""
+
+    table: str
+    read: Callable[..., Any]
+    skipped: str = "events"
+    raw: str = ""
+    out_sql: str = ""
+
+    def __post_init__(self) -> None:
+        if self.table not in {t.name for t in TABLES}:
+            raise ValueError(
+                f"TABLE_READER: no declared table {self.table!r} (stallscope/schema.py)"
+            )
+
+
+def table_readers(package: str, folder: Path) -> list[TableReader]:
+    """The ``TABLE_READER`` of each module of a format's folder (module-name order; only those
+    modules are imported). Raises RuntimeError for one that is not a TableReader."""
+    from stallscope.discovery import declared
+
+    readers = []
+    for name, reader, _ in declared(package, folder, "TABLE_READER"):
+        if not isinstance(reader, TableReader):
+            raise RuntimeError(f"{package}.{name}: TABLE_READER must be a TableReader")
+        readers.append(reader)
+    return readers
 
 
 @dataclass(frozen=True)
@@ -129,7 +162,8 @@ class Format:
     traces it makes. A ``companion`` format's traces describe the kernels of a
     timeline trace of the same rank (Nsight Compute): they are not ranks of
     their own, and ``finish(metas, staging)`` pairs them with their timeline
-    once every file of the job is parsed. ``extensions`` are the file name
+    once every file of the job is parsed (``metas``: the job's timeline traces
+    and this format's own, never another companion's). ``extensions`` are the file name
     endings the dashboard's file picker offers (files are told by content,
     never by these alone).
     """
@@ -138,7 +172,8 @@ class Format:
     title: str
     detect: Callable[[str, bytes], bool]
     parse: Parser
-    provides: frozenset[str]
+    provides: frozenset[str]  # declared: PROVIDES; the schema's tables of this format are added
+    priority: int  # the order formats are tried in (lowest first; unique)
     source: str = ""  # default: ``name``
     binary: bool = False
     companion: bool = False
@@ -151,3 +186,5 @@ class Format:
         unknown = set(self.provides) - set(PROVIDES)
         if unknown:
             raise ValueError(f"format {self.name}: unknown provides {sorted(unknown)}")
+        filled = {t.name for t in TABLES if self.source in t.formats}
+        object.__setattr__(self, "provides", frozenset(self.provides) | filled)

@@ -214,13 +214,14 @@ def _prepare(
 
 
 def _finish_formats(metas: list[dict[str, Any]], staging: Path) -> bool:
-    """Each format of the job that has a ``finish`` step (ncu: pairing with the timeline) runs
-    it; True when one ran."""
+    """Each format of the job that has a ``finish`` step (ncu: pairing with the timeline) runs it,
+    given the job's timeline traces and its own (never another companion's); True when one ran."""
     sources = {meta["source"] for meta in metas}
     ran = False
     for fmt in FORMATS:
         if fmt.finish is not None and fmt.source in sources:
-            fmt.finish(metas, staging)
+            own = [m for m in metas if m["source"] == fmt.source or not is_companion(m["source"])]
+            fmt.finish(own, staging)
             ran = True
     return ran
 

@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from stallscope.compare import compare_tables, finding_notes, headline, step_delta_text
+from stallscope.pages.spec import PageSpec, Shot
 from stallscope.pages.state import get_store, jobs, report_for
 
 ROW_PX = 35  # st.dataframe's row height
@@ -22,6 +23,15 @@ def _compare(base: str, new: str, store_path: str, _reports: tuple) -> dict[str,
 
     store = get_store()
     return compare_jobs(store, store.traces(base), store.traces(new), top=25, reports=_reports)
+
+
+PAGE = PageSpec(
+    "Compare",
+    "compare",
+    order=90,
+    needs=("base", "new"),
+    shots=(Shot("compare", (("base", "healthy"), ("new", "dataloader"))),),
+)
 
 
 def render() -> None:

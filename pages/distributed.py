@@ -16,10 +16,18 @@ from stallscope.charts import critical_path_figure
 from stallscope.finding_groups import spread_text
 from stallscope.humanize import records_table
 from stallscope.pages.links import padded, timeline_link
+from stallscope.pages.spec import PageSpec, Shot
 from stallscope.pages.state import current_overrides, get_store, report_for, selected_job
 from stallscope.pages.text import finding_text, literal
 from stallscope.rank_charts import MAX_ROWS, rank_bins, wait_distribution_figure, wait_heatmap
-from stallscope.views import findings_of, grouped_findings, overlap_rows, table_of, table_places
+from stallscope.views import (
+    findings_of,
+    grouped_findings,
+    overlap_rows,
+    table_of,
+    table_places,
+    timeline_traces,
+)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -42,6 +50,11 @@ def _waits(job_id: str, skew_tolerance_us: float | None) -> pd.DataFrame:
         job.close()
 
 
+PAGE = PageSpec(
+    "Distributed", "distributed", order=50, shots=(Shot("distributed", (("job", "straggler"),)),)
+)
+
+
 def render() -> None:
     st.title("Distributed")
     picked = selected_job()
@@ -54,10 +67,7 @@ def render() -> None:
     if not table_of(report, "comm_overlap") and not findings_of(report, "nccl_wait"):
         st.info("No communication kernels in this job.")
         return
-    companions = ("ncu", "memory-snapshot")  # not a rank's timeline: no link to them
-    trace_of = {
-        int(t["rank"] or 0): t["id"] for t in report["traces"] if t["source"] not in companions
-    }
+    trace_of = {int(t["rank"] or 0): t["id"] for t in timeline_traces(report)}
     waiting = [f for f in findings_of(report, "nccl_wait") if f["severity"] != "info"]
     straggler_of = _stragglers(report)
     overlap = overlap_rows(report)

@@ -18,9 +18,14 @@ from stallscope.inference_charts import (
     tpot_histogram,
 )
 from stallscope.job_settings import ITERATION_RANGE, check_iteration_range
+from stallscope.pages.spec import PageSpec, Shot
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import finding_text, literal
 from stallscope.views import findings_of, table_of
+
+PAGE = PageSpec(
+    "Inference", "inference", order=60, shots=(Shot("inference", (("job", "decode_eager"),)),)
+)
 
 
 def render() -> None:

@@ -11,9 +11,12 @@ import plotly.express as px
 import streamlit as st
 
 from stallscope.humanize import records_table, short_kernel_names
+from stallscope.pages.spec import PageSpec
 from stallscope.pages.state import report_for, selected_job
 from stallscope.pages.text import literal
 from stallscope.views import findings_of, table_of, table_places
+
+PAGE = PageSpec("Kernels", "kernels", order=40)
 
 
 def render() -> None:

@@ -16,6 +16,7 @@ import streamlit as st
 
 from stallscope.errors import StallscopeError
 from stallscope.humanize import MISSING, significant
+from stallscope.pages.spec import PageSpec
 from stallscope.pages.state import get_store, jobs, max_upload_mb, stored_summaries
 from stallscope.pages.text import literal
 from stallscope.targets import upload_extensions
@@ -24,6 +25,9 @@ from stallscope.targets import upload_extensions
 # and zip; reports need nsys/ncu on the server; pickles (CUDA memory snapshots) are read
 # as plain data.
 ACCEPTED = upload_extensions()
+
+
+PAGE = PageSpec("Library", "", order=10, needs=())
 
 
 def render() -> None:

@@ -1,12 +1,18 @@
 """Streamlit app: navigation over the dashboard pages.
 
-Deep links: every page reads its state from the URL (``/overview?job=ID``,
+The pages are found in ``pages/`` (each module's ``PAGE``, :mod:`stallscope.pages.spec`), in
+their declared order. Deep links: every page reads its state from the URL (``/overview?job=ID``,
 ``/timeline?trace=ID&window=START-END``); ``/?page=NAME&trace=ID`` works too.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import streamlit as st
+
+from stallscope.pages.spec import PageSpec
+from stallscope.pages.spec import pages as declared
 
 _PAGES: dict[str, st.Page] = {}
 
@@ -77,40 +83,25 @@ def _preload_note() -> None:
         )
 
 
+def _nav_page(spec: PageSpec, module: ModuleType) -> st.Page:
+    """The navigation entry of a declared page (``stallscope.pages.spec``); ``url_path`` empty:
+    the default page, at the root."""
+    if not spec.url_path:
+        return st.Page(module.render, title=spec.title, default=True)
+    return st.Page(module.render, title=spec.title, url_path=spec.url_path)
+
+
 def main() -> None:
     st.set_page_config(page_title="stallscope", page_icon="⏱", layout="wide")
     if not authorized():
         st.stop()
-    from stallscope.pages import (
-        compare,
-        distributed,
-        inference,
-        kernels,
-        library,
-        memory,
-        occupancy,
-        overview,
-        sql,
-        timeline,
-    )
-
-    pages = {
-        "library": st.Page(library.render, title="Library", default=True),
-        "overview": st.Page(overview.render, title="Overview", url_path="overview"),
-        "timeline": st.Page(timeline.render, title="Timeline", url_path="timeline"),
-        "kernels": st.Page(kernels.render, title="Kernels", url_path="kernels"),
-        "distributed": st.Page(distributed.render, title="Distributed", url_path="distributed"),
-        "inference": st.Page(inference.render, title="Inference", url_path="inference"),
-        "occupancy": st.Page(occupancy.render, title="Occupancy", url_path="occupancy"),
-        "memory": st.Page(memory.render, title="Memory", url_path="memory"),
-        "compare": st.Page(compare.render, title="Compare", url_path="compare"),
-        "sql": st.Page(sql.render, title="SQL", url_path="sql"),
-    }
+    pages = {name: _nav_page(spec, module) for name, (spec, module) in declared().items()}
+    home = next(name for name, (spec, _) in declared().items() if not spec.url_path)
     _PAGES.clear()
     _PAGES.update(pages)
     nav = st.navigation(list(pages.values()))
     wanted = st.query_params.get("page")
-    if wanted in pages and nav is pages["library"]:
+    if wanted in pages and nav is pages[home]:
         params = {k: v for k, v in st.query_params.items() if k != "page"}
         st.switch_page(pages[wanted], query_params=params)
     st.sidebar.caption("stallscope · where your GPU time goes")

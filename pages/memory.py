@@ -7,6 +7,7 @@ import streamlit as st
 
 from stallscope.humanize import dashed
 from stallscope.memory_charts import live_ops_frame, memory_figure, memory_frame
+from stallscope.pages.spec import PageSpec, Shot
 from stallscope.pages.state import get_store, report_for, selected_job
 from stallscope.pages.text import finding_text, literal
 from stallscope.views import findings_of, table_of
@@ -21,6 +22,28 @@ CAPTURE_HINT = (
 OLD_REPORT = (
     "This report was written before the memory tables (2026-12-01) the timeline is drawn "
     "from: analyzing the job again with this version of stallscope draws it."
+)
+
+
+PAGE = PageSpec(
+    "Memory",
+    "memory",
+    order=80,
+    shots=(
+        Shot("memory", (("job", "memory_gpt"),)),  # Kineto
+        Shot("memory-snapshot", (("job", "snapshot"),)),
+        Shot("memory-nsys", (("job", "nsys_mem_train"),)),
+        # the memory_fragment trace with the CUDA memory snapshot of the same process: one
+        # job, the snapshot paired with the trace's rank
+        Shot(
+            "memory-paired",
+            files=(
+                "kineto/memory_fragment/memory_fragment.pt.trace.json.gz",
+                "memory_snapshot/memory_fragment.snapshot.pickle.gz",
+            ),
+            job="memory_fragment + snapshot",
+        ),
+    ),
 )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from stallscope.pages.spec import PageSpec, Shot
 from stallscope.pages.state import report_for, selected_job
 from stallscope.pages.text import finding_text
 from stallscope.views import findings_of, table_of
@@ -33,6 +34,11 @@ def _ncu_columns(frame: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     if "ncu_bound" not in frame or not frame["ncu_bound"].notna().any():
         return frame.drop(columns=list(NCU_COLUMNS), errors="ignore"), False
     return frame.rename(columns=NCU_COLUMNS), True
+
+
+PAGE = PageSpec(
+    "Occupancy", "occupancy", order=70, shots=(Shot("occupancy", (("job", "occupancy"),)),)
+)
 
 
 def render() -> None:

@@ -15,6 +15,7 @@ from stallscope.compare_inference import inference_summary
 from stallscope.finding_groups import spread_text
 from stallscope.humanize import evidence_tables
 from stallscope.pages.links import padded, timeline_link
+from stallscope.pages.spec import PageSpec, Shot
 from stallscope.pages.state import report_for, selected_job, threshold_overrides
 from stallscope.pages.text import finding_text, literal
 from stallscope.report_store import step_time_ms
@@ -27,6 +28,14 @@ BADGE = {
     "low": ":blue[LOW]",
     "info": ":gray[INFO]",
 }
+
+
+PAGE = PageSpec(
+    "Overview",
+    "overview",
+    order=20,
+    shots=(Shot("overview"), Shot("overview-ddp", (("job", "straggler"),))),
+)
 
 
 def render() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from stallscope.pages.spec import PageSpec
 from stallscope.pages.state import get_store
 from stallscope.pages.text import code_span
 from stallscope.sql import (
@@ -39,6 +40,9 @@ def _columns(trace_ids: tuple[str, ...]) -> pd.DataFrame:
     return pd.DataFrame(
         [(table, ", ".join(columns)) for table, columns in listing], columns=["table", "columns"]
     )
+
+
+PAGE = PageSpec("SQL", "sql", order=100, needs=())
 
 
 def render() -> None:

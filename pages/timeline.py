@@ -12,6 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from stallscope.charts import timeline_figure
+from stallscope.pages.spec import PageSpec, Shot
 from stallscope.pages.state import get_store, report_for, selected_job
 from stallscope.pages.text import literal
 
@@ -72,6 +73,14 @@ def _event(trace_ids: tuple[str, ...], job_id: str, key: str):
         return find_event(job, key), launch_flows(job, key)
     finally:
         job.close()
+
+
+PAGE = PageSpec(
+    "Timeline",
+    "timeline",
+    order=30,
+    shots=(Shot("timeline"), Shot("timeline-ddp", (("job", "straggler"),))),
+)
 
 
 def render() -> None:

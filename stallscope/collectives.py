@@ -122,7 +122,7 @@ def job_ops(job: JobData) -> dict[str, np.ndarray]:
 
         cols = _ops_columns(stored_ops(job))
         if cols is None:  # a rank stored without them: the query over every rank's files
-            cols = _ops_columns(job.con.sql(JOB_OPS_SQL).to_arrow_table())
+            cols = _ops_columns(job.relation(JOB_OPS_SQL).to_arrow_table())
         job.cache["job_ops"] = cols
     return job.cache["job_ops"]
 

@@ -9,7 +9,7 @@ executor (``submit(fn, *args)`` returning a future with ``result()``: a
 * a larger job's rank triage (``rank_triage.select_ranks``) runs here first:
   only the ranks it picks get per-rank tasks, as ``job_report_part`` reads them;
 * a job of several ranks is a few tasks of consecutive ranks (the analyzers
-  of ``analyzers.PER_RANK``, over each rank's traces alone, as
+  with ``SPEC.per_rank``, over each rank's traces alone, as
   ``report.analyze_job`` runs them on ``JobData.rank_parts``) and one task for
   the cross-rank analyzers over the whole job (on the client instead when the
   executor says ``cross_here``: a Dask cluster's workers then run only
@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stallscope import job_settings
-from stallscope.analyzers import PER_RANK, all_specs
+from stallscope.analyzers import all_specs, per_rank_ids
 from stallscope.analyzers.base import AnalyzerResult, concatenate
 from stallscope.jobdata import JobData
 from stallscope.store import Store, TraceRef
@@ -92,7 +92,7 @@ def rank_task(
 
     store = Store(root)
     refs = [ref for group in groups for ref in group]
-    specs = [spec for spec in all_specs() if spec.id in PER_RANK]
+    specs = [spec for spec in all_specs() if spec.per_rank]
 
     def work() -> list[dict[str, AnalyzerResult]]:
         whole = JobData(store, refs)
@@ -134,7 +134,7 @@ def cross_task(
     store = Store(root)
 
     def work() -> dict[str, AnalyzerResult]:
-        return _run_specs(store, refs, overrides, lambda spec_id: spec_id not in PER_RANK)
+        return _run_specs(store, refs, overrides, lambda spec_id: spec_id not in per_rank_ids())
 
     return _timed(refs[0].job_id, "cross", None, work)
 
@@ -239,7 +239,7 @@ def _gather_job(root, refs, ranks, cross, selection, overrides, executor, timing
     else:
         whole, timing = result(cross, what)
     _note(timings, timing)
-    by_rank: dict[str, list[AnalyzerResult]] = {s.id: [] for s in all_specs() if s.id in PER_RANK}
+    by_rank: dict[str, list[AnalyzerResult]] = {s.id: [] for s in all_specs() if s.per_rank}
     for future in ranks:
         results, timing = result(future, what)
         _note(timings, timing)

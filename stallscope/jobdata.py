@@ -136,6 +136,16 @@ class JobData:
         """Run a query on this job's views; returns the cursor (fetchall/fetchnumpy...)."""
         return self.con.execute(query, params or [])
 
+    def relation(self, query: str) -> duckdb.DuckDBPyRelation:
+        """``query`` as a DuckDB relation (``.to_arrow_table()`` without the DB-API's copy).
+
+        DuckDB (2.x) refuses a relation query while a DB-API result of this connection is
+        half read (``sql(...).fetchone()`` leaves the stream open); that result is finished
+        first, so whichever analyzer ran before does not matter.
+        """
+        self.con.execute("SELECT 1").fetchall()  # ends any half-read result
+        return self.con.sql(query)
+
     def numpy(self, query: str, params: list[Any] | None = None) -> dict[str, np.ndarray]:
         """Query result as a dict of numpy arrays (columnar, no per-row objects)."""
         return self.con.execute(query, params or []).fetchnumpy()

@@ -42,8 +42,12 @@ def sample_traces_dir() -> Path | None:
 
 def sample_jobs(root: Path) -> list[tuple[list[str], list[str]]]:
     """(paths, tags) of each sample job: each folder of ``kineto/`` (with the Nsight Compute
-    CSV pages of the same program, ``ncu/<folder>.*.csv``, in the same job), each nsys export,
-    each CUDA memory snapshot of ``memory_snapshot/``."""
+    CSV pages of the same program, ``ncu/<folder>.*.csv``, in the same job), then each file
+    of every other format's folder (``<name>/``, named as its ``ingest/<name>/`` package:
+    ``nsys/`` exports...), one job each; ``*.truth.json`` files (what a capture measured) are
+    not traces."""
+    from stallscope.ingest.registry import BY_PACKAGE
+
     jobs: list[tuple[list[str], list[str]]] = []
     kineto = root / "kineto"
     for folder in sorted(p for p in kineto.glob("*") if p.is_dir()) if kineto.is_dir() else []:
@@ -53,12 +57,12 @@ def sample_jobs(root: Path) -> list[tuple[list[str], list[str]]]:
         traces += sorted(str(p) for p in (root / "ncu").glob(f"{folder.name}.*.csv"))
         if traces:
             jobs.append((traces, ["sample", "kineto"]))
-    nsys = root / "nsys"
-    for export in sorted(nsys.glob("*.sqlite*")) if nsys.is_dir() else []:
-        jobs.append(([str(export)], ["sample", "nsys"]))
-    snapshots = root / "memory_snapshot"
-    for snapshot in sorted(snapshots.glob("*.pickle*")) if snapshots.is_dir() else []:
-        jobs.append(([str(snapshot)], ["sample", "memory-snapshot"]))
+    for package, formats in BY_PACKAGE.items():
+        if package in ("kineto", "ncu") or not (root / package).is_dir():
+            continue  # kineto: above; ncu: its pages join the kineto job of their program
+        for path in sorted((root / package).iterdir()):
+            if path.is_file() and not path.name.endswith((".truth.json", ".md")):
+                jobs.append(([str(path)], ["sample", formats[0].source]))
     return jobs
 
 

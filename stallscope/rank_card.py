@@ -211,7 +211,7 @@ def write_card(folder: Path, trace_id: str) -> None:
     rank = JobData(Store(folder.parent), [TraceRef(trace_id, "", folder, {"rank": 0})])
     try:
         table = build_card(rank, trace_id)
-        ops = rank.con.sql(JOB_OPS_SQL).to_arrow_table()
+        ops = rank.relation(JOB_OPS_SQL).to_arrow_table()
         compared = build_rows(rank, trace_id)
     except (duckdb.Error, ValueError, TypeError):
         return  # a trace the card cannot summarize: the analysis computes it or fails itself
@@ -243,7 +243,7 @@ def stored_ops(job: JobData) -> pa.Table | None:
     if not refs or not all((r.path / OPS_FILE).is_file() for r in refs):
         return None
     listing = ", ".join("'" + str(r.path / OPS_FILE).replace("'", "''") + "'" for r in refs)
-    return job.con.sql(f"SELECT * FROM read_parquet([{listing}])").to_arrow_table()
+    return job.relation(f"SELECT * FROM read_parquet([{listing}])").to_arrow_table()
 
 
 def job_cards(job: JobData) -> pa.Table:
@@ -260,7 +260,7 @@ def job_cards(job: JobData) -> pa.Table:
                 "'" + str(r.path / CARD_FILE).replace("'", "''") + "'" for r in stored
             )
             tables.append(
-                job.con.sql(f"SELECT * FROM read_parquet([{listing}])")
+                job.relation(f"SELECT * FROM read_parquet([{listing}])")
                 .to_arrow_table()
                 .cast(card_schema())
             )

@@ -91,7 +91,7 @@ def build_rows(rank: JobData, trace_id: str) -> pa.Table:
     """The rows of ``trace_id`` from ``rank`` (a JobData over that rank's files alone)."""
     import pyarrow as pa
 
-    found = rank.con.sql(_RANK_SQL).fetchall()
+    found = rank.relation(_RANK_SQL).fetchall()
     schema = file_schema()
     names = schema.names[1:]
     columns = {"trace_id": [trace_id] * len(found)}

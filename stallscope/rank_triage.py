@@ -4,7 +4,7 @@ A job of at most :data:`DETAIL_ALL_UP_TO` ranks is analyzed in detail on
 every rank. Above that, a first pass over every rank (the rank cards of
 :mod:`stallscope.rank_card`, read in one query: kernel time, communication
 time and span per rank, and the median step time) finds the ranks out of line, and the per-rank analyzers
-(``analyzers.PER_RANK``) run on those (at most :data:`MAX_OUTLIER_RANKS`, the
+(``SPEC.per_rank``) run on those (at most :data:`MAX_OUTLIER_RANKS`, the
 farthest first) and on :data:`MEDIAN_RANKS` median ranks for reference. The
 analyzers that match collectives across ranks (``nccl_wait``, ``overlap``)
 still read every rank. ``stallscope analyze --all-ranks`` analyzes every rank.

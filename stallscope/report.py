@@ -16,7 +16,7 @@ import duckdb
 import msgspec
 
 from stallscope import job_settings
-from stallscope.analyzers import PER_RANK, all_specs
+from stallscope.analyzers import all_specs
 from stallscope.analyzers.base import SEVERITY_RANK, AnalyzerResult, concatenate
 from stallscope.errors import NotFoundError
 from stallscope.jobdata import JobData
@@ -38,10 +38,10 @@ def analyze_job(
 ) -> AnalyzerResult:
     """Run every registered analyzer over one job; ``overrides[analyzer][threshold]``.
 
-    ``ranks``: the ranks the ``PER_RANK`` analyzers read (None: all; see
+    ``ranks``: the ranks the per-rank analyzers (``SPEC.per_rank``) read (None: all; see
     :mod:`stallscope.rank_triage`); the others always read the whole job.
 
-    The analyzers of ``PER_RANK`` run rank by rank, each rank's together on
+    The per-rank analyzers (``SPEC.per_rank``) run rank by rank, each rank's together on
     one part (``JobData.rank_parts``: that rank's files alone, freed before the
     next rank), and their ranks' results are joined (``SPEC.combine_ranks``);
     the others run once over the whole job. The result, in report order, is
@@ -51,7 +51,7 @@ def analyze_job(
     job_settings.apply(job, overrides)  # one value per job for every analyzer (and view)
     specs = all_specs()
     params = {spec.id: spec.params((overrides or {}).get(spec.id)) for spec in specs}
-    rank_wise = [spec for spec in specs if spec.id in PER_RANK]
+    rank_wise = [spec for spec in specs if spec.per_rank]
     by_rank: dict[str, list[AnalyzerResult]] = {spec.id: [] for spec in rank_wise}
     if rank_wise:
         for part in job.rank_parts():

@@ -26,6 +26,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from stallscope.report_tables import Row, declared_tables
+
 REPORT_SCHEMA = "stallscope.report/1"
 Severity = Literal["critical", "high", "medium", "low", "info"]
 
@@ -175,15 +177,6 @@ class RankSelection(msgspec.Struct, forbid_unknown_fields=True):
 IDLE_CAUSES = ("dataloader", "host_sync", "memcpy", "launch", "cpu", "queued", "unknown")
 """Causes of GPU idle time, in the order they are charted (``idle_<cause>_ns`` metrics,
 :class:`StepRow` columns; stallscope.idle labels them)."""
-
-
-class Row(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Where a table row is of: the trace (id), its rank, and the device (null: the trace
-    as a whole, or Nsight Compute kernels without a device)."""
-
-    trace: Annotated[str, Meta(description="trace id")]
-    rank: int
-    device: int | None
 
 
 class KernelRow(Row, kw_only=True):
@@ -371,72 +364,7 @@ class CollectiveOpRow(Row, kw_only=True):
     wait_ns: Annotated[int, Meta(description="summed largest wait of each collective")]
 
 
-class MemoryDeviceRow(Row, kw_only=True, omit_defaults=True):
-    """One device's memory peaks (``memory``; devices with allocator events). Sizes in bytes,
-    times in ns; null where the source does not record it (``source`` says which). The
-    ``snapshot_*`` fields (added 2026-12-02, present only on a device whose trace has a memory
-    snapshot paired with it) are the snapshot's, at the time it was taken."""
-
-    source: Annotated[
-        str,
-        Meta(
-            description="allocator (allocator totals: Kineto, snapshots), allocator_deltas "
-            "(running sum of the events from 0), segments (driver-level only: nsys)"
-        ),
-    ]
-    events: Annotated[int, Meta(description="allocator events of the device")]
-    allocated_peak_bytes: Annotated[int | None, Meta(description="null: segments only")]
-    allocated_peak_ns: Annotated[int | None, Meta(description="first time the peak is reached")]
-    reserved_peak_bytes: Annotated[int | None, Meta(description="null: no reserved totals")]
-    reserved_peak_ns: int | None
-    allocated_at_reserved_peak_bytes: Annotated[
-        int | None, Meta(description="highest allocated while the reservation is at its peak")
-    ]
-    capacity_bytes: Annotated[int | None, Meta(description="device memory; null: unknown")]
-    capacity_source: Annotated[
-        str, Meta(description="devices.total_mem_bytes, product table (<name>) or unknown")
-    ]
-    headroom_pct: Annotated[
-        float | None,
-        Meta(description="% of capacity above the reserved peak (else allocated peak)"),
-    ]
-    fragmentation_pct: Annotated[
-        float | None, Meta(description="reserved peak unused at its fullest, % of it")
-    ]
-    largest_free_block_bytes: Annotated[
-        int | None, Meta(description="snapshots only (a paired snapshot's, when it was taken)")
-    ]
-    snapshot_trace: Annotated[
-        str | None, Meta(description="trace id of the memory snapshot paired with this trace")
-    ] = None
-    snapshot_ns: Annotated[
-        int | None,
-        Meta(description="the snapshot's last event on this trace's clock; null: not placeable"),
-    ] = None
-    snapshot_reserved_bytes: Annotated[
-        int | None, Meta(description="the snapshot's segments, total size")
-    ] = None
-    snapshot_allocated_bytes: Annotated[
-        int | None, Meta(description="the snapshot's live blocks, total size")
-    ] = None
-    snapshot_fragmentation_pct: Annotated[
-        float | None, Meta(description="share of the snapshot's segments free, %")
-    ] = None
-
-
-class MemoryLiveRow(Row, kw_only=True):
-    """The allocations live at a device's allocated peak, by the operator (or Python stack)
-    that made them (``memory``; at most 10 per device, most bytes first)."""
-
-    op: Annotated[
-        str,
-        Meta(description="operator, stack, '(outside any op)' or '(allocated before the capture)'"),
-    ]
-    bytes: int
-    count: Annotated[int | None, Meta(description="allocations; null: before the capture")]
-
-
-class Tables(msgspec.Struct, forbid_unknown_fields=True):
+class CoreTables(msgspec.Struct, forbid_unknown_fields=True):
     """The report's typed tables, by name: rows of every job, rank and device, in report
     order. Empty lists where no analyzer measured that table. Added 2026-12-01 (optional)."""
 
@@ -471,25 +399,26 @@ class Tables(msgspec.Struct, forbid_unknown_fields=True):
         list[CollectiveOpRow],
         Meta(description="nccl_wait: matched collectives by group and op. Added 2026-12-01"),
     ] = []
-    # memory (#16)
-    memory_devices: Annotated[
-        list[MemoryDeviceRow], Meta(description="memory: peaks, capacity, headroom per device")
-    ] = []
-    memory_live_at_peak: Annotated[
-        list[MemoryLiveRow], Meta(description="memory: allocations live at the allocated peak")
-    ] = []
-    memory_live_at_snapshot: Annotated[
-        list[MemoryLiveRow],
-        Meta(
-            description="memory: a paired snapshot's live blocks when it was taken, by Python "
-            "stack (rows of the device's trace). Added 2026-12-02"
-        ),
-    ] = []
 
-    def extend(self, other: Tables) -> None:
+    def extend(self, other: CoreTables) -> None:
         """Append ``other``'s rows to these tables, table by table."""
         for name in self.__struct_fields__:
             getattr(self, name).extend(getattr(other, name))
+
+
+# The report's tables: the core ones above, then those the modules of
+# ``stallscope/report_tables/`` declare (one module per analyzer that adds tables, in their
+# declared order): an analyzer's new table and its row type live in its own module.
+Tables = msgspec.defstruct(
+    "Tables",
+    [
+        (t.name, Annotated[list[t.row], Meta(description=t.description)], [])  # type: ignore[name-defined]
+        for t in declared_tables()
+    ],
+    bases=(CoreTables,),
+    module=__name__,
+    namespace={"__doc__": CoreTables.__doc__},
+)
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -508,7 +437,7 @@ class Report(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
         ),
     ] = []
     tables: Annotated[
-        Tables,
+        Tables,  # type: ignore[valid-type]
         Meta(
             description="what the analyzers measured, as typed tables (every table, possibly "
             "empty). Added 2026-12-01 (optional: older reports lack it)"

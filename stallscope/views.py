@@ -54,6 +54,14 @@ def table_of(
     ]
 
 
+def timeline_traces(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's traces that are a rank's timeline (not a companion such as an Nsight
+    Compute result: its format says, ``Format.provides``)."""
+    from stallscope.ingest.registry import provides
+
+    return [t for t in report["traces"] if provides(t["source"], "timeline")]
+
+
 def table_places(report: dict[str, Any], name: str) -> list[tuple[str, int, int | None]]:
     """The (trace, rank, device) that table ``name`` has rows of, in report order."""
     return list(dict.fromkeys((r["trace"], r["rank"], r["device"]) for r in table_of(report, name)))

@@ -560,7 +560,6 @@ def test_sniff_names_each_registered_format_and_says_the_way_in():
         ("r.sqlite", sqlite, "nsys"),
         ("k.csv", b'"ID","Process ID","Process Name"\n', "ncu"),
         ("k.ncu-rep", b"NVR\x00rest", "ncu"),
-        ("s.pickle", b"\x80\x04\x95", "memory-snapshot"),
         ("t.json", b'  {"traceEvents": []}', "kineto"),
     ):
         assert sniff(name, data) == fmt, name

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stallscope import schema
 from stallscope.analyzers.base import SEVERITY_RANK
 from stallscope.analyzers.nccl_wait import MAX_INTERVALS
 from stallscope.analyzers.step_breakdown import MAX_STEPS_IN_EVIDENCE
@@ -31,6 +32,7 @@ from stallscope.errors import InputError
 from stallscope.idle import CAUSES, attribute_idle
 from stallscope.ingest import ingest_paths
 from stallscope.jobdata import JobData
+from stallscope.preload import sample_jobs
 from stallscope.report import analyze_job
 from tests.conftest import CORPUS, SAMPLES
 
@@ -48,15 +50,10 @@ def _sample_jobs() -> dict[str, list[Path]]:
     for folder in sorted((SAMPLES / "kineto").iterdir()):
         if folder.is_dir():
             jobs[f"kineto/{folder.name}"] = sorted(folder.glob("*.pt.trace.json.gz"))
-    for path in sorted((SAMPLES / "nsys").glob("*.sqlite.gz")):
-        jobs[f"nsys/{path.name}"] = [path]
-    for path in sorted((SAMPLES / "memory_snapshot").glob("*.pickle.gz")):
-        jobs[f"memory_snapshot/{path.name}"] = [path]
-    # the memory_fragment trace with the snapshot of the same process: one paired job
-    jobs["memory_fragment+snapshot"] = [
-        *jobs["kineto/memory_fragment"],
-        SAMPLES / "memory_snapshot" / "memory_fragment.snapshot.pickle.gz",
-    ]
+    for paths, _ in sample_jobs(SAMPLES):  # every other format's samples: one file, one job
+        path = Path(paths[0])
+        if path.parent.parent == SAMPLES:
+            jobs[f"{path.parent.name}/{path.name}"] = [path]
     return jobs
 
 
@@ -152,17 +149,16 @@ def _check_step_rows_sum_to_totals(job: JobData, f) -> None:
 
 
 def _capture_range(job: JobData, trace_id: str) -> tuple[int, int]:
-    """The trace's recorded time: its host and GPU rows, and its memory events (a memory
-    snapshot records nothing else)."""
-    row = job.sql(
-        """SELECT least((SELECT min(start_ns) FROM host WHERE trace_id = $t),
-                        (SELECT min(start_ns) FROM gpu WHERE trace_id = $t),
-                        (SELECT min(ts_ns) FROM memory WHERE trace_id = $t)),
-                  greatest((SELECT max(end_ns) FROM host WHERE trace_id = $t),
-                           (SELECT max(end_ns) FROM gpu WHERE trace_id = $t),
-                           (SELECT max(ts_ns) FROM memory WHERE trace_id = $t))""",
-        {"t": trace_id},
-    ).fetchone()
+    """The trace's recorded time: its host and GPU rows, and the instant events of any declared
+    table (``ts_ns``: e.g. allocator events, all a memory snapshot records)."""
+    lows = ["(SELECT min(start_ns) FROM host WHERE trace_id = $t)",
+            "(SELECT min(start_ns) FROM gpu WHERE trace_id = $t)"]  # fmt: skip
+    highs = [q.replace("min(start_ns)", "max(end_ns)") for q in lows]
+    for table in (t.name for t in schema.TABLES if "ts_ns" in {c.name for c in t.columns}):
+        lows.append(f"(SELECT min(ts_ns) FROM {table} WHERE trace_id = $t)")
+        highs.append(f"(SELECT max(ts_ns) FROM {table} WHERE trace_id = $t)")
+    sql = f"SELECT least({', '.join(lows)}), greatest({', '.join(highs)})"
+    row = job.sql(sql, {"t": trace_id}).fetchone()
     return int(row[0]), int(row[1])
 
 

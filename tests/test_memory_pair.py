@@ -260,13 +260,6 @@ def test_every_page_opens_on_a_paired_job(store, tmp_path, monkeypatch):
     assert len(memory.subheader) == 1  # one device, not one per trace
 
 
-def test_the_companion_list_names_every_companion_format():
-    from stallscope.ingest.formats import COMPANION_SOURCES
-    from stallscope.ingest.registry import FORMATS
-
-    assert set(COMPANION_SOURCES) == {f.source for f in FORMATS if f.companion}
-
-
 def test_speak_writes_the_findings_from_the_measurement_alone():
     """No job, no store: a hand-made measurement gives the findings its numbers call for."""
     from stallscope.analyzers.base import Where
@@ -287,3 +280,27 @@ def test_speak_writes_the_findings_from_the_measurement_alone():
     names = [x.name for x in analyzer.metrics(m)]
     assert names == ["mem_allocated_peak_bytes", "mem_reserved_peak_bytes",
                      "mem_fragmentation_pct", "mem_headroom_pct"]  # fmt: skip
+
+
+def test_the_paired_sample_job_is_consistent(tmp_path):
+    """The memory_fragment trace with the snapshot of the same process, as one job, passes the
+    checks every sample job passes (tests/test_consistency.py)."""
+    from stallscope.report import analyze_job
+    from stallscope.store import Store
+    from tests.test_consistency import SAMPLE_JOBS, _check_job
+
+    store = Store(tmp_path / "store").ensure()
+    files = [*SAMPLE_JOBS["kineto/memory_fragment"],
+             SAMPLES / "memory_snapshot" / "memory_fragment.snapshot.pickle.gz"]  # fmt: skip
+    (res,) = ingest_paths(store, [str(p) for p in files])
+    job = JobData(store, store.traces(res.job_id))
+    try:
+        _check_job(job, analyze_job(job).findings)
+    finally:
+        job.close()
+
+
+def test_sniff_names_a_pickle_a_memory_snapshot():
+    from stallscope.ingest.sniff import sniff
+
+    assert sniff("s.pickle", b"\x80\x04\x95") == "memory-snapshot"

@@ -1,6 +1,6 @@
 """Per-rank parts (JobData.rank_parts / part_of) give the same report as the whole job.
 
-``report.analyze_job`` runs the analyzers of ``PER_RANK`` on one rank's files
+``report.analyze_job`` runs the per-rank analyzers (``SPEC.per_rank``) on one rank's files
 at a time and the others with per-rank reads through ``part_of``; the
 reference here is the old way: every analyzer's ``run`` over one connection
 to all the job's files.
@@ -13,7 +13,7 @@ import importlib.util
 import msgspec
 import pytest
 
-from stallscope.analyzers import PER_RANK, all_specs
+from stallscope.analyzers import all_specs, per_rank_ids
 from stallscope.analyzers.base import AnalyzerResult
 from stallscope.ingest import ingest_paths
 from stallscope.jobdata import JobData
@@ -154,7 +154,7 @@ def test_a_one_rank_job_is_its_own_part(store):
 
 
 def test_cross_rank_analyzers_are_the_ones_left_out():
-    assert {s.id for s in all_specs()} - PER_RANK == {"overlap", "nccl_wait"}
+    assert {s.id for s in all_specs()} - per_rank_ids() == {"overlap", "nccl_wait"}
 
 
 def test_a_parts_catalog_and_tables_are_its_ranks_alone(store, tmp_path):

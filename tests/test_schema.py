@@ -3,7 +3,6 @@ docs/schema.md documents; the format registry agrees with it."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pickle
 import subprocess
@@ -39,8 +38,8 @@ def test_the_docs_check_fails_on_drift(tmp_path):
     assert gen_schema_docs.render(text) == text
     drifted = text.replace("| sm_count | int32 |", "| sm_count | int64 |")
     assert drifted != text and gen_schema_docs.render(drifted) == text
-    with pytest.raises(SystemExit, match="none for \\['memory'\\]"):
-        gen_schema_docs.render(text.replace("<!-- columns: memory -->", "<!-- gone -->"))
+    with pytest.raises(SystemExit, match="none for \\['threads'\\]"):
+        gen_schema_docs.render(text.replace("<!-- columns: threads -->", "<!-- gone -->"))
 
 
 @pytest.mark.parametrize("doc", ["api.md", "security.md", "dashboard.md"])
@@ -63,9 +62,14 @@ def test_the_declaration_is_well_formed():
             assert set(table.filled_by(column)) <= set(table.formats), (table.name, column.name)
 
 
-def test_canonical_trace_has_a_field_per_declared_table():
-    fields = [f.name for f in dataclasses.fields(CanonicalTrace) if f.type == "pa.Table"]
-    assert fields == list(schema.TABLE_NAMES)
+def test_canonical_trace_holds_every_declared_table_and_no_other():
+    """Tables by declared name (attributes and keywords); an undeclared one is an error."""
+    assert list(CanonicalTrace().tables()) == list(schema.TABLE_NAMES)
+    with pytest.raises(TypeError, match="no declared table"):
+        CanonicalTrace(not_a_table=None)
+    trace = CanonicalTrace()
+    with pytest.raises(AttributeError):
+        trace.not_a_table  # noqa: B018
     empty = CanonicalTrace().tables()
     assert {name: t.schema for name, t in empty.items()} == {
         name: schema.arrow_schema(name) for name in schema.TABLE_NAMES
@@ -73,16 +77,13 @@ def test_canonical_trace_has_a_field_per_declared_table():
 
 
 def test_each_format_provides_what_the_schema_says_it_fills():
-    """``provides`` of each registered format and the tables the schema says it fills agree."""
-    fills = {
-        "timeline": schema.GPU,
-        "kernel_metrics": schema.KERNEL_METRICS,
-        "memory": schema.MEMORY,
-    }
-    assert set(fills) == set(PROVIDES)
+    """``provides`` of each registered format: a timeline for the timeline formats, and the
+    tables the schema says it fills (added from the schema, never declared twice)."""
+    assert PROVIDES == ("timeline",)
     for fmt in FORMATS:
-        for what, table in fills.items():
-            assert (what in fmt.provides) == (fmt.source in table.formats), (fmt.name, what)
+        assert ("timeline" in fmt.provides) == (fmt.source in schema.TIMELINE), fmt.name
+        for table in schema.TABLES:
+            assert (table.name in fmt.provides) == (fmt.source in table.formats), fmt.name
 
 
 def test_the_uploader_offers_every_formats_file_endings():

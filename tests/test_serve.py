@@ -11,6 +11,7 @@ import time
 import urllib.request
 
 from stallscope import preload
+from stallscope.ingest.registry import BY_PACKAGE
 from stallscope.store import Store
 from tests.conftest import SAMPLES
 
@@ -50,24 +51,23 @@ def test_serve_preloads_samples_and_answers(tmp_path):
     try:
         assert wait_for(f"http://127.0.0.1:{port}/_stcore/health") == "ok"
         sample_dirs = [p for p in (SAMPLES / "kineto").iterdir() if p.is_dir()]
-        nsys_files = list((SAMPLES / "nsys").glob("*.sqlite*"))
-        snapshots = list((SAMPLES / "memory_snapshot").glob("*.pickle*"))
+        # and one job per file of each other format's folder (sample_traces/<format>/)
+        files = [p for p in SAMPLES.glob("*/*") if p.is_file() and p.parent.name != "kineto"]
+        single = [p for p in files if p.parent.name in BY_PACKAGE and p.parent.name != "ncu"]
+        single = [p for p in single if not p.name.endswith((".truth.json", ".md"))]
         # the server answers before the samples are in: they load in the background
         running = preload.status(store_dir)
-        assert running is not None and running.total == len(sample_dirs) + len(nsys_files) + len(
-            snapshots
-        )
+        assert running is not None and running.total == len(sample_dirs) + len(single)
         assert "<title>" in wait_for(f"http://127.0.0.1:{port}/")
         wait_preloaded(store_dir)
         assert not (store_dir / preload.MARKER).exists()
         jobs = Store(store_dir).jobs()
-        assert len(jobs) == len(sample_dirs) + len(nsys_files) + len(snapshots)
+        assert len(jobs) == len(sample_dirs) + len(single)
         assert all("sample" in j["tags"] for j in jobs)
         assert {tuple(j["sources"]) for j in jobs} == {
             ("kineto",),
-            ("nsys",),
             ("kineto", "ncu"),
-            ("memory-snapshot",),
+            *((BY_PACKAGE[p.parent.name][0].source,) for p in single),
         }
         # the occupancy sample comes with its Nsight Compute pages, in one job
         (occupancy,) = [j for j in jobs if j["name"] == "occupancy"]

@@ -29,17 +29,6 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 
 
-MEMORY_JOBS = {  # page name -> part of the sample job's name (Kineto, snapshot, nsys)
-    "memory": "memory_gpt",
-    "memory-snapshot": "snapshot",
-    "memory-nsys": "nsys_mem_train",
-}
-# The memory_fragment trace with the CUDA memory snapshot of the same process: one job, the
-# snapshot paired with the trace's rank (page "memory-paired").
-PAIRED = ("kineto/memory_fragment/memory_fragment.pt.trace.json.gz",
-          "memory_snapshot/memory_fragment.snapshot.pickle.gz")  # fmt: skip
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -132,29 +121,7 @@ def main() -> int:
         from stallscope.store import Store
 
         jobs = {j["name"]: j["job_id"] for j in Store(store).jobs()}
-        job = next((v for k, v in jobs.items() if "dataloader" in k), next(iter(jobs.values())))
-        other = next((v for k, v in jobs.items() if "healthy" in k), job)
-        ddp = next((v for k, v in jobs.items() if "straggler" in k), job)
-        occ = next((v for k, v in jobs.items() if "occupancy" in k), job)
-        decode = next((v for k, v in jobs.items() if "decode_eager" in k), job)
-        pages = {
-            "library": "",
-            "overview": f"overview?job={job}",
-            "overview-ddp": f"overview?job={ddp}",  # a multi-rank job's headline tiles
-            "timeline": f"timeline?job={job}",
-            "timeline-ddp": f"timeline?job={ddp}",
-            "compare": f"compare?base={other}&new={job}",
-            "kernels": f"kernels?job={job}",
-            "distributed": f"distributed?job={ddp}",
-            "occupancy": f"occupancy?job={occ}",
-            "inference": f"inference?job={decode}",
-            "sql": "sql",
-        }
-        for name, wanted in MEMORY_JOBS.items():
-            found = [v for k, v in jobs.items() if wanted in k and "ckpt" not in k]
-            if found:
-                pages[name] = f"memory?job={found[0]}"
-        pages["memory-paired"] = f"memory?job={_paired_job(store)}"
+        pages = shot_urls(store, jobs)
         if args.only:
             pages = {k: v for k, v in pages.items() if k in args.only}
         with sync_playwright() as p:
@@ -175,14 +142,40 @@ def main() -> int:
     return 0
 
 
-def _paired_job(store: Path) -> str:
-    """The id of the :data:`PAIRED` job, ingested into the served store."""
+DEFAULT_JOB = "dataloader"  # the sample job a page is shot on when its shot names none
+
+
+def shot_urls(store: Path, jobs: dict[str, str]) -> dict[str, str]:
+    """Shot name -> URL path of every declared page's shots (``PageSpec.shots``; a page that
+    declares none: one shot, named as the page, on :data:`DEFAULT_JOB`), in navigation order."""
+    from stallscope.pages.spec import Shot, pages
+
+    urls = {}
+    for name, (spec, _) in pages().items():
+        for shot in spec.shots or (Shot(name),):
+            params = dict.fromkeys(spec.needs, DEFAULT_JOB) | dict(shot.params)
+            ids = {k: _job_named(jobs, v) for k, v in params.items()}
+            if shot.files:
+                ids["job"] = _ingested(store, shot)
+            query = "&".join(f"{k}={v}" for k, v in ids.items() if v)
+            urls[shot.name] = spec.url_path + (f"?{query}" if query else "")
+    return urls
+
+
+def _job_named(jobs: dict[str, str], part: str) -> str | None:
+    """The id of the sample job with the shortest name holding ``part`` (else the first job)."""
+    named = sorted((k for k in jobs if part in k), key=len)
+    return jobs[named[0]] if named else next(iter(jobs.values()), None)
+
+
+def _ingested(store: Path, shot) -> str:
+    """The id of the job of ``shot.files`` (sample files ingested together) in the served store."""
     from stallscope.ingest import ingest_paths
     from stallscope.store import Store
 
     samples = Path(__file__).resolve().parents[1] / "sample_traces"
-    paths = [str(samples / p) for p in PAIRED]
-    (res,) = ingest_paths(Store(store), paths, name="memory_fragment + snapshot")
+    paths = [str(samples / p) for p in shot.files]
+    (res,) = ingest_paths(Store(store), paths, name=shot.job)
     return res.job_id
 
 

@@ -2,8 +2,9 @@
 
 ``parse.py`` reads one file (one rank): ``decode.py`` (with ``pieces.py`` for
 parallel decoding) turns the JSON into an Arrow table of raw events,
-``canonical.py`` turns those into the canonical tables in SQL, ``memory.py``
-reads the ``[memory]`` allocator events. Formats: docs/schema.md.
+``canonical.py`` turns those into the canonical tables in SQL; other tables
+(e.g. allocator events) are read by the module of this folder named after
+them. Formats: docs/schema.md.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ FORMAT = Format(
     title="PyTorch profiler (Kineto) JSON",
     detect=looks_like_kineto,
     parse=_parse,
-    provides=frozenset({"timeline", "memory"}),
+    provides=frozenset({"timeline"}),
+    priority=100,  # last: it claims any JSON object or array that nothing else did
     extensions=("json",),
 )

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from msgspec.structs import astuple
 
 from stallscope.ingest.canonical import _as_int
+from stallscope.ingest.formats import TableReader
 from stallscope.schema import arrow_schema, empty_table
 
 _MARK = b'"[memory]"'
@@ -302,3 +303,7 @@ def _ts_ns(text: bytes) -> int | None:
         return None
     ns = int((value * 1000).to_integral_value())
     return ns if -(1 << 63) <= ns < (1 << 63) else None
+
+
+# The memory table, found by parse.py: it reads the events before the decoder, from the raw bytes.
+TABLE_READER = TableReader("memory", memory_table, skipped="[memory] events")

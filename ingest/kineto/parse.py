@@ -8,28 +8,44 @@ job, else a clear error.
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
 
 from stallscope.errors import InputError
-from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace, rank_in_name
+from stallscope.ingest.formats import (
+    SEPARATE_JOBS_HINT,
+    ParseContext,
+    ParsedTrace,
+    TableReader,
+    rank_in_name,
+    table_readers,
+)
 from stallscope.ingest.kineto.canonical import to_canonical
 from stallscope.ingest.kineto.decode import decode_kineto
-from stallscope.ingest.kineto.memory import memory_table
 from stallscope.ingest.reader import Source
+
+
+@functools.cache
+def further_readers() -> list[TableReader]:
+    """The readers of this folder's further tables (``TABLE_READER``), found once."""
+    return table_readers(__package__, Path(__file__).parent)
 
 
 def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
     """One rank's trace. ``data`` is freed once decoded when the caller holds no other reference."""
-    memory, unreadable_memory = memory_table(data, ctx.trace_id(""))
+    # further tables (the ``TABLE_READER`` of this folder's modules), read from the raw bytes
+    further = [(r, *r.read(data, ctx.trace_id(""))) for r in further_readers()]
     decoded = decode_kineto(source.name, data)
     del data  # the Arrow events hold everything needed from here on
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
     negative = _negative_durations(decoded.events) + _negative_durations(decoded.others)
     canonical = to_canonical(decoded, ctx.trace_id(""), rank)
-    canonical.memory = memory
+    for reader, table, _ in further:
+        setattr(canonical, reader.table, table)
     if not (canonical.gpu.num_rows or canonical.host.num_rows or canonical.ranges.num_rows):
         raise InputError(
             source.name,
@@ -38,8 +54,9 @@ def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedT
     warnings = list(decoded.warnings)
     if negative:
         warnings.append(f"{negative:,} events had a negative duration (dur < 0): given duration 0")
-    if unreadable_memory:
-        warnings.append(f"skipped {unreadable_memory:,} unreadable [memory] events")
+    for reader, _, skipped in further:
+        if skipped:
+            warnings.append(f"skipped {skipped:,} unreadable {reader.skipped}")
     if canonical.dropped_events:
         warnings.append(f"dropped {canonical.dropped_events} events with unreadable timestamps")
     version = header.get("schemaVersion")

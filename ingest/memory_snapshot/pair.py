@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 
 from stallscope.errors import InputError
 from stallscope.ingest.formats import (
-    COMPANION_SOURCES,
     SEPARATE_JOBS_HINT,
     rank_in_name,
     ranks_on_devices,
@@ -40,7 +39,7 @@ NAMING = "put the rank in its file name, e.g. rank1.snapshot.pickle"
 def pair_snapshots(metas: list[dict[str, Any]], staging: Path) -> None:
     """Set the ``rank`` of every snapshot trace in ``metas`` (see the module docstring)."""
     snapshots = [m for m in metas if m["source"] == SOURCE]
-    timelines = [m for m in metas if m["source"] not in COMPANION_SOURCES]
+    timelines = [m for m in metas if m["source"] != SOURCE]  # the job gives only its own and those
     for meta in snapshots:
         if not timelines:
             meta["rank"] = 0 if len(snapshots) == 1 else _named_rank(meta)

@@ -33,13 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stallscope.errors import InputError
-from stallscope.ingest.formats import COMPANION_SOURCES, ranks_on_devices
+from stallscope.ingest.formats import ranks_on_devices
 from stallscope.kernel_names import kernel_base_name
 
 
 def pair_ncu_traces(metas: list[dict[str, Any]], staging: Path) -> None:
     """Give each ncu trace its rank and write its kernels' timeline matches."""
-    timelines = [m for m in metas if m["source"] not in COMPANION_SOURCES]
+    timelines = [m for m in metas if m["source"] != "ncu"]  # the job gives only its own and those
     by_rank = {m["rank"]: m for m in timelines}
     for meta in (m for m in metas if m["source"] == "ncu"):
         folder = staging / meta["trace_id"]

@@ -5,8 +5,8 @@ stallscope reads) and :data:`REPORT` (``export.py`` runs ``nsys export`` and
 parses the result, or says which command to run). ``parse.py`` is the entry;
 ``db.py`` (SQLite access, layout detection), ``tables.py`` (what is read),
 ``enums.py``, ``sql.py`` + ``canonical.py`` (DuckDB SQL to canonical rows),
-``ranks.py``, ``parallel.py``, ``memory.py`` (CUDA memory usage events: the
-``memory`` table). docs/formats/nsys.md.
+``ranks.py``, ``parallel.py``, and a module per further table, named after it.
+docs/formats/nsys.md.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ REPORT = Format(
     title="Nsight Systems report",
     detect=looks_like_report,
     parse=_parse_report,
-    provides=frozenset({"timeline", "memory"}),
+    provides=frozenset({"timeline"}),
+    priority=10,
     source="nsys",
     binary=True,
     extensions=("nsys-rep", "qdrep"),
@@ -58,7 +59,9 @@ EXPORT = Format(
     title="Nsight Systems SQLite export",
     detect=looks_like_export,
     parse=_parse_export,
-    provides=frozenset({"timeline", "memory"}),
+    provides=frozenset({"timeline"}),
+    priority=20,
     binary=True,
     extensions=("sqlite",),
 )
+FORMATS = (REPORT, EXPORT)

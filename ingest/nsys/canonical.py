@@ -9,6 +9,7 @@ nothing per event passes through Python. The caller decides the traces
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pyarrow.compute as pc
 
 from stallscope.ingest.canonical import CanonicalTrace
 from stallscope.ingest.comm import MACROS_SQL
-from stallscope.ingest.nsys.memory import MEMORY_OUT_SQL
+from stallscope.ingest.formats import TableReader, table_readers
 from stallscope.ingest.nsys.ranks import payload_fields
 from stallscope.ingest.nsys.sql import (
     COLLECTIVES_OUT_SQL,
@@ -44,6 +45,13 @@ _RANGE_SCOPES = (((59, 70), ("gp", "tid")), ((60, 71), ("gp",)))
 _MAX_PACKED = 1 << 62
 
 
+@functools.cache
+def further_readers() -> list[TableReader]:
+    """The readers of this folder's further tables (the ``TABLE_READER`` of its modules: their
+    raw table read by parse.py, their canonical rows per trace by :meth:`NsysCanonical.emit`)."""
+    return table_readers(__package__, Path(__file__).parent)
+
+
 class NsysCanonical:
     """One export's events in DuckDB, prepared once; emits the canonical tables."""
 
@@ -57,14 +65,11 @@ class NsysCanonical:
         caller's dict), which keeps no reference to them.
         """
         self.con = duckdb.connect(config={"threads": duckdb_threads()})
-        if "memory_usage" in raw:  # ``rid``: file order, the tie-breaker of equal times
-            mem = _loaded(raw["memory_usage"])
-            raw["memory_usage"] = mem.append_column("rid", pa.array(np.arange(mem.num_rows)))
         steps = [(name, sql, raw.pop(name)) for name, sql in PREPARE_STEPS]
         for name, table in raw.items():
             self.con.register(name, _loaded(table))
         self.con.execute(MACROS_SQL)
-        self.has_memory_usage = "memory_usage" in raw
+        self.further = [r for r in further_readers() if r.raw in raw]  # tables they were read for
         for name, sql, source in steps:
             self._prepare(name, sql, source)
             del source
@@ -211,7 +216,7 @@ class NsysCanonical:
 
         gpu = rows_of(GPU_OUT_SQL)
         collectives = rows_of(COLLECTIVES_OUT_SQL, "nccl_of")
-        memory = rows_of(MEMORY_OUT_SQL) if self.has_memory_usage else [None] * n
+        further = {r.table: rows_of(r.out_sql) for r in self.further}  # while api etc. are there
         host = streamed(HOST_OUT_SQL, "host", "g", "api", "os", "corr_dev")
         ranges = streamed(RANGES_OUT_SQL, "ranges", "nv", "proj")
         threads = rows_of(THREADS_OUT_SQL)
@@ -242,8 +247,8 @@ class NsysCanonical:
                     event_count=gpu[i].num_rows + host[i].num_rows,
                 )
             )
-            if memory[i] is not None:
-                out[-1].memory = memory[i]
+            for table, rows in further.items():
+                setattr(out[-1], table, rows[i])
         return out
 
     def _payload_table(self) -> pa.Table:

@@ -9,15 +9,18 @@ carved out of those segments inside the process and never reach the driver, so t
 source gives the reserved timeline and the allocator's churn, never what is allocated.
 
 :func:`read_memory_usage` reads the rows (``parse``); :data:`MEMORY_OUT_SQL` turns them
-into canonical rows per trace (``canonical.NsysCanonical.emit``).
+into canonical rows per trace (``canonical.NsysCanonical.emit``); both are found through
+:data:`TABLE_READER`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
 
+from stallscope.ingest.formats import TableReader
 from stallscope.ingest.nsys.db import NsysDb
 from stallscope.ingest.nsys.sql import _PID
 
@@ -98,3 +101,14 @@ FROM m JOIN units u ON u.gp = m.gp AND (NOT u.split OR m.device = u.device)
 LEFT JOIN call ON call.gp = m.gp AND call.correlation = m.correlation
 ORDER BY u.tix, seq
 """
+
+
+def read_memory_rows(db: NsysDb) -> pa.Table:
+    """:func:`read_memory_usage` with ``rid``, each row's place in the file (the tie-breaker
+    of equal times in :data:`MEMORY_OUT_SQL`)."""
+    rows = read_memory_usage(db)
+    return rows.append_column("rid", pa.array(np.arange(rows.num_rows)))
+
+
+# The memory table, found by parse.py (reads ``memory_usage``) and canonical.py (its rows).
+TABLE_READER = TableReader("memory", read_memory_rows, raw="memory_usage", out_sql=MEMORY_OUT_SQL)

@@ -24,10 +24,9 @@ from typing import Any
 from stallscope.errors import InputError
 from stallscope.ingest.canonical import devices_table
 from stallscope.ingest.formats import ParseContext, ParsedTrace, Payload
-from stallscope.ingest.nsys.canonical import NsysCanonical
+from stallscope.ingest.nsys.canonical import NsysCanonical, further_readers
 from stallscope.ingest.nsys.db import NsysDb, check_header
 from stallscope.ingest.nsys.enums import enum_tables
-from stallscope.ingest.nsys.memory import read_memory_usage
 from stallscope.ingest.nsys.ranks import Unit, assign, recorded_ranks
 from stallscope.ingest.nsys.tables import (
     GPU_TABLES,
@@ -89,11 +88,11 @@ def parse_nsys_file(path: str | Path, name: str, ctx: ParseContext) -> list[Pars
             "runtime": lambda: read_runtime(db),
             "osrt": lambda: read_osrt(db),
             "nvtx": lambda: read_nvtx(db),
-            "memory_usage": read_memory_usage(db),
             "strings": read_strings(db),
             "thread_names": threads,
             "processes": processes,
             **enum_tables(db),
+            **{r.raw: r.read(db) for r in further_readers()},  # further tables (TABLE_READER)
         }
         gpus, cuda_map, mpi = gpu_info(db), cuda_device_map(db), mpi_ranks(db)
         start_ns, has_runtime = session_start_ns(db), db.has(RUNTIME)
