@@ -69,6 +69,8 @@ def _object(name: str, data: bytes) -> bool:
 def _parse(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
     from stallscope.ingest.kineto.parse import parse_kineto
 
+    if payload.blocks is not None:
+        return parse_kineto(source, payload, ctx)
     return parse_kineto(source, payload.take(), ctx)
 
 
@@ -79,4 +81,5 @@ FORMAT = Format(
     parse=_parse,
     provides=frozenset({"timeline", "memory"}),
     extensions=("json",),
+    streams=True,
 )

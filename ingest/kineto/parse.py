@@ -13,17 +13,31 @@ from typing import Any
 import pyarrow.compute as pc
 
 from stallscope.errors import InputError
-from stallscope.ingest.formats import SEPARATE_JOBS_HINT, ParseContext, ParsedTrace, rank_in_name
+from stallscope.ingest.formats import (
+    SEPARATE_JOBS_HINT,
+    ParseContext,
+    ParsedTrace,
+    Payload,
+    rank_in_name,
+)
 from stallscope.ingest.kineto.canonical import to_canonical
 from stallscope.ingest.kineto.decode import decode_kineto
 from stallscope.ingest.kineto.memory import memory_table
+from stallscope.ingest.kineto.stream import decode_stream
 from stallscope.ingest.reader import Source
 
 
-def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
-    """One rank's trace. ``data`` is freed once decoded when the caller holds no other reference."""
-    memory, unreadable_memory = memory_table(data, ctx.trace_id(""))
-    decoded = decode_kineto(source.name, data)
+def parse_kineto(source: Source, data: bytes | Payload, ctx: ParseContext) -> list[ParsedTrace]:
+    """One rank's trace, from its bytes or a streamed :class:`Payload` (``stream.py``: the
+    file is never held whole). ``data`` is freed once decoded when the caller holds no
+    other reference."""
+    if isinstance(data, Payload) and data.blocks is not None:
+        decoded, memory, unreadable_memory = decode_stream(
+            source.name, data.blocks, ctx.trace_id(""), data.size_hint
+        )
+    else:
+        memory, unreadable_memory = memory_table(data, ctx.trace_id(""))
+        decoded = decode_kineto(source.name, data)
     del data  # the Arrow events hold everything needed from here on
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
