@@ -49,7 +49,7 @@ from stallscope.ingest.kineto.decode import (
 )
 from stallscope.ingest.kineto.memory import MemoryRows, memory_table
 from stallscope.ingest.kineto.pieces import _BOUNDARY, CHUNK_BYTES, PieceDecoder, decode_workers
-from stallscope.ingest.startup import skip_pandas_probe
+from stallscope.ingest.startup import give_back_freed_memory, skip_pandas_probe
 
 Blocks = Callable[[], Iterator[bytes]]
 _BLANKS = re.compile(rb"[ \t\r\n]*")
@@ -161,7 +161,9 @@ def _streamed(blocks: Iterator[bytes], trace_id: str, size_hint: int):
         if was_enabled:
             gc.enable()
     decoded = _decoded(batches, header)
-    return (decoded, *memory.table(trace_id))
+    result = (decoded, *memory.table(trace_id))
+    give_back_freed_memory()  # the pieces' objects, freed into the C heap
+    return result
 
 
 def _start(window: _Window) -> bytes:
