@@ -39,7 +39,7 @@ from stallscope.ingest.limits import (
 from stallscope.ingest.reader import Source, decompressed_head
 from stallscope.ingest.registry import BY_NAME, FORMATS, companion_file, is_companion, provides
 from stallscope.ingest.sniff import _JSON_HEAD_BYTES, _json_decides, sniff
-from stallscope.ingest.startup import skip_pandas_probe, thread_budget
+from stallscope.ingest.startup import give_back_freed_memory, skip_pandas_probe, thread_budget
 from stallscope.rank_card import write_card
 from stallscope.schema import RANK_CARD
 from stallscope.store import Store, current_user, new_upload, write_json, write_upload
@@ -319,15 +319,19 @@ def _ingest_source(
     check_deadline(source.name)
     stage("writing")
     metas = []
-    for trace in parsed:
+    while parsed:  # each trace's tables let go once written, before the next step reads them back
+        trace = parsed.pop(0)
         _check_in_range(source.name, trace)
         trace_id = ctx.trace_id(trace.key)
         folder = staging / trace_id
         folder.mkdir()
         _write_tables(folder, trace.canonical.tables())
-        if trace.source in RANK_CARD.formats:  # the cross-rank step's summary (#15)
-            write_card(folder, trace_id)
         meta = _trace_meta(source, digest, trace_id, trace, single=single)
+        card = trace.source in RANK_CARD.formats
+        del trace  # the card reads the written files: the tables in memory are no longer needed
+        give_back_freed_memory()
+        if card:  # the cross-rank step's summary (#15)
+            write_card(folder, trace_id)
         meta["ingest_seconds"] = round(time.perf_counter() - started, 3)
         metas.append(meta)
     return metas
