@@ -1,7 +1,9 @@
 """PyTorch profiler (Kineto) JSON traces: how they are recognised, and their registration.
 
-``parse.py`` reads one file (one rank): ``decode.py`` (with ``pieces.py`` for
-parallel decoding) turns the JSON into an Arrow table of raw events,
+``parse.py`` reads one file (one rank): ``stream.py`` decodes it block by block
+as it is read and decompressed (the ingest never holds the whole file),
+``decode.py`` (with ``pieces.py`` for parallel decoding) turns a JSON document
+held whole into an Arrow table of raw events (``stream.py``'s fallback),
 ``canonical.py`` turns those into the canonical tables in SQL, ``memory.py``
 reads the ``[memory]`` allocator events. Formats: docs/schema.md.
 """
