@@ -85,23 +85,36 @@ def main(path: str) -> None:
             sys.meta_path.remove(blocker)
     print(f"{'(start-up)':<12} {time.perf_counter() - _T0:7.3f} s wall")
     _, [source] = expand_path(path)
-    with Stage("read+hash"):
-        if hasattr(source, "load_hashed"):  # read and hashed in one pass, as ingest does
-            source.load_hashed()
-        else:  # an older checkout
+    try:
+        from stallscope.ingest.kineto.parse import further_readers
+        from stallscope.ingest.kineto.stream import decode_stream
+    except ImportError:  # an older checkout: the file is read whole
+        decode_stream = None
+    if decode_stream is not None:  # as ingest does now: hashed, then decoded block by block
+        with Stage("hash"):
             source.file_hash  # noqa: B018
-        data = source.read()
-        source.release()
-    with Stage("memory"):
-        try:
-            from stallscope.ingest.kineto.memory import memory_table
-        except ImportError:  # an older checkout
-            memory_table = None
-        if memory_table is not None:
-            memory_table(data, "t")
-    with Stage("decode"):
-        decoded = decode_kineto(source.name, data)
-    del data
+        with Stage("decode"):  # with the [memory] rows
+            decoded, _ = decode_stream(
+                source.name, source.stream, "t", further_readers(), source.decompressed_size_hint()
+            )
+    else:
+        with Stage("read+hash"):
+            if hasattr(source, "load_hashed"):  # read and hashed in one pass, as ingest does
+                source.load_hashed()
+            else:  # an older checkout
+                source.file_hash  # noqa: B018
+            data = source.read()
+            source.release()
+        with Stage("memory"):
+            try:
+                from stallscope.ingest.kineto.memory import memory_table
+            except ImportError:  # an older checkout
+                memory_table = None
+            if memory_table is not None:
+                memory_table(data, "t")
+        with Stage("decode"):
+            decoded = decode_kineto(source.name, data)
+        del data
     arrow_bytes = decoded.events.nbytes
     if hasattr(decoded, "gpu_args"):  # GPU args and unread events in tables of their own
         arrow_bytes += decoded.gpu_args.nbytes + decoded.others.nbytes

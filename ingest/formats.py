@@ -14,7 +14,7 @@ devices, each its own rank).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,14 +63,33 @@ class Payload:
     The caller keeps no other reference, so a parser that calls :meth:`take`
     and drops the bytes once decoded (Kineto: before its SQL stage) frees
     them while it still works: on a 500 MB trace, 500 MB less at the peak.
+
+    A streamed payload (``Payload(blocks=source.stream)``, for a format whose
+    ``streams`` is set) holds no bytes: :attr:`blocks` reads them block by block
+    (each call from the start), ``size_hint`` says about how many there are,
+    and :meth:`take` reads them all into one buffer for a parser that wants them whole.
     """
 
-    def __init__(self, data: bytes):
+    def __init__(
+        self,
+        data: bytes | None = None,
+        *,
+        blocks: Callable[[], Iterator[bytes]] | None = None,
+        size_hint: int = 0,
+    ):
         self._data: bytes | None = data
+        self.blocks = blocks
+        self.size_hint = size_hint
 
     def take(self) -> bytes:
         """The bytes; this payload no longer holds them."""
         data, self._data = self._data, None
+        if data is None and self.blocks is not None:
+            whole = bytearray()
+            for block in self.blocks():
+                whole += block
+            self.blocks = None
+            return whole
         if data is None:
             raise RuntimeError("payload already taken")
         return data
@@ -121,13 +140,18 @@ class TableReader:
     calls, with the format's signature (Kineto: ``read(data, trace_id) -> (table, skipped
     events)``; Nsight Systems: ``read(db) -> raw table``, registered as ``raw``, and
     ``out_sql`` its canonical rows per trace). ``skipped``: what a warning calls the events
-    it could not read."""
+    it could not read. ``pieces`` (Kineto, optional): a factory of an accumulator that the
+    streamed decode feeds the document's parts in file order, each cut between events
+    (``add(part)``), then asks ``table(trace_id) -> (table, skipped events)``: the same as
+    ``read`` over the whole document (a reader without it makes the ingest hold the whole
+    document)."""
 
     table: str
     read: Callable[..., Any]
     skipped: str = "events"
     raw: str = ""
     out_sql: str = ""
+    pieces: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.table not in {t.name for t in TABLES}:
@@ -165,7 +189,8 @@ class Format:
     once every file of the job is parsed (``metas``: the job's timeline traces
     and this format's own, never another companion's). ``extensions`` are the file name
     endings the dashboard's file picker offers (files are told by content,
-    never by these alone).
+    never by these alone). A format that ``streams`` is handed a streamed
+    :class:`Payload` (its file is never read whole by the ingest).
     """
 
     name: str
@@ -179,6 +204,7 @@ class Format:
     companion: bool = False
     finish: Callable[[list[dict[str, Any]], Path], None] | None = None
     extensions: tuple[str, ...] = ()
+    streams: bool = False
 
     def __post_init__(self) -> None:
         if not self.source:

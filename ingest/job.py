@@ -36,10 +36,10 @@ from stallscope.ingest.limits import (
     memory_limit_text,
     negative_durations,
 )
-from stallscope.ingest.reader import Source
+from stallscope.ingest.reader import Source, decompressed_head
 from stallscope.ingest.registry import BY_NAME, FORMATS, companion_file, is_companion, provides
-from stallscope.ingest.sniff import sniff
-from stallscope.ingest.startup import skip_pandas_probe, thread_budget
+from stallscope.ingest.sniff import _JSON_HEAD_BYTES, _json_decides, sniff
+from stallscope.ingest.startup import give_back_freed_memory, skip_pandas_probe, thread_budget
 from stallscope.ingest.streamed import WrittenTable
 from stallscope.rank_card import write_card
 from stallscope.schema import RANK_CARD
@@ -262,7 +262,7 @@ class RanksHere:
     synced: frozenset[Path] = frozenset()
 
     def hashes(self, sources: list[Source]) -> list[str]:
-        if len(sources) == 1:
+        if len(sources) == 1 and not streamable(sources[0]):
             sources[0].load_hashed()  # read and hashed in one pass, then parsed from the same bytes
         hashes = []
         for source in sources:  # (zip members: streamed, one at a time, none kept)
@@ -317,10 +317,17 @@ def _ingest_source(
     """Parse one file and write its traces' tables into the staging folder."""
     started = time.perf_counter()
     stage("reading")
-    data = source.read()
-    source.release()  # the (compressed) file bytes are no longer needed: keep one copy only
-    stage("parsing")
-    fmt = sniff(source.name, data)
+    fmt = streamed_format(source)
+    if fmt:  # parsed block by block from the file: never held whole
+        payload = Payload(blocks=source.stream, size_hint=source.decompressed_size_hint())
+        stage("parsing")
+    else:
+        data = source.read()
+        source.release()  # the (compressed) file bytes are no longer needed: keep one copy only
+        stage("parsing")
+        fmt = sniff(source.name, data)
+        payload = Payload(data)
+        del data  # the parser holds the only reference and may free the bytes early
     ctx = ParseContext(
         name=source.name,
         single=single,
@@ -328,24 +335,57 @@ def _ingest_source(
         scratch=staging,
     )
     skip_pandas_probe()  # the command never needs pandas: 0.2-0.5 s less start-up
-    payload = Payload(data)
-    del data  # the parser holds the only reference and may free the bytes early
     parsed = _parse_guarded(BY_NAME[fmt].parse, source, payload, ctx)
     check_deadline(source.name)
     stage("writing")
     metas = []
-    for trace in parsed:
+    while parsed:  # each trace's tables let go once written, before the next step reads them back
+        trace = parsed.pop(0)
         _check_in_range(source.name, trace)
         trace_id = ctx.trace_id(trace.key)
         folder = staging / trace_id
         folder.mkdir()
         _write_tables(folder, trace.canonical.tables())
-        if trace.source in RANK_CARD.formats:  # the cross-rank step's summary (#15)
-            write_card(folder, trace_id)
         meta = _trace_meta(source, digest, trace_id, trace, single=single)
+        card = trace.source in RANK_CARD.formats
+        del trace  # the card reads the written files: the tables in memory are no longer needed
+        give_back_freed_memory()
+        if card:  # the cross-rank step's summary (#15)
+            write_card(folder, trace_id)
         meta["ingest_seconds"] = round(time.perf_counter() - started, 3)
         metas.append(meta)
     return metas
+
+
+# Plain files at least this large that are parsed streamed are not read whole to be hashed.
+STREAM_MIN_BYTES = 8 << 20
+
+
+def streamable(source: Source) -> bool:
+    """Whether ``source`` is a big plain file parsed streamed (``Format.streams``): hashed
+    while read block by block rather than loaded whole (``Source.load_hashed``)."""
+    if source.path is None or source.file_bytes < STREAM_MIN_BYTES:
+        return False
+    return bool(streamed_format(source))
+
+
+def streamed_format(source: Source) -> str:
+    """The name of ``source``'s format when that format ``streams`` (its file is then never
+    read whole), else "" (read it whole and sniff that, as before: also when its head is
+    unreadable or not plainly JSON, so every refusal keeps its message).
+
+    The format is told from the decompressed head, which ``Format.detect`` is
+    defined on; only a head that starts as a JSON object or array is trusted
+    (``sniff._json_decides``), where the whole file's sniff reads no further.
+    """
+    head = decompressed_head(source, _JSON_HEAD_BYTES)
+    if head is None or not _json_decides(head):
+        return ""
+    try:
+        fmt = sniff(source.name, head)
+    except InputError:
+        return ""
+    return fmt if BY_NAME[fmt].streams else ""
 
 
 def _parse_guarded(

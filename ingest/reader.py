@@ -12,6 +12,7 @@ objects; ``Source.read()`` returns the decompressed bytes (never more than
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import stat
 import zipfile
@@ -34,6 +35,7 @@ from stallscope.ingest.limits import (
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
 _CHUNK = 1 << 20
+STREAM_BLOCK = 4 << 20  # decompressed bytes per block of Source.stream()
 _HASH_BLOCK = 16 << 20
 _SKIP_NAMES = {".DS_Store", "Thumbs.db"}
 # Files that sit beside traces in a job folder or zip and are never traces:
@@ -107,6 +109,7 @@ class Source:
     path: Path | None = None  # plain files: hashed by streaming, without keeping the bytes
     streamer: Callable[[], Iterator[bytes]] | None = None  # zip members: hashed the same way
     member: str | None = None  # its path inside the directory or zip it came from
+    stored_size: int | None = None  # zip members: the member's size once unzipped (gzip's cap)
     _raw: bytes | None = None
     _hash: str | None = None
 
@@ -218,6 +221,83 @@ class Source:
         """Drop the cached raw bytes (call once the trace is parsed)."""
         self._raw = None
 
+    def stream(self) -> Iterator[bytes]:
+        """:meth:`read`'s bytes block by block (at most :data:`STREAM_BLOCK` each), without
+        holding the whole file: read from the file (or the zip member, or the loaded bytes)
+        and inflated as they come when gzip. The same checks and one-line errors as
+        :meth:`read`, raised when the block that breaks them is reached (a truncated gzip:
+        at the end). Each call starts again from the beginning.
+        """
+        stored = self._stored_blocks()
+        try:
+            first = next(stored, b"")
+            if not first:
+                raise InputError(self.name, "empty file")
+            blocks = itertools.chain((first,), stored)
+            if first[:2] == GZIP_MAGIC:
+                yield from gunzip_blocks(self.name, blocks, self._stored_length())
+                return
+            limit, total = max_trace_bytes(), 0
+            for block in blocks:
+                total += len(block)
+                if total > limit:
+                    raise InputError(self.name, f"file is larger than {_limit_reason(limit)}")
+                yield block
+        finally:
+            stored.close()
+
+    def decompressed_size_hint(self) -> int:
+        """About how many bytes :meth:`stream` yields, read without inflating anything: the
+        file's size when plain, gzip's stored size of its last member (modulo 4 GiB) when
+        gzip; a guess (for choosing how to decode), never a limit."""
+        stored = self._stored_length()
+        head = self.head(2)
+        if head != GZIP_MAGIC:
+            return stored
+        try:
+            if self._raw is not None:
+                tail = bytes(self._raw[-4:])
+            elif self.path is not None:
+                with open(self.path, "rb") as fh:
+                    fh.seek(max(0, stored - 4))
+                    tail = fh.read(4)
+            else:
+                return stored * 10
+        except OSError:
+            return stored
+        size = int.from_bytes(tail, "little") if len(tail) == 4 else 0
+        return size if size >= stored else stored * 10
+
+    def _stored_length(self) -> int:
+        if self._raw is not None:
+            return len(self._raw)
+        return self.stored_size if self.stored_size is not None else self.file_bytes
+
+    def _stored_blocks(self) -> Iterator[bytes]:
+        """The stored bytes in blocks of up to :data:`STREAM_BLOCK` (zip members: as unzipped)."""
+        if self._raw is not None:
+            raw = self._raw
+            for start in range(0, len(raw), STREAM_BLOCK):
+                yield bytes(raw[start : start + STREAM_BLOCK])
+            return
+        if self.streamer is not None:
+            stream = self.streamer()
+            try:
+                yield from stream
+            finally:
+                stream.close()
+            return
+        if self.path is None:
+            yield self.raw()
+            return
+        self.raw_size_check()
+        try:
+            with open(self.path, "rb") as fh:
+                while block := fh.read(STREAM_BLOCK):
+                    yield block
+        except OSError as exc:
+            raise InputError(self.name, f"cannot read file ({exc.strerror or exc})") from None
+
 
 def decompressed_head(source: Source, size: int) -> bytes | None:
     """The first ``size`` bytes of a source's decompressed contents, reading only what that needs.
@@ -325,6 +405,49 @@ def gunzip_limited(name: str, data: bytes) -> bytearray:
         check_deadline(name)
     view.release()
     return out
+
+
+def gunzip_blocks(name: str, blocks: Iterator[bytes], compressed: int) -> Iterator[bytes]:
+    """:func:`gunzip_limited` block by block: the same members, caps and errors, for
+    ``compressed`` stored bytes arriving as ``blocks``; yields the inflated bytes."""
+    cap = decompressed_cap(compressed, max_trace_bytes())
+    produced = position = 0  # bytes inflated; stored offset of ``pending``
+    pending = b""
+    while True:
+        while len(pending) < 2 and (block := next(blocks, None)) is not None:
+            pending = bytes(pending) + block
+        if not pending:
+            return
+        if pending[:2] != GZIP_MAGIC:
+            if bytes(pending).strip(b"\x00") or any(block.strip(b"\x00") for block in blocks):
+                raise InputError(
+                    name,
+                    "corrupt gzip file (unexpected bytes after the compressed data,"
+                    f" at byte {position:,})",
+                )
+            return  # zero padding after the last member
+        dec = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        while True:
+            if not pending:
+                pending = next(blocks, b"")
+                if not pending:
+                    break
+            try:
+                out = dec.decompress(pending, STREAM_BLOCK)
+            except zlib.error as exc:
+                raise InputError(name, _describe_zlib_error(exc)) from None
+            rest = dec.unused_data if dec.eof else dec.unconsumed_tail
+            position += len(pending) - len(rest)
+            pending = rest
+            produced += len(out)
+            _check_size(name, produced, compressed, cap)
+            if out:
+                yield out
+            if dec.eof:
+                break
+        if not dec.eof:
+            raise InputError(name, "truncated gzip file (the compressed stream ends early)")
+        check_deadline(name)
 
 
 def _describe_zlib_error(exc: zlib.error) -> str:
@@ -473,6 +596,7 @@ def _zip_member_source(zf: zipfile.ZipFile, info: zipfile.ZipInfo, member: str, 
         file_bytes=info.compress_size,
         streamer=stream,
         member=info.filename,
+        stored_size=info.file_size,
     )
 
 

@@ -126,3 +126,30 @@ def duckdb_threads() -> int:
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 2
     return max(2, min(8, cpus))
+
+
+_MALLOC_TRIM: Any = None
+
+
+def give_back_freed_memory() -> None:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    Arrow's system pool and DuckDB's results are freed into the C heap, which
+    keeps most of those pages: after the decode and between the canonical queries
+    of a 486 MB trace that was ~100-150 MB of resident memory in use by nothing, on
+    top of the next stage's peak. A call costs about a millisecond.
+    """
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        _MALLOC_TRIM = False
+        if sys.platform == "linux":
+            import ctypes
+            import ctypes.util
+
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                _MALLOC_TRIM = libc.malloc_trim
+            except (OSError, AttributeError):  # musl and others: no malloc_trim
+                _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)

@@ -1,10 +1,12 @@
 """PyTorch profiler (Kineto) JSON traces: how they are recognised, and their registration.
 
-``parse.py`` reads one file (one rank): ``decode.py`` (with ``pieces.py`` for
-parallel decoding) turns the JSON into an Arrow table of raw events,
+``parse.py`` reads one file (one rank): ``stream.py`` decodes it block by block
+as it is read and decompressed (the ingest never holds the whole file),
+``decode.py`` (with ``pieces.py`` for parallel decoding) turns a JSON document
+held whole into an Arrow table of raw events (``stream.py``'s fallback),
 ``canonical.py`` turns those into the canonical tables in SQL; other tables
-(e.g. allocator events) are read by the module of this folder named after
-them. Formats: docs/schema.md.
+(e.g. allocator events) are read by the module of this folder that declares
+their ``TABLE_READER``. Formats: docs/schema.md.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def _object(name: str, data: bytes) -> bool:
 def _parse(source: Source, payload: Payload, ctx: ParseContext) -> list[ParsedTrace]:
     from stallscope.ingest.kineto.parse import parse_kineto
 
+    if payload.blocks is not None:
+        return parse_kineto(source, payload, ctx)
     return parse_kineto(source, payload.take(), ctx)
 
 
@@ -81,4 +85,5 @@ FORMAT = Format(
     provides=frozenset({"timeline"}),
     priority=100,  # last: it claims any JSON object or array that nothing else did
     extensions=("json",),
+    streams=True,
 )

@@ -21,9 +21,10 @@ from stallscope.ingest.kineto.decode import (
     GPU_ARG_COLUMNS,
     SHAPE_COLUMNS,
     KinetoDecoded,
+    empty_decoded,
     gpu_rows,
 )
-from stallscope.ingest.startup import duckdb_threads
+from stallscope.ingest.startup import duckdb_threads, give_back_freed_memory
 
 # Lower-cased Kineto category -> canonical kind.
 GPU_KINDS = {
@@ -58,6 +59,14 @@ IGNORED_CATS = (
 )
 
 
+# DuckDB hands freed memory back to the system as soon as it can (its defaults keep up to
+# 128 MB, or 512 MB after a bulk free, for reuse): ~25 MB less at the peak of a 486 MB trace.
+_DUCKDB_GIVES_BACK = {
+    "allocator_flush_threshold": "1MB",
+    "allocator_bulk_deallocation_flush_threshold": "1MB",
+}
+
+
 def _map_sql(column: str, mapping: dict[str, str]) -> str:
     cases = " ".join(f"WHEN '{k}' THEN '{v}'" for k, v in mapping.items())
     return f"CASE {column} {cases} ELSE NULL END"
@@ -78,7 +87,12 @@ def _id_sql(column: str) -> str:
 
 
 def to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> CanonicalTrace:
-    """Canonical tables for one decoded Kineto trace (``decode.KinetoDecoded``)."""
+    """Canonical tables for one decoded Kineto trace (``decode.KinetoDecoded``).
+
+    Consumes ``decoded``'s tables: ``events``, ``gpu_args`` and ``others`` are
+    emptied (``decode.empty_decoded``'s) while the queries run, each column let
+    go once no query left reads it (the peak of a big ingest; ``header`` and
+    ``warnings`` stay)."""
     previous = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())  # see decode.decode_kineto
     try:
@@ -88,15 +102,19 @@ def to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> CanonicalT
 
 
 def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> CanonicalTrace:
-    events, gpu_args, header = decoded.events, decoded.gpu_args, decoded.header
-    con = duckdb.connect(config={"threads": duckdb_threads()})
+    events, gpu_args, others, header = (
+        decoded.events, decoded.gpu_args, decoded.others, decoded.header
+    )  # fmt: skip
+    empty = empty_decoded()
+    decoded.events, decoded.gpu_args, decoded.others = empty.events, empty.gpu_args, empty.others
+    con = duckdb.connect(config={"threads": duckdb_threads(), **_DUCKDB_GIVES_BACK})
     try:
         con.execute(MACROS_SQL)
         # Interned names: distinct, in byte order (DuckDB's ORDER BY for text),
         # over every event (also those no query reads: flows, instants).
-        every_name = pa.chunked_array(
-            events["name"].chunks + decoded.others["name"].chunks, pa.string()
-        )
+        every_name = pa.chunked_array(events["name"].chunks + others["name"].chunks, pa.string())
+        other_events = others.num_rows
+        del others
         distinct = pc.unique(every_name).drop_null()
         distinct = distinct.take(pc.sort_indices(distinct))
         names = pa.table(
@@ -109,49 +127,57 @@ def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> Canonical
         lengths = [len(chunk) for chunk in events["ph"].chunks]
         index = np.split(np.arange(events.num_rows), np.cumsum(lengths)[:-1])
         events = events.append_column("event_index", pa.chunked_array(index, pa.int64()))
-        rows = _RowFilter(events)
+        del every_name, where, index
         tid = trace_id.replace("'", "")
         # The GPU activities with their args: the decoder kept the args for these rows only.
-        on_gpu = gpu_rows(events["cat"])
-        gpu_events = events.select(_COMMON).filter(on_gpu)
+        gpu_events = events.select(_GPU_COMMON).filter(gpu_rows(events["cat"]))
         for column in gpu_args.column_names:
             gpu_events = gpu_events.append_column(column, gpu_args[column])
+        del gpu_args
 
-        def query(
-            sql: str, mask: pa.ChunkedArray, on_gpu_rows: bool = False, host: bool = False
-        ) -> pa.Table:
-            # Each query gets only its own rows, copied out of the Arrow table
-            # in Arrow (a superset of its WHERE clause); nothing else is kept.
-            if on_gpu_rows:
-                table, view, selected = "evg_rows", _EVG, gpu_events.filter(mask.filter(on_gpu))
-            else:
-                # The decoder drops the shapes columns when no row has them: nulls here.
-                shapes = host and _SHAPES[0] in events.column_names
-                table, view = "evn_rows", _EVH if shapes else _EVN_NO_SHAPES if host else _EVN
-                selected = events.select(_COMMON + _SHAPES if shapes else _COMMON).filter(mask)
-            con.register(table, selected)
+        def query(sql: str, table: str, view: str, rows: pa.Table) -> pa.Table:
+            # DuckDB scans the Arrow rows in place, only the columns it reads (its WHERE
+            # picks the rows). Freed memory is given back to the system between
+            # queries (the next one's peak starts lower).
+            con.register(table, rows)
             try:
                 return con.sql(view + sql).to_arrow_table()
             finally:
                 con.unregister(table)
+                del rows
+                give_back_freed_memory()
 
-        gpu = query(_GPU_SQL.format(trace_id=tid), rows.complete(*GPU_KINDS), on_gpu_rows=True)
+        # The GPU queries read the one copy of the GPU rows joined with their args.
+        gpu = query(_GPU_SQL.format(trace_id=tid), "evg_rows", _EVG, gpu_events)
         collectives = query(
-            _COLLECTIVES_SQL.format(trace_id=tid, rank=int(rank)),
-            rows.complete("kernel"),
-            on_gpu_rows=True,
+            _COLLECTIVES_SQL.format(trace_id=tid, rank=int(rank)), "evg_rows", _EVG, gpu_events
         )
-        gpu_events = None  # free the copy before the other queries
-        host = query(_HOST_SQL.format(trace_id=tid), rows.complete(*HOST_KINDS), host=True)
-        ranges = query(_RANGES_SQL.format(trace_id=tid), rows.ranges())
-        threads = query(_THREADS_SQL.format(trace_id=tid), rows.metadata)
+        del gpu_events
+        ranges = query(_RANGES_SQL.format(trace_id=tid), "evn_rows", _EVN, events.select(_COMMON))
+        threads = query(_THREADS_SQL.format(trace_id=tid), "evn_rows", _EVN, events.select(_COMMON))
         untimed = query(
-            "SELECT count(*) AS n FROM evn WHERE ph = 'X' AND start_ns IS NULL", rows.untimed()
+            "SELECT count(*) AS n FROM evn WHERE ph = 'X' AND start_ns IS NULL",
+            "evn_rows",
+            _EVN,
+            events.select(_COMMON),
         )
+        metadata = pc.sum(pc.equal(events["ph"], "M")).as_py() or 0
+        event_count = events.num_rows + other_events - metadata
+        # The host query last, on the columns it reads alone: the others are let go first.
+        # The decoder drops the shapes columns when no row has them: nulls here.
+        shapes = _SHAPES[0] in events.column_names
+        host_rows = events.select(_HOST_COLUMNS + _SHAPES if shapes else _HOST_COLUMNS)
+        del events
+        host = query(
+            _HOST_SQL.format(trace_id=tid),
+            "evh_rows",
+            _EVH if shapes else _EVH_NO_SHAPES,
+            host_rows,
+        )
+        del host_rows
         dropped = untimed["n"][0].as_py()
     finally:
         con.close()
-    metadata = pc.sum(rows.metadata).as_py() or 0
     names = names.append_column("trace_id", pa.array([trace_id] * names.num_rows, pa.string()))
     return CanonicalTrace(
         gpu=gpu,
@@ -161,7 +187,7 @@ def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> Canonical
         names=names.select(["trace_id", "name_id", "name"]),
         threads=threads,
         devices=devices_table(trace_id, header.get("deviceProperties")),
-        event_count=events.num_rows + decoded.others.num_rows - metadata,
+        event_count=event_count,
         dropped_events=int(dropped),
     )
 
@@ -174,6 +200,7 @@ _COMMON = [
     "ph", "cat", "name", "pid", "tid", "ts_txt", "ts_fast_ns", "dur_txt", "dur_fast_ns",
     "device", "stream", "correlation", "external_id", "meta_name", "name_id", "event_index",
 ]  # fmt: skip
+_GPU_COMMON = [c for c in _COMMON if c != "meta_name"]  # what the GPU queries read
 _GPU_ARGS = list(GPU_ARG_COLUMNS)
 _SHAPES = list(SHAPE_COLUMNS)  # operator input shapes (JSON text), host rows only
 
@@ -198,9 +225,31 @@ FROM evn_rows)
 
 
 _EVN = _evn_view()
-_EVH = _evn_view(", input_dims, input_types")  # with the operators' input shapes: host rows
-_EVN_NO_SHAPES = _evn_view(  # host rows of a trace without input shapes
-    ", CAST(NULL AS VARCHAR) AS input_dims, CAST(NULL AS VARCHAR) AS input_types"
+# What the host query reads (``evh``): no name (the name_id), device, stream or meta_name.
+_HOST_COLUMNS = [
+    "ph", "cat", "pid", "tid", "ts_txt", "ts_fast_ns", "dur_txt", "dur_fast_ns",
+    "correlation", "external_id", "name_id", "event_index",
+]  # fmt: skip
+
+
+def _evh_view(shapes: str) -> str:
+    """The ``evh`` CTE (host rows: :data:`_HOST_COLUMNS`); ``shapes`` gives the input shapes."""
+    return f"""WITH evh AS (
+SELECT
+  ph,
+  lower(coalesce(cat, '')) AS cat,
+  pid, tid,{_RAW_TIMES}
+  correlation, external_id,
+  name_id,
+  event_index,
+  {shapes}
+FROM evh_rows)
+"""
+
+
+_EVH = _evh_view("input_dims, input_types")  # with the operators' input shapes
+_EVH_NO_SHAPES = _evh_view(  # a trace without input shapes
+    "CAST(NULL AS VARCHAR) AS input_dims, CAST(NULL AS VARCHAR) AS input_types"
 )
 _EVG = f"""WITH evg AS (
 SELECT
@@ -214,40 +263,6 @@ SELECT
   event_index
 FROM evg_rows)
 """
-
-
-class _RowFilter:
-    """Arrow masks that keep at least the rows each query's WHERE clause keeps.
-
-    Categories are compared lower-cased in ASCII; any non-ASCII category is
-    kept (DuckDB's Unicode ``lower`` then decides), as are null timestamps.
-    """
-
-    def __init__(self, events: pa.Table):
-        self.events = events
-        self.complete_rows = pc.equal(events["ph"], "X")
-        self.metadata = pc.equal(events["ph"], "M")
-        self.lowered = pc.ascii_lower(events["cat"])
-        self.odd = pc.invert(pc.string_is_ascii(events["cat"]))
-
-    def _kept(self, wanted: pa.ChunkedArray) -> pa.ChunkedArray:
-        return pc.and_kleene(self.complete_rows, pc.or_kleene(wanted, self.odd)).fill_null(False)
-
-    def complete(self, *categories: str) -> pa.ChunkedArray:
-        return self._kept(pc.is_in(self.lowered, value_set=pa.array(categories, pa.string())))
-
-    def ranges(self) -> pa.ChunkedArray:
-        annotation = pc.is_in(
-            self.lowered, value_set=pa.array(["user_annotation", "gpu_user_annotation"])
-        )
-        step = pc.and_(
-            pc.is_in(self.lowered, value_set=pa.array(["cpu_op", "operator"])),
-            pc.starts_with(self.events["name"], pattern="ProfilerStep#"),
-        )
-        return self._kept(pc.or_kleene(annotation, step))
-
-    def untimed(self) -> pa.ChunkedArray:
-        return pc.and_(self.complete_rows, pc.is_null(self.events["ts_fast_ns"]))
 
 
 _GPU_SQL = f"""
@@ -300,7 +315,7 @@ SELECT
   external_id,
   input_dims,
   input_types
-FROM evn
+FROM evh
 WHERE ph = 'X' AND cat IN ({", ".join(f"'{c}'" for c in HOST_KINDS)}) AND start_ns IS NOT NULL
 ORDER BY pid, tid, start_ns, event_index
 """

@@ -2,7 +2,9 @@
 
 The JSON is decoded with msgspec into small typed structs, a piece of a few
 MB at a time, and each piece is turned into Arrow columns straight away, so
-peak memory is the file's bytes plus one piece of Python objects. Only the
+peak memory is the file's bytes plus one piece of Python objects (the ingest
+decodes from the stream instead, ``stream.py``, without the file's bytes; it
+falls back to this module's whole-document path for anything unusual). Only the
 fields that stallscope uses are decoded; everything else is skipped by the
 parser. Well-formed documents are cut into pieces at event boundaries by a
 byte search (:func:`_decode_clean`); anything else takes the careful path,

@@ -70,21 +70,40 @@ def memory_table(data: bytes | bytearray | memoryview, trace_id: str) -> tuple[p
     ``ts_ns`` is on the same clock as the other canonical tables (the
     trace's µs ``ts`` times 1000, exactly).
     """
-    view = bytes(data) if isinstance(data, memoryview) else data
-    chunks, unreadable = _event_objects(view)
-    if not chunks:
-        return empty_table("memory"), unreadable
-    fast = _typed_rows(chunks, trace_id)
-    if fast is not None:
-        return fast, unreadable
-    schema = arrow_schema("memory")
-    columns: dict[str, list[Any]] = {name: [] for name in schema.names}
-    for event in _decode_all(chunks):
-        if event is None:
-            unreadable += 1
-        elif event.name == "[memory]" and event.ph == "i":
-            _append_row(columns, event, trace_id)
-    return pa.Table.from_pydict(columns, schema=schema), unreadable
+    rows = MemoryRows()
+    rows.add(data)
+    return rows.table(trace_id)
+
+
+class MemoryRows:
+    """:func:`memory_table` over a document read in parts (``stream.py``): :meth:`add` each
+    part in file order, each cut between events (an event's object never spans two parts),
+    then :meth:`table`. The rows and count are those of the parts joined."""
+
+    def __init__(self) -> None:
+        self.parts: list[pa.Table] = []
+        self.unreadable = 0
+        self.found = False  # a "[memory]" event object was seen
+
+    def add(self, data: bytes | bytearray | memoryview) -> None:
+        view = bytes(data) if isinstance(data, memoryview) else data
+        chunks, missing = _event_objects(view)
+        self.unreadable += missing
+        if not chunks:
+            return
+        self.found = True
+        kept = _typed_rows(chunks)
+        if kept is None:
+            kept, unreadable = _kept_one_by_one(chunks)
+            self.unreadable += unreadable
+        self.parts.append(kept)
+
+    def table(self, trace_id: str) -> tuple[pa.Table, int]:
+        if not self.found:
+            return empty_table("memory"), self.unreadable
+        kept = pa.concat_tables(self.parts)
+        self.parts = []
+        return _memory_rows(kept, trace_id), self.unreadable
 
 
 def _event_objects(view: bytes | bytearray) -> tuple[list[bytes], int]:
@@ -159,13 +178,14 @@ _NO_TYPED_ARGS = _TypedMemArgs()
 _TYPED_BATCH = 16_384  # events decoded at a time: bounds the Python objects alive at once
 
 
-def _typed_rows(chunks: list[bytes], trace_id: str) -> pa.Table | None:
-    """The rows :func:`_append_row` would make, built column by column; None if any value is odd.
+def _typed_rows(chunks: list[bytes]) -> pa.Table | None:
+    """The CUDA ``[memory]`` events' values (:data:`_KEPT`), column by column; None if any
+    value is odd.
 
     Applies when every event decodes with integer (or absent) ids, sizes and
     totals in the int64 range: what PyTorch writes. Anything else (a string
-    or float value, a bad event) returns None and the caller goes row by row,
-    so the result is the same either way. The events are decoded
+    or float value, a bad event) returns None and the caller goes event by
+    event (:func:`_kept_one_by_one`), so the result is the same either way. The events are decoded
     :data:`_TYPED_BATCH` at a time (one batch's objects alive at once, not
     every event's: ~330 MB less at the peak of a 486 MB trace).
     """
@@ -181,9 +201,16 @@ def _typed_rows(chunks: list[bytes], trace_id: str) -> pa.Table | None:
     finally:
         if was_enabled:
             gc.enable()
-    kept = pa.Table.from_batches(parts) if parts else None
-    if kept is None:
-        return None
+    return pa.Table.from_batches(parts).select(list(_KEPT)) if parts else None
+
+
+# The values of a kept event, before the ``memory`` table is made of them (:func:`_memory_rows`).
+_KEPT = ("ts_ns", "pid", "tid", "device_id", "addr", "nbytes", "total_allocated",
+         "total_reserved", "external_id")  # fmt: skip
+
+
+def _memory_rows(kept: pa.Table, trace_id: str) -> pa.Table:
+    """The ``memory`` table of the kept events (:data:`_KEPT`), in order."""
     n = kept.num_rows
     device = kept["device_id"]
     nbytes = kept["nbytes"]
@@ -208,6 +235,20 @@ def _typed_rows(chunks: list[bytes], trace_id: str) -> pa.Table | None:
         },
         schema=arrow_schema("memory"),
     )
+
+
+def _kept_one_by_one(chunks: list[bytes]) -> tuple[pa.Table, int]:
+    """:func:`_typed_rows` for any values (converted one by one, as ``_as_int`` reads them);
+    also the count of events that do not decode."""
+    columns: dict[str, list[Any]] = {name: [] for name in _KEPT}
+    unreadable = 0
+    for event in _decode_all(chunks):
+        if event is None:
+            unreadable += 1
+        elif event.name == "[memory]" and event.ph == "i":
+            _append_kept(columns, event)
+    table = pa.table({name: pa.array(values, pa.int64()) for name, values in columns.items()})
+    return table, unreadable
 
 
 _ARG_NAMES = _TypedMemArgs.__struct_fields__
@@ -269,7 +310,7 @@ def _decode(chunk: bytes) -> _MemEvent | None:
         return None
 
 
-def _append_row(columns: dict[str, list[Any]], event: _MemEvent, trace_id: str) -> None:
+def _append_kept(columns: dict[str, list[Any]], event: _MemEvent) -> None:
     args = event.args or _MemArgs()
     device = _as_int(args.device_id)
     if _as_int(args.device_type) != CUDA_DEVICE_TYPE or device is None or device < 0:
@@ -277,20 +318,15 @@ def _append_row(columns: dict[str, list[Any]], event: _MemEvent, trace_id: str) 
     ts_ns = _ts_ns(bytes(event.ts))
     if ts_ns is None:
         return
-    columns["trace_id"].append(trace_id)
-    columns["device"].append(device if device < (1 << 31) else None)
     columns["ts_ns"].append(ts_ns)
-    columns["bytes"].append(_as_int(args.nbytes))
-    columns["total_allocated"].append(_as_int(args.total_allocated))
-    columns["total_reserved"].append(_as_int(args.total_reserved))
-    columns["addr"].append(_as_int(args.addr))
     columns["pid"].append(_as_int(event.pid))
     columns["tid"].append(_as_int(event.tid))
+    columns["device_id"].append(device)
+    columns["addr"].append(_as_int(args.addr))
+    columns["nbytes"].append(_as_int(args.nbytes))
+    columns["total_allocated"].append(_as_int(args.total_allocated))
+    columns["total_reserved"].append(_as_int(args.total_reserved))
     columns["external_id"].append(_as_int(args.external_id))
-    columns["seq"].append(len(columns["seq"]))
-    columns["source"].append("kineto")
-    columns["action"].append("free" if (columns["bytes"][-1] or 0) < 0 else "alloc")
-    columns["stack"].append(None)
 
 
 def _ts_ns(text: bytes) -> int | None:
@@ -306,4 +342,4 @@ def _ts_ns(text: bytes) -> int | None:
 
 
 # The memory table, found by parse.py: it reads the events before the decoder, from the raw bytes.
-TABLE_READER = TableReader("memory", memory_table, skipped="[memory] events")
+TABLE_READER = TableReader("memory", memory_table, skipped="[memory] events", pieces=MemoryRows)

@@ -19,12 +19,14 @@ from stallscope.ingest.formats import (
     SEPARATE_JOBS_HINT,
     ParseContext,
     ParsedTrace,
+    Payload,
     TableReader,
     rank_in_name,
     table_readers,
 )
 from stallscope.ingest.kineto.canonical import to_canonical
 from stallscope.ingest.kineto.decode import decode_kineto
+from stallscope.ingest.kineto.stream import decode_stream
 from stallscope.ingest.reader import Source
 
 
@@ -34,11 +36,19 @@ def further_readers() -> list[TableReader]:
     return table_readers(__package__, Path(__file__).parent)
 
 
-def parse_kineto(source: Source, data: bytes, ctx: ParseContext) -> list[ParsedTrace]:
-    """One rank's trace. ``data`` is freed once decoded when the caller holds no other reference."""
-    # further tables (the ``TABLE_READER`` of this folder's modules), read from the raw bytes
-    further = [(r, *r.read(data, ctx.trace_id(""))) for r in further_readers()]
-    decoded = decode_kineto(source.name, data)
+def parse_kineto(source: Source, data: bytes | Payload, ctx: ParseContext) -> list[ParsedTrace]:
+    """One rank's trace, from its bytes or a streamed :class:`Payload` (``stream.py``: the
+    file is never held whole). ``data`` is freed once decoded when the caller holds no
+    other reference. Further tables (the ``TABLE_READER`` of this folder's modules) are read
+    from the same bytes: piece by piece when streamed, else from the whole document."""
+    readers = further_readers()
+    if isinstance(data, Payload) and data.blocks is not None:
+        decoded, further = decode_stream(
+            source.name, data.blocks, ctx.trace_id(""), readers, data.size_hint
+        )
+    else:
+        further = [(r, *r.read(data, ctx.trace_id(""))) for r in readers]
+        decoded = decode_kineto(source.name, data)
     del data  # the Arrow events hold everything needed from here on
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)

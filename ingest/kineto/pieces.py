@@ -138,3 +138,85 @@ def _decode_in_worker(index: int) -> list[bytes] | str:
             writer.write_batch(batch)
         streams.append(sink.getvalue().to_pybytes())
     return streams
+
+
+class PieceDecoder:
+    """Decode pieces handed over one at a time, in order, in worker processes when
+    ``workers`` > 1 (the streamed decode, ``stream.py``): each piece's bytes are sent to a
+    forked worker (at most two per worker in flight, so a few pieces' bytes are held, never
+    the body), its batches come back as in :func:`decode_pieces`. A worker that dies makes
+    the pieces still out decode here, and the rest too. Raises the ``msgspec.DecodeError``
+    of a piece that fails, as the serial loop would.
+    """
+
+    def __init__(self, decode: DecodePiece, workers: int):
+        self.decode = decode
+        self.results: list[Batches] = []
+        self.pool: ProcessPoolExecutor | None = None
+        self.window = 2 * workers
+        self.out: list[tuple[object, bytes]] = []  # (future, piece), oldest first
+        if workers > 1:
+            context = multiprocessing.get_context("fork")
+            self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+
+    def add(self, piece: bytes) -> None:
+        if self.pool is None:
+            self.results.append(self.decode(piece))
+            return
+        try:
+            self.out.append((self.pool.submit(_decode_sent, self.decode, piece), piece))
+        except BrokenProcessPool:
+            self._serial_from_now(newest=piece)
+            return
+        while len(self.out) >= self.window:
+            self._collect_oldest()
+
+    def finish(self) -> list[Batches]:
+        while self.out:
+            self._collect_oldest()
+        self.close()
+        return self.results
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+    def _collect_oldest(self) -> None:
+        future, piece = self.out.pop(0)
+        try:
+            result = future.result()  # type: ignore[attr-defined]
+        except BrokenProcessPool:
+            self._serial_from_now(oldest=piece)
+            return
+        if isinstance(result, str):
+            raise msgspec.DecodeError(result)
+        self.results.append(
+            tuple(pa.ipc.open_stream(stream).read_next_batch() for stream in result)
+        )
+
+    def _serial_from_now(self, oldest: bytes | None = None, newest: bytes | None = None) -> None:
+        """A worker died: the pieces still out (``oldest``, taken out of them, or ``newest``,
+        never sent) are decoded here, in order, as are the next ones."""
+        pieces = [oldest] if oldest is not None else []
+        pieces += [sent for _, sent in self.out] + ([newest] if newest is not None else [])
+        self.out = []
+        self.close()
+        for one in pieces:
+            self.results.append(self.decode(one))
+
+
+def _decode_sent(decode: DecodePiece, piece: bytes) -> list[bytes] | str:
+    """One piece sent to a worker: one Arrow IPC stream per batch, or the decode error's text."""
+    try:
+        batches = decode(piece)
+    except msgspec.DecodeError as exc:
+        return str(exc) or "decode error"
+    return [_ipc(batch) for batch in batches]
+
+
+def _ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
