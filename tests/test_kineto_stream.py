@@ -171,3 +171,22 @@ def test_ingest_of_a_big_plain_file_is_streamed(tmp_path: Path, monkeypatch):
     )
     assert meta["rank"] == 0
     assert pq.read_table(tmp_path / meta["trace_id"] / "gpu.parquet").num_rows == 667
+
+
+def test_a_reader_without_pieces_makes_the_stream_decode_the_whole_document(
+    small_pieces, monkeypatch
+):
+    """A further-table reader that reads only whole documents (no ``pieces``) still gets the
+    whole document: the streamed decode gives up and the result is the whole path's."""
+    import dataclasses
+
+    data = _trace().render().encode()
+    whole_only = [dataclasses.replace(r, pieces=None) for r in further_readers()]
+    calls = []
+    real = kineto_decode.decode_kineto
+    monkeypatch.setattr(kineto_stream, "decode_kineto", lambda *a: calls.append(1) or real(*a))
+    decoded, further = kineto_stream.decode_stream("t.json", _blocks(data), "tid", whole_only)
+    assert calls, "the whole-document path decoded it"
+    ((memory, unreadable),) = [(t, n) for r, t, n in further if r.table == "memory"]
+    assert memory.equals(memory_table(data, "tid")[0]) and memory.num_rows == 60
+    assert decoded.events.equals(real("t.json", data).events)
