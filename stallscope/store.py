@@ -156,19 +156,31 @@ class Store:
         target = self.jobs_dir / job_id
         Lease.release(staging)
         sync_tree(staging)
+        try:
+            os.rename(staging, target)
+            _fsync_dir(self.jobs_dir)
+        except OSError as exc:
+            return self._publish_again(staging, target, exc)
+        return True
+
+    def _publish_again(self, staging: Path, target: Path, exc: OSError) -> bool:
+        """After a failed publishing rename: False (the staging folder discarded) when the
+        job exists; when it was there at the rename (ENOTEMPTY) but is gone at this look
+        (removed meanwhile), the rename is tried again; any other error is raised."""
         for _ in range(100):
+            if target.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+                return False
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise exc
             try:
                 os.rename(staging, target)
-            except OSError as exc:
-                if target.exists():
-                    shutil.rmtree(staging, ignore_errors=True)
-                    return False
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                    continue  # present at the rename, removed before the look: try again
-                raise
+            except OSError as again:
+                exc = again
+                continue
             _fsync_dir(self.jobs_dir)
             return True
-        raise RuntimeError(f"could not publish job {job_id}: it keeps coming and going")
+        raise RuntimeError(f"could not publish job {target.name}: it keeps coming and going")
 
     def discard(self, staging: Path) -> None:
         Lease.release(staging)
