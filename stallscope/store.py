@@ -11,7 +11,7 @@ Layout under the store root (see docs/store.md)::
     jobs/<job_id>/reports/<key>/           the job's stored reports (stallscope.report_store)
     staging/<pid>-<hostkey>-<random>/      ingests in progress (never read)
     staging/<pid>-<hostkey>-<random>/.lease         owner: host id, pid, heartbeat (see Lease)
-    trash/                                 deletions in progress (never read)
+    trash/<pid>-<hostkey>-<job_id>-<random>/  deletions in progress (never read), owned by that pid
 
 Concurrency contract: a job becomes visible by one ``rename`` of a complete
 staging directory, so readers never see half a job, any number of processes
@@ -20,8 +20,12 @@ directory that later ingests remove. Nothing is ever modified in place except
 ``annotations.json``, which is replaced with ``os.replace``.
 
 Uploads: a job is stored once per content but uploaded by many; each upload is
-one file in ``uploads/`` (created by ``os.replace``, removed by ``unlink``), and
-the job's data goes when its last upload goes (:meth:`Store.remove_upload`).
+one file in ``uploads/`` (created by ``os.replace`` and read back, removed by
+``unlink``), and the job's data goes when its last upload goes
+(:meth:`Store.remove_upload`). A path-based call that looked up a job's folder
+just before it was renamed into ``trash/`` may complete there afterwards:
+removers delete their trash copy until it is gone (:func:`_delete_trash_copy`)
+and an upload counts only once read back (:func:`_write_verified`).
 A job folder without ``uploads/`` (an older store) counts its ``job.json`` as
 one upload; it is turned into an ``uploads/`` folder by one atomic ``rename``
 before any upload is added or removed.
@@ -37,6 +41,7 @@ folder of a job is fsync'ed before the rename that publishes it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -118,10 +123,16 @@ class Store:
         """Remove the staging and trash folders whose owner is gone (see :meth:`Lease.is_stale`).
 
         A trash folder's owner may still put it back (:meth:`remove_upload`):
-        it is never removed while its lease is live.
+        it is never removed while its owner lives. Its owner is the process
+        that renamed it into ``trash/``, named by the folder's name
+        (:func:`_trash_is_stale`): the ``.lease`` inside may be a loser's of
+        that rename (two removers write it in turn, one rename wins).
         """
-        for folder in _children(self.staging_dir) + _children(self.trash_dir):
+        for folder in _children(self.staging_dir):
             if Lease.is_stale(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+        for folder in _children(self.trash_dir):
+            if _trash_is_stale(folder):
                 shutil.rmtree(folder, ignore_errors=True)
 
     def _take_away(self, job_id: str) -> Path | None:
@@ -154,12 +165,28 @@ class Store:
         try:
             os.rename(staging, target)
             _fsync_dir(self.jobs_dir)
-        except OSError:
+        except OSError as exc:
+            return self._publish_again(staging, target, exc)
+        return True
+
+    def _publish_again(self, staging: Path, target: Path, exc: OSError) -> bool:
+        """After a failed publishing rename: False (the staging folder discarded) when the
+        job exists; when it was there at the rename (ENOTEMPTY) but is gone at this look
+        (removed meanwhile), the rename is tried again; any other error is raised."""
+        for _ in range(100):
             if target.exists():
                 shutil.rmtree(staging, ignore_errors=True)
                 return False
-            raise
-        return True
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise exc
+            try:
+                os.rename(staging, target)
+            except OSError as again:
+                exc = again
+                continue
+            _fsync_dir(self.jobs_dir)
+            return True
+        raise RuntimeError(f"could not publish job {target.name}: it keeps coming and going")
 
     def discard(self, staging: Path) -> None:
         Lease.release(staging)
@@ -251,7 +278,7 @@ class Store:
         doomed = self._take_away(job_id)
         if doomed is None:
             raise NotFoundError(f"no job {job_id!r} in store {self.root}")
-        shutil.rmtree(doomed, ignore_errors=True)
+        _delete_trash_copy(doomed)
 
     # -- uploads -------------------------------------------------------------------
     def uploads(self, job_id: str) -> list[dict[str, Any]]:
@@ -266,16 +293,22 @@ class Store:
         """Record one more upload of a stored job; False when the job is gone (removed meanwhile).
 
         The entry is written beside its final name and renamed into
-        ``uploads/``: a remover that takes the job away at that moment either
-        finds the entry in what it took (and puts the job back) or this
-        rename fails and the caller ingests the job afresh.
+        ``uploads/``, then read back through ``jobs/<job_id>``: a remover that
+        takes the job away at that moment either finds the entry in what it
+        took (and puts the job back) or this upload is not recorded (False
+        after a wait: the caller ingests the job afresh). The read-back is
+        what makes it sure: a rename whose folder was looked up before the
+        job was renamed into ``trash/`` may still land there after the
+        remover looked (the kernel resolves a path, then locks its last
+        folder), so a rename that succeeded proves nothing. Rewriting the same
+        entry is harmless: its name is its upload id.
         """
         folder = self.jobs_dir / job_id
         for _ in range(3):
             try:
                 _materialize_uploads(folder)
                 path = folder / UPLOADS / f"{entry['upload_id']}.json"
-                _atomic_write_text(path, json.dumps(entry))
+                _write_verified(path, entry)
                 return True
             except FileNotFoundError:
                 self._wait_if_being_put_back(job_id)  # a remover may be putting it back
@@ -283,13 +316,15 @@ class Store:
                     return False
         return False
 
-    def remove_upload(self, job_id: str, user: str) -> bool:
+    def remove_upload(self, job_id: str, user: str, *, look_again: bool = True) -> bool:
         """Remove ``user``'s uploads of a job; True when that was the last and the job is gone.
 
         Raises NotFoundError when ``user`` has no upload of it. The job's data
         goes only with its last upload: the folder is renamed into ``trash/``,
         then looked at again; an upload recorded meanwhile (a re-upload racing
-        this removal) puts it back (see :meth:`_restore`).
+        this removal) puts it back (see :meth:`_restore`). When ``user`` has
+        none, a copy of the job in ``trash/`` (being put back, or its uploads
+        copied into the job) is waited for and the job looked at once more.
         """
         folder = self.jobs_dir / job_id
         self._wait_if_being_put_back(job_id)
@@ -300,6 +335,8 @@ class Store:
         except FileNotFoundError:
             raise NotFoundError(f"no job {job_id!r} in store {self.root}") from None
         mine = [p for p, e in _upload_files(folder / UPLOADS) if e.get("uploaded_by") == user]
+        if not mine and look_again and self._wait_while_in_trash(job_id):
+            return self.remove_upload(job_id, user, look_again=False)
         if not mine:
             others = sorted({e.get("uploaded_by") or "?" for e in self.uploads(job_id)})
             raise NotFoundError(
@@ -317,7 +354,7 @@ class Store:
         if _upload_files(doomed / UPLOADS):  # recorded between the look and the rename
             self._restore(doomed, job_id)
             return False
-        shutil.rmtree(doomed, ignore_errors=True)
+        _delete_trash_copy(doomed)
         return True
 
     def _wait_if_being_put_back(self, job_id: str, timeout_s: float = 5.0) -> None:
@@ -329,9 +366,24 @@ class Store:
                 return
             time.sleep(0.01)
 
+    def _wait_while_in_trash(self, job_id: str, timeout_s: float = 5.0) -> bool:
+        """Wait until no copy of the job is in ``trash/`` (its remover may be putting it back,
+        or copying its uploads into the job ingested afresh); True when one was there."""
+        deadline = time.monotonic() + timeout_s
+        waited = False
+        while any(self.trash_dir.glob(f"*-{job_id}-*")) and time.monotonic() < deadline:
+            waited = True
+            time.sleep(0.01)
+        return waited
+
     def _restore(self, doomed: Path, job_id: str) -> None:
         """Put a job taken into ``trash/`` back, or (when the same job was ingested afresh
-        meanwhile) move its uploads into that one; never loses an upload."""
+        meanwhile) copy its uploads into that one; never loses an upload.
+
+        The entries are copied (written and read back, :func:`_write_verified`),
+        not renamed: a rename into a job that another remover takes away at
+        that moment may land in its trash copy after it looked, and be deleted.
+        """
         target = self.jobs_dir / job_id
         for _ in range(100):
             try:
@@ -343,11 +395,11 @@ class Store:
                     continue  # it went again between the two looks: try again
             try:
                 _materialize_uploads(target)
-                for path, _entry in _upload_files(doomed / UPLOADS):
-                    os.rename(path, target / UPLOADS / path.name)
+                for path, entry in _upload_files(doomed / UPLOADS):
+                    _write_verified(target / UPLOADS / path.name, entry)
             except FileNotFoundError:
                 continue  # that one is being removed too: the loop puts ours back
-            shutil.rmtree(doomed, ignore_errors=True)
+            _delete_trash_copy(doomed)  # only once every entry is read back from the job
             return
         raise RuntimeError(f"could not put job {job_id} back into the store")
 
@@ -640,6 +692,63 @@ def _materialize_uploads(folder: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
         if not (folder / UPLOADS).is_dir():
             raise
+
+
+def _write_verified(path: Path, entry: dict[str, Any]) -> None:
+    """Write an upload entry at ``path`` (temporary file, fsync, rename), then read it back
+    through ``path``: FileNotFoundError unless the folder then at that path holds it.
+
+    Read back, the entry was in the published job at that moment, so a remover that
+    takes the job away later finds it in its trash copy (:meth:`Store.remove_upload`).
+    The rename alone proves nothing: a call whose folder was looked up before the job
+    was renamed into ``trash/`` completes in that folder, wherever it has moved.
+    """
+    _atomic_write_text(path, json.dumps(entry))
+    if _read_json(path) != json.loads(json.dumps(entry)):
+        raise FileNotFoundError(path)
+
+
+TRASH_GRACE_S = 5.0
+
+
+def _delete_trash_copy(doomed: Path, grace_s: float = TRASH_GRACE_S) -> None:
+    """Delete a folder this process renamed into ``trash/`` and owns, until it is gone.
+
+    An entry may appear in it after the rename, even after ``rmtree`` listed
+    its folder (which then cannot be removed: ENOTEMPTY): another process that
+    looked up ``jobs/<job_id>/...`` just before the rename may complete its
+    call there afterwards, since the kernel resolves a path, then locks its
+    last folder, wherever it has moved. Such calls are creations of temporary
+    files (an upload entry's, a lease's), the aside folder of an older job's
+    uploads, or an upload entry's rename; their makers never use them again
+    (their next step fails, or :func:`_write_verified` finds the entry
+    missing and writes it again), so deleting them is safe. Each lands within
+    its one call, so retrying for ``grace_s`` seconds catches it; what still
+    stands after that is removed by :meth:`Store.clean_stale` once this
+    process is gone (its pid is in the folder's name).
+    """
+    deadline = time.monotonic() + grace_s
+    while True:
+        shutil.rmtree(doomed, ignore_errors=True)
+        if not os.path.lexists(doomed) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)
+
+
+def _trash_is_stale(folder: Path) -> bool:
+    """Whether a ``trash/`` folder's owner is gone.
+
+    Its owner is the process that renamed it there, named by the folder's
+    name (``<pid>-<host key>-...``, :meth:`Store._take_away`): on this host
+    and PID namespace it is stale exactly when that pid is not running. The
+    ``.lease`` inside may be another remover's (each writes one before its
+    rename, one rename wins), so on this host it is not trusted. A folder of
+    another host, or of ``report_store``, is judged by :meth:`Lease.is_stale`.
+    """
+    pid_text, _, rest = folder.name.partition("-")
+    if pid_text.isdigit() and rest.startswith(host_key() + "-"):
+        return not pid_alive(int(pid_text))
+    return Lease.is_stale(folder)
 
 
 def _job_row(folder: Path, job: dict[str, Any]) -> dict[str, Any]:

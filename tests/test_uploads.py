@@ -188,6 +188,130 @@ def test_a_removal_put_back_into_a_fresh_copy_moves_its_uploads(store, trace):
     assert not doomed.exists()
 
 
+def test_an_entry_landing_in_the_trash_copy_while_it_is_deleted_goes_too(store, trace, monkeypatch):
+    """A process that looked up ``jobs/<id>/uploads`` before the remover's rename may complete
+    its create there after ``rmtree`` listed the folder (here: a temporary file, just before
+    rmtree removes ``uploads/``): the trash copy is still deleted, ``trash/`` ends empty."""
+    job_id = _upload(store, trace, "ana").job_id
+    real_rmdir = os.rmdir
+    landed = []
+
+    def create_late_then_rmdir(path, *args, dir_fd=None, **kwargs):
+        if not landed and dir_fd is not None and os.fspath(path) == "uploads":
+            landed.append(True)
+            os.close(os.open("uploads/.late.json.tmp", os.O_CREAT | os.O_WRONLY, dir_fd=dir_fd))
+        return real_rmdir(path, *args, dir_fd=dir_fd, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", create_late_then_rmdir)
+    assert store.remove_upload(job_id, "ana") is True
+    monkeypatch.undo()
+    assert landed  # the interleaving happened
+    assert store.jobs() == [] and list(store.trash_dir.iterdir()) == []
+
+
+def test_an_upload_landing_in_a_removed_copy_is_ingested_afresh(store, trace, monkeypatch):
+    """bo's rename of its entry looked up ``uploads/`` before ana's remover renamed the job into
+    ``trash/``, and completes there after she looked at the copy (no upload: she deletes it).
+    bo's upload must not count as recorded: its ingest publishes the job afresh."""
+    import stallscope.store as store_module
+
+    job_id = _upload(store, trace, "ana").job_id
+    name, sources = expand_path(str(trace))
+    prepared = prepare_job(store, name, sources, uploaded_by="bo")
+    assert prepared.staging is None  # found stored: publishing records bo's upload
+    entry_name = f"{prepared.upload['upload_id']}.json"
+    real_replace = os.replace
+    landed = []
+
+    def replace_after_the_removal(src, dst, *args, **kwargs):
+        if not landed and Path(dst).name == entry_name:
+            landed.append(True)
+            (ana,) = store_module._upload_files(store.jobs_dir / job_id / "uploads")
+            ana[0].unlink()  # ana removes her upload, the last one ...
+            doomed = store._take_away(job_id)  # ... takes the job away, looks: nothing
+            assert not store_module._upload_files(doomed / "uploads")
+            moved = doomed / "uploads"  # bo's rename completes where its folder went
+            real_replace(moved / Path(src).name, moved / Path(dst).name)
+            shutil.rmtree(doomed)  # ana deletes what she took
+            return None
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.os, "replace", replace_after_the_removal)
+    result = publish_job(store, prepared)
+    monkeypatch.undo()
+    assert landed
+    assert result.job_id == job_id and not result.existed  # ingested afresh, not "recorded"
+    assert store.job(job_id)["uploaders"] == ["bo"] and len(store.traces(job_id)) == 1
+    assert list(store.trash_dir.iterdir()) == []
+
+
+def test_rm_waits_for_its_upload_being_put_back_into_a_fresh_copy(store, trace):
+    """ana's upload is in a copy taken into ``trash/`` whose remover is copying its uploads
+    into the job ingested afresh meanwhile (cy's): ana's ``rm`` waits for it, not fails."""
+    import threading
+
+    job_id = _upload(store, trace, "ana").job_id
+    _upload(store, trace, "bo")
+    doomed = store._take_away(job_id)
+    _upload(store, trace, "cy")  # ingested afresh: the visible job has only cy's upload
+    remover = threading.Timer(0.3, store._restore, (doomed, job_id))
+    remover.start()
+    try:
+        assert store.remove_upload(job_id, "ana") is False
+    finally:
+        remover.join()
+    assert store.job(job_id)["uploaders"] == ["bo", "cy"]
+    assert list(store.trash_dir.iterdir()) == []
+
+
+def test_a_job_removed_between_the_publish_rename_and_its_look_is_published(
+    store, trace, monkeypatch
+):
+    """The same job is in ``jobs/`` at the publishing rename (ENOTEMPTY) and gone at the look
+    that follows (removed meanwhile): the publisher tries again, it does not fail."""
+    import errno
+
+    import stallscope.store as store_module
+
+    name, sources = expand_path(str(trace))
+    prepared = prepare_job(store, name, sources, uploaded_by="ana")
+    real_rename = os.rename
+    refused = []
+
+    def rename_into_a_job_removed_meanwhile(src, dst, *args, **kwargs):
+        if not refused and Path(dst).parent == store.jobs_dir:
+            refused.append(True)
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(src), None, str(dst))
+        return real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.os, "rename", rename_into_a_job_removed_meanwhile)
+    result = publish_job(store, prepared)
+    monkeypatch.undo()
+    assert refused and not result.existed
+    assert store.job(result.job_id)["uploaders"] == ["ana"]
+    assert list(store.staging_dir.iterdir()) == []
+
+
+def test_a_trash_copy_is_owned_by_its_remover_not_by_the_lease_inside(store, trace):
+    """Two removers write ``.lease`` in turn, one rename wins: the copy may hold the loser's
+    lease. Once the loser is gone, clean-up must still leave the winner's copy alone."""
+    job_id = _upload(store, trace, "ana").job_id
+    doomed = store._take_away(job_id)  # this process won the rename
+    loser = subprocess.Popen([sys.executable, "-c", "import os; print(os.getpid())"],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    loser_pid = int(loser.communicate()[0])  # exited: its lease is a dead pid's
+    lease = json.loads((doomed / ".lease").read_text())
+    (doomed / ".lease").write_text(json.dumps(dict(lease, pid=loser_pid)))
+    store.clean_stale()
+    assert (doomed / "job.json").is_file()  # still ours: we may put it back
+    store._restore(doomed, job_id)
+    assert store.job(job_id)["uploaders"] == ["ana"]
+    stale = store.trash_dir / f"{loser_pid}-{doomed.name.split('-', 1)[1]}"
+    stale.mkdir()  # a copy whose remover (named by the folder) is gone: removed
+    store.clean_stale()
+    assert list(store.trash_dir.iterdir()) == []
+
+
 def test_cli_reupload_and_rm(cli, trace):
     env = {"STALLSCOPE_USER": "ana"}
     first = cli("ingest", "--tag", "a", str(trace), env=env)
