@@ -273,12 +273,16 @@ class Source:
             return len(self._raw)
         return self.stored_size if self.stored_size is not None else self.file_bytes
 
-    def _stored_blocks(self) -> Iterator[bytes]:
-        """The stored bytes in blocks of up to :data:`STREAM_BLOCK` (zip members: as unzipped)."""
+    def _stored_blocks(
+        self, block: int = STREAM_BLOCK, *, size_check: bool = True
+    ) -> Iterator[bytes]:
+        """The stored bytes in blocks of up to ``block`` bytes (zip members: as unzipped; a
+        stream's blocks as it gives them), without loading the whole file. ``size_check``: a
+        file over the stored-size limit raises InputError before anything is read."""
         if self._raw is not None:
             raw = self._raw
-            for start in range(0, len(raw), STREAM_BLOCK):
-                yield bytes(raw[start : start + STREAM_BLOCK])
+            for start in range(0, len(raw), block):
+                yield bytes(raw[start : start + block])
             return
         if self.streamer is not None:
             stream = self.streamer()
@@ -290,11 +294,12 @@ class Source:
         if self.path is None:
             yield self.raw()
             return
-        self.raw_size_check()
+        if size_check:
+            self.raw_size_check()
         try:
             with open(self.path, "rb") as fh:
-                while block := fh.read(STREAM_BLOCK):
-                    yield block
+                while data := fh.read(block):
+                    yield data
         except OSError as exc:
             raise InputError(self.name, f"cannot read file ({exc.strerror or exc})") from None
 
@@ -307,7 +312,7 @@ def decompressed_head(source: Source, size: int) -> bytes | None:
     costs at most ``size``. ``None`` when the head cannot be decoded (a corrupt
     gzip header, an unreadable member): the full read then says why.
     """
-    chunks = _stored_chunks(source)
+    chunks = source._stored_blocks(1 << 16, size_check=False)
     try:
         first = next(chunks, b"")
         if first[:2] != GZIP_MAGIC:
@@ -322,29 +327,6 @@ def decompressed_head(source: Source, size: int) -> bytes | None:
         return None
     finally:
         chunks.close()
-
-
-def _stored_chunks(source: Source) -> Iterator[bytes]:
-    """The stored bytes of a source, block by block, without loading the whole file."""
-    if source._raw is not None:
-        yield bytes(source._raw[: 1 << 22])
-        return
-    if source.streamer is not None:
-        stream = source.streamer()
-        try:
-            yield from stream
-        finally:
-            stream.close()
-        return
-    if source.path is None:
-        yield source.raw()
-        return
-    try:
-        with open(source.path, "rb") as fh:
-            while chunk := fh.read(1 << 16):
-                yield chunk
-    except OSError as exc:
-        raise InputError(source.name, f"cannot read file ({exc.strerror or exc})") from None
 
 
 def _gunzip_head(first: bytes, rest: Iterator[bytes], size: int) -> bytes:
