@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from stallscope import job_settings
+from stallscope.host_ops import JOB_LAUNCH_CTE
 from stallscope.jobdata import JobData
 
 SKEW_TOLERANCE_NS = job_settings.JobSettings().skew_tolerance_ns  # the default
@@ -53,11 +54,8 @@ ALGO_REGEX = r"_(RING|TREE|NVLS_TREE|NVLS|COLLNET_DIRECT|COLLNET_CHAIN|PAT)_(LL1
 # binds and prunes every rank's files), each with the step whose host ProfilerStep range
 # holds its launch call (else its own start; -1 outside every step), its launch time
 # (-1 unknown), name and launch grid.
-JOB_OPS_SQL = """
-WITH launch AS (
-  SELECT trace_id, correlation, min(start_ns) AS launch_ns FROM host
-  WHERE kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1, 2
-), steps AS (
+JOB_OPS_SQL = f"""
+WITH {JOB_LAUNCH_CTE}, steps AS (
   SELECT trace_id, step, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE kind = 'step'
 ), ops AS (
   SELECT g.trace_id, g.device, g.stream, g.kind = 'kernel' AS is_kernel, g.is_comm, g.start_ns,

@@ -21,6 +21,12 @@ LAUNCH_CTE = """launch AS (
   SELECT correlation, min(start_ns) AS launch_ns FROM host
   WHERE trace_id = $trace AND kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1
 )"""
+# The same over every trace of a job at once (keyed by trace and correlation id): for set-wise
+# queries, where a query per trace would bind every rank's files.
+JOB_LAUNCH_CTE = """launch AS (
+  SELECT trace_id, correlation, min(start_ns) AS launch_ns FROM host
+  WHERE kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1, 2
+)"""
 
 
 @dataclass

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from stallscope.host_ops import JOB_LAUNCH_CTE
+
 if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
@@ -34,11 +36,8 @@ COMPARE_FILE = f"rank_compare-{COMPARE_VERSION}.parquet"
 # The GPU operations of every trace launched inside a step (the launch call's start, else the
 # operation's own, inside a step range of its trace; scope.py's rule), or all of a trace's when
 # it has no steps. Set-wise over the traces: a query per trace binds every rank's files.
-IN_STEPS_SQL = """
-WITH launch AS (
-  SELECT trace_id, correlation, min(start_ns) AS launch_ns FROM host
-  WHERE kind IN ('runtime', 'driver') AND correlation IS NOT NULL GROUP BY 1, 2
-), steps AS (
+IN_STEPS_SQL = f"""
+WITH {JOB_LAUNCH_CTE}, steps AS (
   SELECT trace_id, start_ns AS step_start, end_ns AS step_end FROM ranges WHERE kind = 'step'
 ), ops AS (
   SELECT g.trace_id, g.kind, g.name_id, g.start_ns, g.end_ns, coalesce(g.bytes, 0) AS bytes,
