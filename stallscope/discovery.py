@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -25,7 +26,10 @@ def modules_declaring(folder: Path, name: str) -> list[str]:
 def _declares(path: Path, name: str) -> bool:
     if not path.is_file():
         return False
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    text = path.read_text(encoding="utf-8")
+    if not re.search(rf"^{re.escape(name)}\b", text, re.MULTILINE):
+        return False  # a top-level assignment starts a line with the name: no parse needed
+    tree = ast.parse(text, str(path))
     for node in tree.body:
         targets = node.targets if isinstance(node, ast.Assign) else []
         if isinstance(node, ast.AnnAssign):
