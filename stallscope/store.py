@@ -357,12 +357,16 @@ class Store:
         _delete_trash_copy(doomed)
         return True
 
+    def _in_trash(self, job_id: str) -> bool:
+        """Whether a copy of the job is in ``trash/`` (named ``<pid>-<hostkey>-<job_id>-<random>``)."""
+        return any(self.trash_dir.glob(f"*-{job_id}-*"))
+
     def _wait_if_being_put_back(self, job_id: str, timeout_s: float = 5.0) -> None:
         """A job another remover has just taken into ``trash/`` may be put back at once (an
         upload was recorded meanwhile): wait for it to reappear or for the trash copy to go."""
         deadline = time.monotonic() + timeout_s
         while not (self.jobs_dir / job_id / "job.json").is_file() and time.monotonic() < deadline:
-            if not any(self.trash_dir.glob(f"*-{job_id}-*")):
+            if not self._in_trash(job_id):
                 return
             time.sleep(0.01)
 
@@ -371,7 +375,7 @@ class Store:
         or copying its uploads into the job ingested afresh); True when one was there."""
         deadline = time.monotonic() + timeout_s
         waited = False
-        while any(self.trash_dir.glob(f"*-{job_id}-*")) and time.monotonic() < deadline:
+        while self._in_trash(job_id) and time.monotonic() < deadline:
             waited = True
             time.sleep(0.01)
         return waited
