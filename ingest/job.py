@@ -38,7 +38,7 @@ from stallscope.ingest.limits import (
 )
 from stallscope.ingest.reader import Source, decompressed_head
 from stallscope.ingest.registry import BY_NAME, FORMATS, companion_file, is_companion, provides
-from stallscope.ingest.sniff import _JSON_HEAD_BYTES, _json_decides, sniff
+from stallscope.ingest.sniff import JSON_HEAD_BYTES, json_decides, sniff
 from stallscope.ingest.startup import give_back_freed_memory, skip_pandas_probe, thread_budget
 from stallscope.ingest.streamed import WrittenTable
 from stallscope.rank_card import write_card
@@ -376,10 +376,10 @@ def streamed_format(source: Source) -> str:
 
     The format is told from the decompressed head, which ``Format.detect`` is
     defined on; only a head that starts as a JSON object or array is trusted
-    (``sniff._json_decides``), where the whole file's sniff reads no further.
+    (``sniff.json_decides``), where the whole file's sniff reads no further.
     """
-    head = decompressed_head(source, _JSON_HEAD_BYTES)
-    if head is None or not _json_decides(head):
+    head = decompressed_head(source, JSON_HEAD_BYTES)
+    if head is None or not json_decides(head):
         return ""
     try:
         fmt = sniff(source.name, head)

@@ -127,12 +127,12 @@ _JSON_KEYS_HEAD = 1 << 16
 # A JSON head is told from its first 64 KiB after the leading blanks (kineto's detect, the
 # trace keys above): a file that starts like JSON within its first 4 KiB is sniffed from
 # this much, not a MiB (a folder of 1,000 small ranks: 1,000 MiB less to inflate).
-_JSON_HEAD_BYTES = 4096 + (1 << 16) + 4096
+JSON_HEAD_BYTES = 4096 + (1 << 16) + 4096
 _JSON_START = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]{0,4096}[\[{]")
 
 
-def _json_decides(head: bytes) -> bool:
-    """Whether ``head`` (:data:`_JSON_HEAD_BYTES` of a longer file) gives :func:`not_a_trace`
+def json_decides(head: bytes) -> bool:
+    """Whether ``head`` (:data:`JSON_HEAD_BYTES` of a longer file) gives :func:`not_a_trace`
     the answer the first :data:`SNIFF_HEAD_BYTES` would: it starts as a JSON object or array.
 
     Every check that such a head meets reads at most its first 4 KiB of blanks, then
@@ -158,8 +158,8 @@ def not_a_trace(source: Source) -> str | None:
     hides what it is (empty, compressed twice, a nested archive, UTF-16), and
     a head that cannot be decoded at all: the full read says why.
     """
-    head = decompressed_head(source, _JSON_HEAD_BYTES)
-    if head is not None and len(head) == _JSON_HEAD_BYTES and not _json_decides(head):
+    head = decompressed_head(source, JSON_HEAD_BYTES)
+    if head is not None and len(head) == JSON_HEAD_BYTES and not json_decides(head):
         head = decompressed_head(source, SNIFF_HEAD_BYTES)
     if head is None:
         return None

@@ -215,8 +215,8 @@ def test_a_json_file_is_told_from_its_short_head_as_from_a_mib(tmp_path, lead, b
     (source,) = expand_path(str(path))[1]
     assert (not_a_trace(source) is None) is is_trace
     long_head = decompressed_head(source, sniff.SNIFF_HEAD_BYTES)
-    short_head = decompressed_head(source, sniff._JSON_HEAD_BYTES)
-    assert sniff._json_decides(short_head) is (len(lead) <= 4096 + 3)
+    short_head = decompressed_head(source, sniff.JSON_HEAD_BYTES)
+    assert sniff.json_decides(short_head) is (len(lead) <= 4096 + 3)
     assert (sniff.not_a_trace(source) is None) is (
         sniff.sniff(source.name, long_head) == "kineto"
         and any(key in long_head[: 1 << 16] for key in sniff._TRACE_KEYS)
