@@ -40,7 +40,7 @@ from stallscope.ingest.reader import Source, decompressed_head
 from stallscope.ingest.registry import BY_NAME, FORMATS, companion_file, is_companion, provides
 from stallscope.ingest.sniff import JSON_HEAD_BYTES, json_decides, sniff
 from stallscope.ingest.startup import give_back_freed_memory, skip_pandas_probe, thread_budget
-from stallscope.ingest.streamed import WrittenTable
+from stallscope.ingest.streamed import PARQUET_OPTIONS, WrittenTable
 from stallscope.rank_card import write_card
 from stallscope.schema import RANK_CARD
 from stallscope.store import Store, current_user, new_upload, write_json, write_upload
@@ -457,12 +457,7 @@ def _write_tables(folder: Path, tables: dict[str, Any]) -> None:
         if isinstance(table, WrittenTable):
             table.move_to(folder / f"{name}.parquet")
             return
-        pq.write_table(
-            conform(name, table),
-            folder / f"{name}.parquet",
-            compression="zstd",
-            compression_level=1,
-        )
+        pq.write_table(conform(name, table), folder / f"{name}.parquet", **PARQUET_OPTIONS)
 
     with ThreadPoolExecutor(max_workers=min(4, thread_budget() or 4)) as pool:
         list(pool.map(write, tables.items()))

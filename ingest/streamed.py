@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from stallscope.ingest.canonical import conform
 from stallscope.schema import TABLE_NAMES, arrow_schema
 
-PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}  # as ingest/job.py writes
+PARQUET_OPTIONS = {"compression": "zstd", "compression_level": 1}  # every canonical table's file
 BATCH_ROWS = 1 << 20  # pyarrow's default row group (1 Mi rows): about one group per batch
 _IN_FLIGHT = 2  # pieces queued for the writer thread at most (bounds the memory held)
 _TIMES = ("start_ns", "end_ns")

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from stallscope.errors import InputError
 from stallscope.ingest.formats import ranks_on_devices
+from stallscope.ingest.streamed import PARQUET_OPTIONS
 from stallscope.kernel_names import kernel_base_name
 
 
@@ -163,5 +164,5 @@ def _rewrite(con, km: Path, timeline_id: str, matches: pa.Table) -> None:
         f" LEFT JOIN matches m USING (kernel_index) ORDER BY k.row_"
     ).to_arrow_table()
     schema = pq.read_schema(km)
-    pq.write_table(table.cast(schema), tmp, compression="zstd", compression_level=1)
+    pq.write_table(table.cast(schema), tmp, **PARQUET_OPTIONS)
     os.replace(tmp, km)
