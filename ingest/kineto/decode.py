@@ -480,7 +480,6 @@ def _describe_json_error(exc: msgspec.DecodeError, data: bytes) -> str:
     return f"invalid JSON ({reason})"
 
 
-_COMMON_ARGS = attrgetter("device", "stream", "correlation", "external_id", "external_id_old")
 _NO_ARGS = Args()
 
 
@@ -530,10 +529,16 @@ def _tagged_to_batch(events: list[Any], shapes: bool) -> Batches:
         ph = pa.array(["X"] * len(kinds), pa.string())
     else:
         ph = pa.array(["X" if kind is _Complete else "M" for kind in kinds], pa.string())
-    if not rows:
-        fields: tuple[Sequence[Any], ...] = ((),) * 7
-    else:
-        fields = tuple(zip(*map(astuple, rows), strict=True))
+    # One list per field (comprehensions: faster here than astuple and zip, no tuple per event).
+    fields = (
+        [e.cat for e in rows],
+        [e.name for e in rows],
+        [e.pid for e in rows],
+        [e.tid for e in rows],
+        [e.ts for e in rows],
+        [e.dur for e in rows],
+        [e.args for e in rows],
+    )
     return (*_read_batches(ph, fields, shapes), _other_events(others))
 
 
@@ -545,9 +550,10 @@ def _read_batches(
     cat, name, pid, tid, ts, dur, args = fields
     n = len(ph)
     filled = [a or _NO_ARGS for a in args]
-    device, stream, correlation, external_id, external_id_old = (
-        zip(*map(_COMMON_ARGS, filled), strict=True) if n else ((),) * 5
-    )
+    device = [a.device for a in filled]
+    stream = [a.stream for a in filled]
+    correlation = [a.correlation for a in filled]
+    external_id = [a.external_id for a in filled]
     cat = _str_col(cat)
     gpu = _gpu_columns(_Rows(gpu_rows(cat), n).pick(filled))
     meta_rows = _Rows(pc.equal(ph, "M"), n)
@@ -562,7 +568,7 @@ def _read_batches(
         "device": _int_col(device),
         "stream": _str_col(stream),
         "correlation": _int_col(correlation),
-        "external_id": _int_col(_either(external_id, lambda: external_id_old)),
+        "external_id": _int_col(_either(external_id, lambda: [a.external_id_old for a in filled])),
         "meta_name": meta_rows.spread(_str_col([a.meta_name for a in meta_rows.pick(filled)])),
         **(_shapes(filled, cat) if shapes else _no_shapes(n)),
     }
