@@ -8,7 +8,11 @@ falls back to this module's whole-document path for anything unusual). Only the
 fields that stallscope uses are decoded; everything else is skipped by the
 parser. Well-formed documents are cut into pieces at event boundaries by a
 byte search (:func:`_decode_clean`); anything else takes the careful path,
-which splits the events one by one and repairs what it can.
+which splits the events one by one and repairs what it can. Each piece is
+decoded by its events' ``ph`` first (:func:`_decode_piece`): the events no
+query reads (flows, instants, counters) become two-field structs; a piece
+with an event of any other ``ph`` is decoded as :class:`Event` s, with the
+same result.
 
 Numbers that carry time (``ts``, ``dur``) are read from their exact JSON text,
 never through a float: plain numbers (``1712195495519689.047`` µs) become
