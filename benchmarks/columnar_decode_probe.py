@@ -25,7 +25,16 @@ the same ``traceEvents`` array without per-event Python objects:
   ``DECIMAL(22,3)`` -> BIGINT nanoseconds, reading the array from a file.
   Also a lower bound: DuckDB's struct keys are case-insensitive, so
   ``External id``/``external id``, ``Seq``/``seq`` and ``Input Dims``/``Input
-  dims`` cannot be two fields (one of each is left out here).
+  dims`` cannot be two fields (one of each is left out here);
+* ``polars ndjson`` (polars 2.1, when installed: not a dependency): each piece
+  that the ingest cuts (``pieces.piece_bounds``) split into its events by
+  msgspec (``list[Raw]``), made newline-delimited JSON and read by
+  ``polars.read_ndjson`` on one thread with an explicit schema of the fields
+  the ingest reads (``pid``/``tid`` and ``ts``/``dur`` as strings, the GPU
+  args in a struct). Not exact: polars reads every JSON number as a float64
+  first, so ``1669783687464181.047`` comes back as ``"1669783687464181"``
+  (``--check`` shows it), and a ``Decimal`` column is refused
+  ("found value of type Float64").
 
 Each run is a fresh process that holds the file's bytes (as the ingest does),
 times the candidate alone (CPU seconds of the process: user + system, all
@@ -61,6 +70,7 @@ CANDIDATES = (
     "pyarrow.json",
     "duckdb read_json",
     "duckdb 3 tables",
+    "polars ndjson",
 )
 PIECE_BYTES = 4 << 20
 _OPEN = np.zeros(256, dtype=np.int8)
@@ -144,6 +154,29 @@ def decode_pyarrow_json(body: memoryview) -> pa.Table:
         read = pj.ReadOptions(use_threads=False, block_size=len(piece) + 1)
         tables.append(pj.read_json(io.BytesIO(piece), read_options=read, parse_options=parse))
     return pa.concat_tables(tables)
+
+
+def decode_polars(body: memoryview) -> list[object]:
+    import polars as pl
+
+    from stallscope.ingest.kineto.pieces import piece_bounds, piece_bytes
+
+    strings = ("ph", "cat", "name", "pid", "tid", "ts", "dur")
+    kinds = {"String": pl.String, "Int64": pl.Int64, "Float64": pl.Float64}
+    args = {}
+    for field in _arrow_schema().field("args").type:
+        kind = str(field.type)
+        args[field.name] = (
+            pl.List(pl.Int64) if kind.startswith("list") else
+            kinds["Int64" if kind == "int64" else "Float64" if kind == "double" else "String"]
+        )  # fmt: skip
+    schema = {**{key: pl.String for key in strings}, "args": pl.Struct(args)}
+    frames = []
+    for bound in piece_bounds(body):
+        events = msgspec.json.decode(piece_bytes(body, bound), type=list[msgspec.Raw])
+        lines = b"\n".join(bytes(event).translate(_BLANK_NEWLINES) for event in events)
+        frames.append(pl.read_ndjson(io.BytesIO(lines), schema=schema))
+    return frames
 
 
 def _duckdb_columns() -> str:
@@ -241,6 +274,8 @@ def run_candidate(name: str, data: bytes, body_path: str) -> object:
         return decode_pyarrow_json(body)
     if name == "duckdb read_json":
         return decode_duckdb(body_path)
+    if name == "polars ndjson":
+        return decode_polars(body)
     return decode_duckdb_tables(body_path)
 
 
@@ -280,6 +315,32 @@ def check(trace: Path, body_path: str) -> None:
         ns = got["ts_ns"] if "ts_ns" in got.column_names else _decimal_ns(got["ts"])
         same = len(ns) == len(want) and bool(np.array_equal(np.asarray(ns), want))
         print(f"{name}: {len(ns):,} X events, ts in ns equal to the current decode: {same}")
+    if _has_polars():
+        import polars as pl
+
+        text = pl.concat(run_candidate("polars ndjson", data, body_path)).filter(
+            pl.col("ph") == "X"
+        )
+        raw = [
+            event.split(b'"ts":', 1)[1].split(b",", 1)[0].strip().decode()
+            for event in map(bytes, msgspec.json.decode(events_array(data), type=list[msgspec.Raw]))
+            if b'"ph": "X"' in event
+        ]
+        same = text["ts"].to_list() == raw
+        print(f"polars ndjson: {len(text):,} X events, ts text as written: {same}")
+        # This trace's ts are integers; Kineto's since 2023 have 3 decimals (ns), which polars
+        # reads through a float64:
+        line = b'{"ts": 1712195495519689.047}'
+        got = pl.read_ndjson(io.BytesIO(line), schema={"ts": pl.String})["ts"][0]
+        print(f"polars ndjson: {line.decode()} read as ts {got!r}")
+
+
+def _has_polars() -> bool:
+    try:
+        import polars  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _decimal_ns(column: pa.ChunkedArray) -> np.ndarray:
@@ -311,6 +372,8 @@ def main() -> int:
         results: dict[str, list[dict[str, float]]] = {name: [] for name in CANDIDATES}
         for _ in range(args.runs):  # candidates alternate, so a busy spell hits them all
             for name in CANDIDATES:
+                if name == "polars ndjson" and not _has_polars():
+                    continue
                 command = [sys.executable, __file__, str(args.trace), "--child", name]
                 out = subprocess.run(
                     [*command, "--body", body_file.name],
@@ -325,6 +388,8 @@ def main() -> int:
     print("| candidate | CPU s | MB per CPU s | peak RSS MB | peak / file |")
     print("|---|---:|---:|---:|---:|")
     for name, runs in results.items():
+        if not runs:
+            continue
         cpu = statistics.median(r["cpu_s"] for r in runs)
         peak = max(r["peak_mb"] for r in runs)
         print(f"| {name} | {cpu:.2f} | {mb / cpu:.0f} | {peak:,.0f} | {peak / mb:.2f}x |")

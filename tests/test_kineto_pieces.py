@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+import msgspec
 import pytest
 
 from stallscope.ingest import startup
@@ -166,3 +167,51 @@ def test_thread_budget(monkeypatch):
         assert startup.thread_budget() is None
     finally:
         startup.set_thread_budget(None)
+
+
+# Events of every kind the two decodes of a piece treat apart: read rows (X, M), others
+# (flows, instants with args, a counter, a negative and a non-number dur), odd fields.
+_MIXED_EVENTS = [
+    b'{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": "Spans", "ts": 1.047,'
+    b' "dur": 2, "args": {"External id": 5, "external id": 9, "Input Dims": [[1, 2]]}}',
+    b'{"ph": "M", "name": "process_name", "pid": "7", "tid": 0, "args": {"name": "python"}}',
+    b'{"cat": "kernel", "ph": "X", "name": "k", "pid": 0, "tid": 7, "ts": 1e3, "dur": -1.5,'
+    b' "args": {"device": 0, "stream": 7, "correlation": 3, "grid": [1, 2, 3]}}',
+    b'{"ph": "s", "id": 3, "cat": "ac2g", "name": "ac2g", "pid": 1, "tid": 1, "ts": 5}',
+    b'{"ph": "f", "id": 3, "cat": "ac2g", "name": 12, "pid": 1, "tid": 1, "ts": 6, "bp": "e"}',
+    b'{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "ts": 7, "dur": "-3",'
+    b' "args": {"Bytes": 8, "Addr": 1, "nested": {"a": [1]}}}',
+    b'{"ph": "C", "name": "counter", "ts": 8, "dur": -2, "args": null}',
+]
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        None,  # every ph known: decoded by ph
+        b'{"ph": "Z", "name": "unknown phase", "ts": 9}',  # -> decoded as Event s
+        b'{"name": "no phase", "ts": 9, "dur": -1}',
+        b'{"ph": 1, "name": "phase not a string"}',
+    ],
+)
+def test_piece_decoded_by_phase_equals_decoded_as_events(odd):
+    events = _MIXED_EVENTS + ([odd] if odd else [])
+    piece = b"[" + b",\n".join(events) + b"]"
+    if odd is None:  # the tagged decode takes it (the others fall back to Event s)
+        assert len(kineto_decode._TAGGED_LIST.decode(piece)) == len(events)
+    else:
+        with pytest.raises(msgspec.ValidationError):
+            kineto_decode._TAGGED_LIST.decode(piece)
+    by_phase = kineto_decode._decode_piece(piece)
+    as_events = kineto_decode._to_batch(kineto_decode._EVENTS_LIST.decode(piece))
+    assert [t.num_rows for t in by_phase] == [3, 1, len(events) - 3]
+    for got, expected in zip(by_phase, as_events, strict=True):
+        assert got.equals(expected), (got.to_pylist(), expected.to_pylist())
+
+
+def test_piece_whose_other_event_has_args_not_an_object_fails_either_way():
+    piece = b"[" + b",".join([*_MIXED_EVENTS, b'{"ph": "f", "name": "x", "args": [1]}']) + b"]"
+    with pytest.raises(msgspec.DecodeError):
+        kineto_decode._EVENTS_LIST.decode(piece)
+    with pytest.raises(msgspec.DecodeError):  # not read, but checked as before: careful path
+        kineto_decode._decode_piece(piece)

@@ -23,13 +23,13 @@ import gc
 import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
+from operator import attrgetter
 from typing import Any
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from msgspec.structs import astuple
 
 from stallscope.ingest.canonical import _as_int
 from stallscope.ingest.formats import TableReader
@@ -191,7 +191,7 @@ def _typed_rows(chunks: list[bytes]) -> pa.Table | None:
     """
     parts = []
     was_enabled = gc.isenabled()
-    gc.disable()  # a tuple per event (astuple): the GC would only walk them again and again
+    gc.disable()  # many small objects per event: the GC would only walk them again and again
     try:
         for start in range(0, len(chunks), _TYPED_BATCH):
             part = _typed_batch(chunks[start : start + _TYPED_BATCH])
@@ -252,26 +252,23 @@ def _kept_one_by_one(chunks: list[bytes]) -> tuple[pa.Table, int]:
 
 
 _ARG_NAMES = _TypedMemArgs.__struct_fields__
-_INT_COLUMNS = ("pid", "tid", *_ARG_NAMES)
 
 
 def _typed_batch(chunks: list[bytes]) -> pa.RecordBatch | None:
     """The kept rows of some events (integer columns and ``ts_ns``); None if any value is odd."""
     try:
         events = _TYPED_LIST_DECODER.decode(b"[" + b",".join(chunks) + b"]")
-        ph, name, pid, tid, ts, args = zip(*map(astuple, events), strict=True)
-        filled = [a or _NO_TYPED_ARGS for a in args]
-        arg_columns = zip(*map(astuple, filled), strict=True)
+        # One list per value (comprehensions and attrgetter: no tuple per event).
+        filled = [e.args or _NO_TYPED_ARGS for e in events]
         ints = {
-            key: pa.array(values, pa.int64())
-            for key, values in zip(_INT_COLUMNS, (pid, tid, *arg_columns), strict=True)
+            "pid": pa.array([e.pid for e in events], pa.int64()),
+            "tid": pa.array([e.tid for e in events], pa.int64()),
+            **{key: pa.array(list(map(attrgetter(key), filled)), pa.int64()) for key in _ARG_NAMES},
         }
     except (msgspec.DecodeError, msgspec.ValidationError, pa.ArrowException, OverflowError):
         return None
-    ts_ns = _ts_column(list(ts))
-    memory_events = pa.array(
-        [n == "[memory]" and p == "i" for n, p in zip(name, ph, strict=True)], pa.bool_()
-    )
+    ts_ns = _ts_column([e.ts for e in events])
+    memory_events = pa.array([e.name == "[memory]" and e.ph == "i" for e in events], pa.bool_())
     keep = pc.and_(
         pc.and_(memory_events, pc.is_valid(ts_ns)),
         pc.and_(pc.equal(ints["device_type"], 1), pc.greater_equal(ints["device_id"], 0)),
