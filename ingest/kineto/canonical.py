@@ -147,6 +147,9 @@ def _to_canonical(
     con = duckdb.connect(config={"threads": duckdb_threads(), **_DUCKDB_GIVES_BACK})
     try:
         con.execute(MACROS_SQL)
+        # DuckDB draws a progress bar on the terminal for a query past 2 s (a big trace's
+        # sorts on a busy machine): never in the middle of the ingest's own output.
+        con.execute("SET enable_progress_bar = false")
         # Interned names: distinct, in byte order (DuckDB's ORDER BY for text),
         # over every event (also those no query reads: flows, instants).
         every_name = pa.chunked_array(events["name"].chunks + others["name"].chunks, pa.string())
