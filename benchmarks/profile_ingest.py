@@ -119,13 +119,18 @@ def main(path: str) -> None:
     if hasattr(decoded, "gpu_args"):  # GPU args and unread events in tables of their own
         arrow_bytes += decoded.gpu_args.nbytes + decoded.others.nbytes
     print(f"{'':<12} {decoded.events.num_rows:,} events, {arrow_bytes / 1e6:.1f} MB Arrow")
+    import inspect
+
+    scratch = tempfile.TemporaryDirectory()  # the staging folder: streamed tables go there
     with Stage("canonical"):
-        if hasattr(decoded, "gpu_args"):
+        if "scratch" in inspect.signature(to_canonical).parameters:  # as ingest calls it
+            canonical = to_canonical(decoded, "t", 0, Path(scratch.name))
+        elif hasattr(decoded, "gpu_args"):
             canonical = to_canonical(decoded, "t", 0)
         else:  # an older checkout
             canonical = to_canonical(decoded.events, decoded.header, "t", 0)
     del decoded
-    with Stage("write"), tempfile.TemporaryDirectory() as tmp:
+    with Stage("write"), scratch as tmp:
         try:
             from stallscope.ingest.job import _write_tables  # as ingest writes: a few at a time
         except ImportError:  # an older checkout: one after the other

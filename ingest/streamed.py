@@ -61,8 +61,10 @@ class WrittenTable:
     name_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.int32()))
 
     def move_to(self, target: Path) -> None:
-        """Put the file at ``target`` (same filesystem: the ingest's staging folder)."""
+        """Put the file at ``target`` (same filesystem: the ingest's staging folder); ``path``
+        names it there from then on."""
         os.replace(self.path, target)
+        self.path = target
 
 
 def exact_types(table: str, schema: pa.Schema) -> bool:
@@ -78,10 +80,14 @@ def write_split(
 ) -> list[WrittenTable] | None:
     """Write the rows of ``reader`` (sorted by ``tix``, 0 .. len(paths) - 1) to ``paths[tix]``.
 
-    Returns one :class:`WrittenTable` per path (a trace without rows gets an
-    empty file of the same schema), or None, having written nothing, when a
-    column is not of its declared type (module docstring).
+    A reader without a ``tix`` column (one trace's rows) needs one path: every
+    row goes there. Returns one :class:`WrittenTable` per path (a trace without
+    rows gets an empty file of the same schema), or None, having written
+    nothing, when a column is not of its declared type (module docstring).
     """
+    split = "tix" in reader.schema.names
+    if not split and len(paths) != 1:
+        raise ValueError("write_split: rows without a tix column go to exactly one path")
     body_schema = pa.schema([f for f in reader.schema if f.name != "tix"])
     if not exact_types(table, body_schema):
         return None
@@ -95,9 +101,13 @@ def write_split(
             for batch in reader:
                 if batch.num_rows == 0:
                     continue
-                tix = batch.column("tix").to_numpy(zero_copy_only=False)
-                bounds = np.searchsorted(tix, np.arange(len(paths) + 1), side="left")
-                body = pa.Table.from_batches([batch]).drop_columns(["tix"])
+                if split:
+                    tix = batch.column("tix").to_numpy(zero_copy_only=False)
+                    bounds = np.searchsorted(tix, np.arange(len(paths) + 1), side="left")
+                    body = pa.Table.from_batches([batch]).drop_columns(["tix"])
+                else:
+                    bounds = np.array([0, batch.num_rows])
+                    body = pa.Table.from_batches([batch])
                 for index, part in enumerate(parts):
                     lo, hi = int(bounds[index]), int(bounds[index + 1])
                     if hi > lo:

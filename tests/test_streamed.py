@@ -11,9 +11,12 @@ import pyarrow.parquet as pq
 
 from stallscope.ingest.canonical import conform
 from stallscope.ingest.formats import ParseContext
+from stallscope.ingest.kineto.parse import parse_kineto
 from stallscope.ingest.nsys.parse import parse_nsys_file
+from stallscope.ingest.reader import expand_path
 from stallscope.ingest.streamed import WrittenTable, write_split
 from stallscope.schema import arrow_schema
+from tests.kineto_builder import KinetoTrace
 from tests.nsys_builder import NsysBuilder
 
 
@@ -102,3 +105,62 @@ def test_nsys_streamed_tables_equal_the_materialised_ones(tmp_path: Path):
         assert mine.canonical.names.equals(theirs.canonical.names)
         assert mine.canonical.event_count == theirs.canonical.event_count
         assert mine.warnings == theirs.warnings
+
+
+def test_rows_without_tix_go_to_the_one_path(tmp_path: Path):
+    rows = _host_rows([0, 0, 0], [5, 1, 9], [6, 3, 12], [4, 4, 7]).drop_columns(["tix"])
+    reader = pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches(max_chunksize=2))
+    [written] = write_split(reader, "host", [tmp_path / "one.parquet"])
+    assert written.num_rows == 3
+    assert written.bounds == {"start_ns": (1, 9), "end_ns": (3, 12)}
+    assert pq.read_table(written.path).equals(conform("host", rows))
+    written.move_to(tmp_path / "moved.parquet")
+    assert written.path == tmp_path / "moved.parquet" and written.path.is_file()
+
+
+def _kineto_trace() -> KinetoTrace:
+    """Host rows on two threads written out of order, equal start times (file order breaks
+    the tie), a step and a user annotation (ranges), kernels with their launches."""
+    t = KinetoTrace(rank=0)
+    t.step(1, 0, 10_000)
+    t.cpu_op("aten::mm", 3_000, 500, tid=101)
+    t.cpu_op("aten::add", 1_000, 200)
+    t.cpu_op("aten::relu", 1_000, 100)  # same start as aten::add: after it (file order)
+    t.cpu_op("forward", 500, 6_000, cat="user_annotation")
+    for i in range(3):
+        corr = t.kernel(f"k{i}", 2_000 + 1_000 * i, 400)
+        t.runtime("cudaLaunchKernel", 1_900 + 1_000 * i, 50, corr=corr)
+    return t
+
+
+def test_kineto_streamed_tables_equal_the_materialised_ones(tmp_path: Path):
+    trace = _kineto_trace().write(tmp_path / "rank0.json")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+
+    def parse(where: Path | None):
+        ctx = ParseContext(name="r0", single=True, trace_id=lambda k: "tk", scratch=where)
+        [source] = expand_path(str(trace))[1]
+        return parse_kineto(source, source.read(), ctx)
+
+    [streamed], [held] = parse(scratch), parse(None)
+    for name in ("host", "ranges"):
+        table = getattr(streamed.canonical, name)
+        assert isinstance(table, WrittenTable)
+        assert table.path.parent == scratch
+        expected = conform(name, getattr(held.canonical, name))
+        assert expected.num_rows > 0
+        assert pq.read_table(table.path).equals(expected)
+    host = pq.read_table(streamed.canonical.host.path)
+    ids = held.canonical.names.to_pydict()
+    names = dict(zip(ids["name_id"], ids["name"], strict=True))
+    host_names = [names[i] for i in host["name_id"].to_pylist()]
+    # (pid, tid, start, file order): thread 100 first; add before relu at 1,000 ns
+    assert host_names == [
+        "ProfilerStep#1", "forward", "aten::add", "aten::relu", "cudaLaunchKernel", "cudaLaunchKernel",
+        "cudaLaunchKernel", "aten::mm",
+    ]  # fmt: skip
+    for name in ("gpu", "collectives", "names", "threads", "devices"):
+        assert getattr(streamed.canonical, name).equals(getattr(held.canonical, name))
+    assert streamed.warnings == held.warnings
+    assert streamed.canonical.event_count == held.canonical.event_count

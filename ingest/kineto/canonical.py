@@ -6,9 +6,17 @@ exact text -> integer-nanosecond conversion (for the spellings the decoder
 left as text), memcpy kinds, communication detection and the collectives
 table; names are interned with Arrow compute. Python only handles the small
 header (devices, rank). Rows with equal sort keys keep their file order.
+
+Given a scratch folder (the ingest's staging folder), the two tables that
+can be big, ``host`` and ``ranges``, go from DuckDB straight to Parquet
+batch by batch (``ingest.streamed.write_split``, as nsys's do) instead of
+being materialised in Arrow, and the host query, the last, consumes the
+decoded rows as it scans them: its input is freed while DuckDB sorts.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -25,6 +33,7 @@ from stallscope.ingest.kineto.decode import (
     gpu_rows,
 )
 from stallscope.ingest.startup import duckdb_threads, give_back_freed_memory
+from stallscope.ingest.streamed import BATCH_ROWS, WrittenTable, write_split
 
 # Lower-cased Kineto category -> canonical kind.
 GPU_KINDS = {
@@ -86,22 +95,50 @@ def _id_sql(column: str) -> str:
     return f"coalesce(TRY_CAST({column} AS BIGINT), CAST(hash({column}) % 4611686018427387903 AS BIGINT))"
 
 
-def to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> CanonicalTrace:
+def to_canonical(
+    decoded: KinetoDecoded, trace_id: str, rank: int, scratch: Path | None = None
+) -> CanonicalTrace:
     """Canonical tables for one decoded Kineto trace (``decode.KinetoDecoded``).
 
     Consumes ``decoded``'s tables: ``events``, ``gpu_args`` and ``others`` are
     emptied (``decode.empty_decoded``'s) while the queries run, each column let
     go once no query left reads it (the peak of a big ingest; ``header`` and
-    ``warnings`` stay)."""
+    ``warnings`` stay). With ``scratch`` (a folder on the store's filesystem),
+    ``host`` and ``ranges`` are written there as Parquet while queried and the
+    trace holds them as ``streamed.WrittenTable`` (module docstring); without,
+    every table is returned in Arrow. The rows are the same either way."""
     previous = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())  # see decode.decode_kineto
     try:
-        return _to_canonical(decoded, trace_id, rank)
+        return _to_canonical(decoded, trace_id, rank, scratch)
     finally:
         pa.set_memory_pool(previous)
 
 
-def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> CanonicalTrace:
+def _consumed(rows: list[pa.Table]) -> pa.RecordBatchReader:
+    """The one table in ``rows`` (taken out of the list) as a reader that lets each batch go
+    once read: DuckDB scanning it frees the rows as its sort copies them in."""
+    table = rows.pop()
+    schema, batches = table.schema, table.to_batches()
+    del table
+    batches.reverse()
+
+    def each():
+        while batches:
+            yield batches.pop()
+
+    return pa.RecordBatchReader.from_batches(schema, each())
+
+
+def _reader(relation: duckdb.DuckDBPyRelation) -> pa.RecordBatchReader:
+    """The relation's rows as Arrow batches of ``streamed.BATCH_ROWS`` (DuckDB < 1.4: the older name)."""
+    method = getattr(relation, "to_arrow_reader", None) or relation.fetch_record_batch
+    return method(BATCH_ROWS)
+
+
+def _to_canonical(
+    decoded: KinetoDecoded, trace_id: str, rank: int, scratch: Path | None
+) -> CanonicalTrace:
     events, gpu_args, others, header = (
         decoded.events, decoded.gpu_args, decoded.others, decoded.header
     )  # fmt: skip
@@ -110,6 +147,9 @@ def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> Canonical
     con = duckdb.connect(config={"threads": duckdb_threads(), **_DUCKDB_GIVES_BACK})
     try:
         con.execute(MACROS_SQL)
+        # DuckDB draws a progress bar on the terminal for a query past 2 s (a big trace's
+        # sorts on a busy machine): never in the middle of the ingest's own output.
+        con.execute("SET enable_progress_bar = false")
         # Interned names: distinct, in byte order (DuckDB's ORDER BY for text),
         # over every event (also those no query reads: flows, instants).
         every_name = pa.chunked_array(events["name"].chunks + others["name"].chunks, pa.string())
@@ -135,16 +175,25 @@ def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> Canonical
             gpu_events = gpu_events.append_column(column, gpu_args[column])
         del gpu_args
 
-        def query(sql: str, table: str, view: str, rows: pa.Table) -> pa.Table:
+        def query(
+            sql: str, table: str, view: str, rows: pa.Table | pa.RecordBatchReader, out: str = ""
+        ) -> pa.Table | WrittenTable:
             # DuckDB scans the Arrow rows in place, only the columns it reads (its WHERE
             # picks the rows). Freed memory is given back to the system between
-            # queries (the next one's peak starts lower).
+            # queries (the next one's peak starts lower). ``out``: the canonical table,
+            # written to ``scratch`` as it comes when there is one.
             con.register(table, rows)
+            del rows
             try:
-                return con.sql(view + sql).to_arrow_table()
+                relation = con.sql(view + sql)
+                if not out or scratch is None:
+                    return relation.to_arrow_table()
+                reader = _reader(relation)
+                path = scratch / f".kineto-{tid}-{out}.parquet"
+                written = write_split(reader, out, [path])
+                return written[0] if written is not None else reader.read_all()
             finally:
                 con.unregister(table)
-                del rows
                 give_back_freed_memory()
 
         # The GPU queries read the one copy of the GPU rows joined with their args.
@@ -153,7 +202,9 @@ def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> Canonical
             _COLLECTIVES_SQL.format(trace_id=tid, rank=int(rank)), "evg_rows", _EVG, gpu_events
         )
         del gpu_events
-        ranges = query(_RANGES_SQL.format(trace_id=tid), "evn_rows", _EVN, events.select(_COMMON))
+        ranges = query(
+            _RANGES_SQL.format(trace_id=tid), "evn_rows", _EVN, events.select(_COMMON), "ranges"
+        )
         threads = query(_THREADS_SQL.format(trace_id=tid), "evn_rows", _EVN, events.select(_COMMON))
         untimed = query(
             "SELECT count(*) AS n FROM evn WHERE ph = 'X' AND start_ns IS NULL",
@@ -163,18 +214,19 @@ def _to_canonical(decoded: KinetoDecoded, trace_id: str, rank: int) -> Canonical
         )
         metadata = pc.sum(pc.equal(events["ph"], "M")).as_py() or 0
         event_count = events.num_rows + other_events - metadata
-        # The host query last, on the columns it reads alone: the others are let go first.
+        # The host query last, on the columns it reads alone: the others are let go first,
+        # and these as DuckDB reads them (``_consumed``: nothing else holds them then).
         # The decoder drops the shapes columns when no row has them: nulls here.
         shapes = _SHAPES[0] in events.column_names
-        host_rows = events.select(_HOST_COLUMNS + _SHAPES if shapes else _HOST_COLUMNS)
+        host_rows = [events.select(_HOST_COLUMNS + _SHAPES if shapes else _HOST_COLUMNS)]
         del events
         host = query(
             _HOST_SQL.format(trace_id=tid),
             "evh_rows",
             _EVH if shapes else _EVH_NO_SHAPES,
-            host_rows,
+            _consumed(host_rows),
+            "host",
         )
-        del host_rows
         dropped = untimed["n"][0].as_py()
     finally:
         con.close()

@@ -53,7 +53,7 @@ def parse_kineto(source: Source, data: bytes | Payload, ctx: ParseContext) -> li
     header = decoded.header
     rank, world_size, backend = rank_info(source.name, header, single=ctx.single)
     negative = _negative_durations(decoded.events) + _negative_durations(decoded.others)
-    canonical = to_canonical(decoded, ctx.trace_id(""), rank)
+    canonical = to_canonical(decoded, ctx.trace_id(""), rank, ctx.scratch)
     for reader, table, _ in further:
         setattr(canonical, reader.table, table)
     if not (canonical.gpu.num_rows or canonical.host.num_rows or canonical.ranges.num_rows):
