@@ -22,15 +22,18 @@ import pyarrow.compute as pc
 from stallscope.ingest.canonical import CanonicalTrace
 from stallscope.ingest.comm import MACROS_SQL
 from stallscope.ingest.formats import TableReader, table_readers
+from stallscope.ingest.nsys.copyout import copy_split
 from stallscope.ingest.nsys.ranks import payload_fields
 from stallscope.ingest.nsys.sql import (
     COLLECTIVES_OUT_SQL,
     CORR_DEV_SQL,
     ENCLOSE_SQL,
     GPU_OUT_SQL,
+    HOST_ORDER,
     HOST_OUT_SQL,
     PREPARE_END_SQL,
     PREPARE_STEPS,
+    RANGES_ORDER,
     RANGES_OUT_SQL,
     THREADS_OUT_SQL,
 )
@@ -65,14 +68,16 @@ class NsysCanonical:
         caller's dict), which keeps no reference to them.
         """
         self.con = duckdb.connect(config={"threads": duckdb_threads()})
-        steps = [(name, sql, raw.pop(name)) for name, sql in PREPARE_STEPS]
+        steps = [(name, sql, after, raw.pop(name)) for name, sql, after in PREPARE_STEPS]
         for name, table in raw.items():
             self.con.register(name, _loaded(table))
         self.con.execute(MACROS_SQL)
         self.further = [r for r in further_readers() if r.raw in raw]  # tables they were read for
-        for name, sql, source in steps:
+        for name, sql, after, source in steps:
             self._prepare(name, sql, source)
             del source
+            if after:
+                self.con.execute(after)
         del steps
         self.con.execute(PREPARE_END_SQL)
         self._pairs()
@@ -203,22 +208,28 @@ class NsysCanonical:
             drop(done)
             return rows
 
-        def streamed(sql: str, table: str, *done: str) -> list[pa.Table | WrittenTable]:
-            """``sql``'s rows written per trace into ``scratch`` (else as ``rows_of``)."""
+        def streamed(sql: str, order: str, table: str, *done: str) -> list[pa.Table | WrittenTable]:
+            """``sql``'s rows (``ORDER BY order``) written per trace into ``scratch`` by DuckDB
+            (``copyout``; else streamed through Arrow, ``streamed.write_split``); without
+            ``scratch``, as ``rows_of``."""
+            ordered = f"{sql} ORDER BY {order}"
             if scratch is None:
-                return rows_of(sql, *done)
-            reader = _reader(con.sql(sql))
+                return rows_of(ordered, *done)
             paths = [scratch / f".nsys-{u['trace_id']}-{table}.parquet" for u in units]
-            written = write_split(reader, table, paths)
-            rows = written if written is not None else _split(reader.read_all(), n)
+            written = copy_split(con, sql, order, table, paths)
+            if written is None:
+                reader = _reader(con.sql(ordered))
+                written = write_split(reader, table, paths)
+                if written is None:
+                    written = _split(reader.read_all(), n)
             drop(done)
-            return rows
+            return written
 
         gpu = rows_of(GPU_OUT_SQL)
         collectives = rows_of(COLLECTIVES_OUT_SQL, "nccl_of")
         further = {r.table: rows_of(r.out_sql) for r in self.further}  # while api etc. are there
-        host = streamed(HOST_OUT_SQL, "host", "g", "api", "os", "corr_dev")
-        ranges = streamed(RANGES_OUT_SQL, "ranges", "nv", "proj")
+        host = streamed(HOST_OUT_SQL, HOST_ORDER, "host", "g", "api", "os", "corr_dev")
+        ranges = streamed(RANGES_OUT_SQL, RANGES_ORDER, "ranges", "nv", "proj")
         threads = rows_of(THREADS_OUT_SQL)
         names = con.sql("SELECT name_id, name FROM names ORDER BY name_id").to_arrow_table()
         out = []
