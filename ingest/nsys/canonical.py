@@ -10,6 +10,7 @@ nothing per event passes through Python. The caller decides the traces
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ from stallscope.ingest.streamed import WrittenTable, write_split
 # thread of their process launched (NVIDIA's nvtx_gpu_proj_* rules).
 _RANGE_SCOPES = (((59, 70), ("gp", "tid")), ((60, 71), ("gp",)))
 _MAX_PACKED = 1 << 62
+# The range join is done by slices of about this many launch points (at most _MAX_SLICES).
+_SLICE_POINTS = 150_000
+_MAX_SLICES = 8
 
 
 @functools.cache
@@ -127,18 +131,60 @@ class NsysCanonical:
             if keys_n * span < _MAX_PACKED:
                 band = f"rk.ki * {span} - {t0}"
                 con.execute(
-                    "INSERT INTO pairs SELECT r.nvtx_id, l.gid FROM ("
+                    "CREATE OR REPLACE TEMP TABLE pk_ranges AS "
                     + ranges.format(p=f"{band} + nv.start_ns", q=f"{band} + nv.end_ns")
-                    + ") r JOIN ("
-                    + points.format(p=f"{band} + lp.launch_ns")
-                    + ") l ON l.pt >= r.ps AND l.pt < r.pe"
                 )
+                con.execute(
+                    "CREATE OR REPLACE TEMP TABLE pk_points AS "
+                    + points.format(p=f"{band} + lp.launch_ns")
+                )
+                self._sliced_join()
             else:  # times too far apart to pack: an equality join (slower, same result)
                 keys_eq = " AND ".join(f"l.{k} = r.{k}" for k in keys)
                 con.execute(
                     f"INSERT INTO pairs SELECT r.nvtx_id, l.gid FROM (SELECT * FROM nv WHERE {where}) r "
                     f"JOIN launch_points l ON {keys_eq} AND l.launch_ns >= r.start_ns AND l.launch_ns < r.end_ns"
                 )
+
+    def _sliced_join(self) -> None:
+        """``pairs`` += (range, point) of ``pk_ranges`` (``ps``, ``pe``) x ``pk_points``
+        (``pt``) where ``ps <= pt < pe``, by slices of the points' values.
+
+        Each point falls in one slice and each range joins the slices it
+        overlaps, so every pair is found once; the inequality join of a slice
+        holds a part of the tables instead of both whole (the ingest's peak
+        memory was this join's).
+        """
+        con = self.con
+        points = con.execute("SELECT count(*) FROM pk_points").fetchall()[0][0]
+        slices = max(1, min(_MAX_SLICES, -(-points // _SLICE_POINTS)))
+        cuts: list = []
+        if slices > 1:
+            quantiles = ", ".join(str(i / slices) for i in range(1, slices))
+            cuts = sorted(
+                {
+                    row[0]
+                    for row in con.execute(
+                        f"SELECT unnest(quantile_disc(pt, [{quantiles}])) FROM pk_points"
+                    ).fetchall()
+                }
+            )
+        bounds = [None, *cuts, None]
+        for lo, hi in itertools.pairwise(bounds):
+            on_points = (
+                " AND ".join([f"pt >= {lo}"] * (lo is not None) + [f"pt < {hi}"] * (hi is not None))
+                or "true"
+            )
+            on_ranges = (
+                " AND ".join([f"pe > {lo}"] * (lo is not None) + [f"ps < {hi}"] * (hi is not None))
+                or "true"
+            )
+            con.execute(
+                f"INSERT INTO pairs SELECT r.nvtx_id, l.gid FROM "
+                f"(SELECT * FROM pk_ranges WHERE {on_ranges}) r JOIN "
+                f"(SELECT * FROM pk_points WHERE {on_points}) l ON l.pt >= r.ps AND l.pt < r.pe"
+            )
+        con.execute("DROP TABLE pk_ranges; DROP TABLE pk_points")
 
     # -- what the caller needs to decide traces and ranks -------------------------------
     def unit_rows(self) -> list[tuple[int, int, int]]:
