@@ -84,11 +84,11 @@ def copy_split(
             f"COPY (SELECT {', '.join(select)} FROM ({sql} ORDER BY {order_by}) WHERE tix = {tix}) "
             f"TO {_literal(str(path))} ({_COPY_OPTIONS})"
         )
+        written.append(_written(con, path, names, table))
         if not _all_nullable(path):  # a DuckDB that writes otherwise: the Arrow route instead
-            for done in [*paths[: tix + 1]]:
+            for done in paths[: tix + 1]:
                 done.unlink(missing_ok=True)
             return None
-        written.append(_written(con, path, names, table))
     return written
 
 
@@ -117,7 +117,8 @@ def _written(
         # only when end >= start, and a projection spans its launches)
         repaired = path.with_name(path.name + ".repaired")
         con.execute(
-            f"COPY (SELECT * REPLACE (greatest(end_ns, start_ns) AS end_ns) FROM {file}) "
+            f"COPY (SELECT {', '.join(_nullable(c) for c in names)} FROM "
+            f"(SELECT * REPLACE (greatest(end_ns, start_ns) AS end_ns) FROM {file})) "
             f"TO {_literal(str(repaired))} ({_COPY_OPTIONS})"
         )
         repaired.replace(path)

@@ -1,0 +1,69 @@
+"""Output rows written per trace by DuckDB's COPY (``ingest.nsys.copyout``): the same files
+and records as streaming them through Arrow (``ingest.streamed.write_split``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stallscope.ingest.nsys.copyout import copy_split
+from stallscope.ingest.streamed import write_split
+from stallscope.schema import arrow_schema
+
+# Trace 1 has no rows; trace 0 has a row that ends before it starts (9 -> 8) and rows
+# out of order (the ORDER BY puts them in order).
+_ROWS = """
+SELECT CAST(tix AS INTEGER) AS tix, 't' || tix AS trace_id, 'runtime' AS kind,
+       CAST(s AS BIGINT) AS start_ns, CAST(e AS BIGINT) AS end_ns, CAST(n AS INTEGER) AS name_id
+FROM (VALUES (0, 5, 6, 4), (0, 1, 3, 4), (0, 9, 8, 7), (2, 100, 150, 1), (2, 40, 90, NULL))
+     v(tix, s, e, n)
+"""
+_ORDER = "tix, start_ns"
+
+
+def test_copy_writes_what_the_arrow_route_writes(tmp_path: Path):
+    con = duckdb.connect()
+    copied = copy_split(con, _ROWS, _ORDER, "host", [tmp_path / f"c{i}.parquet" for i in range(3)])
+    reader = con.sql(f"{_ROWS} ORDER BY {_ORDER}").to_arrow_reader(2)
+    streamed = write_split(reader, "host", [tmp_path / f"s{i}.parquet" for i in range(3)])
+    assert copied is not None
+    for c, s in zip(copied, streamed, strict=True):
+        a, b = pq.read_table(c.path), pq.read_table(s.path)
+        assert a.schema == b.schema == arrow_schema("host")  # optional fields, as Arrow's
+        assert a.equals(b)
+        assert (c.num_rows, c.bounds, c.negative_durations) == (
+            s.num_rows,
+            s.bounds,
+            s.negative_durations,
+        )
+        ids = [i for i in s.name_ids.to_pylist() if i is not None]  # a NULL name: no name id
+        assert sorted(c.name_ids.to_pylist()) == sorted(ids)
+        assert c.column_names == s.column_names
+    first = pq.read_table(copied[0].path)
+    assert first["start_ns"].to_pylist() == [1, 5, 9]
+    assert first["end_ns"].to_pylist() == [3, 6, 9]  # repaired: duration 0
+    assert copied[0].negative_durations == 1
+    assert copied[0].bounds == {"start_ns": (1, 9), "end_ns": (3, 8)}  # as parsed
+    assert copied[1].num_rows == 0 and copied[1].bounds["start_ns"] == (None, None)
+    assert copied[2].name_ids.to_pylist() == [1]  # the NULL name is no name id
+
+
+def test_a_column_of_another_type_is_left_to_the_caller(tmp_path: Path):
+    con = duckdb.connect()
+    rows = _ROWS.replace("CAST(n AS INTEGER)", "CAST(n AS BIGINT)")
+    paths = [tmp_path / f"{i}.parquet" for i in range(3)]
+    assert copy_split(con, rows, _ORDER, "host", paths) is None
+    assert not any(p.exists() for p in paths)
+    assert copy_split(con, _ROWS, _ORDER, "not_a_table", paths) is None
+
+
+def test_missing_declared_columns_are_typed_nulls(tmp_path: Path):
+    con = duckdb.connect()
+    [written] = copy_split(con, "SELECT * FROM (" + _ROWS + ") WHERE tix = 0", _ORDER, "host",
+                           [tmp_path / "0.parquet"])  # fmt: skip
+    table = pq.read_table(written.path)
+    assert table["input_dims"].type == pa.string()
+    assert table["input_dims"].null_count == table.num_rows == 3
