@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from stallscope.ingest.nsys.copyout import copy_split
 from stallscope.ingest.streamed import write_split
@@ -67,3 +68,10 @@ def test_missing_declared_columns_are_typed_nulls(tmp_path: Path):
     table = pq.read_table(written.path)
     assert table["input_dims"].type == pa.string()
     assert table["input_dims"].null_count == table.num_rows == 3
+
+
+def test_a_file_that_cannot_be_written_is_an_os_error(tmp_path: Path):
+    con = duckdb.connect()
+    paths = [tmp_path / "missing" / f"{i}.parquet" for i in range(3)]
+    with pytest.raises(OSError, match="missing"):
+        copy_split(con, _ROWS, _ORDER, "host", paths)

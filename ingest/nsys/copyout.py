@@ -80,9 +80,10 @@ def copy_split(
     names += extras
     written = []
     for tix, path in enumerate(paths):
-        con.execute(
+        _copy(
+            con,
             f"COPY (SELECT {', '.join(select)} FROM ({sql} ORDER BY {order_by}) WHERE tix = {tix}) "
-            f"TO {_literal(str(path))} ({_COPY_OPTIONS})"
+            f"TO {_literal(str(path))} ({_COPY_OPTIONS})",
         )
         written.append(_written(con, path, names, table))
         if not _all_nullable(path):  # a DuckDB that writes otherwise: the Arrow route instead
@@ -90,6 +91,17 @@ def copy_split(
                 done.unlink(missing_ok=True)
             return None
     return written
+
+
+def _copy(con: duckdb.DuckDBPyConnection, statement: str) -> None:
+    """Run one COPY; a failure to write the file (disk full, denied) is the OSError it is, as
+    Arrow's writer raised it (the CLI says it in one line)."""
+    try:
+        con.execute(statement)
+    except duckdb.IOException as exc:
+        raise OSError(
+            str(exc).strip().splitlines()[0] if str(exc).strip() else "I/O error"
+        ) from None
 
 
 def _nullable(column: str) -> str:
@@ -116,10 +128,11 @@ def _written(
     if negative:  # as the ingest repairs them: duration 0 (never in nsys output: rows are kept
         # only when end >= start, and a projection spans its launches)
         repaired = path.with_name(path.name + ".repaired")
-        con.execute(
+        _copy(
+            con,
             f"COPY (SELECT {', '.join(_nullable(c) for c in names)} FROM "
             f"(SELECT * REPLACE (greatest(end_ns, start_ns) AS end_ns) FROM {file})) "
-            f"TO {_literal(str(repaired))} ({_COPY_OPTIONS})"
+            f"TO {_literal(str(repaired))} ({_COPY_OPTIONS})",
         )
         repaired.replace(path)
     return WrittenTable(
