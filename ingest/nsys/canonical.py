@@ -271,11 +271,13 @@ class NsysCanonical:
             drop(done)
             return written
 
-        gpu = rows_of(GPU_OUT_SQL)
-        collectives = rows_of(COLLECTIVES_OUT_SQL, "nccl_of")
+        # The tables written to files first: the Arrow rows of gpu and collectives are not
+        # held while DuckDB sorts and writes them (the ingest's peak memory).
         further = {r.table: rows_of(r.out_sql) for r in self.further}  # while api etc. are there
-        host = streamed(HOST_OUT_SQL, HOST_ORDER, "host", "g", "api", "os", "corr_dev")
+        host = streamed(HOST_OUT_SQL, HOST_ORDER, "host", "api", "os", "corr_dev")
         ranges = streamed(RANGES_OUT_SQL, RANGES_ORDER, "ranges", "nv", "proj")
+        gpu = rows_of(GPU_OUT_SQL)
+        collectives = rows_of(COLLECTIVES_OUT_SQL, "nccl_of", "g")
         threads = rows_of(THREADS_OUT_SQL)
         names = con.sql("SELECT name_id, name FROM names ORDER BY name_id").to_arrow_table()
         out = []
