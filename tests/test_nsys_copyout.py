@@ -10,9 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stallscope.ingest.nsys.copyout import copy_split
+from stallscope.ingest.formats import ParseContext
+from stallscope.ingest.nsys import copyout
+from stallscope.ingest.nsys.copyout import MAX_TRACES, copy_split
+from stallscope.ingest.nsys.parse import parse_nsys_file
 from stallscope.ingest.streamed import write_split
 from stallscope.schema import arrow_schema
+from tests.test_streamed import _two_gpus
 
 # Trace 1 has no rows; trace 0 has a row that ends before it starts (9 -> 8) and rows
 # out of order (the ORDER BY puts them in order).
@@ -59,6 +63,9 @@ def test_a_column_of_another_type_is_left_to_the_caller(tmp_path: Path):
     assert copy_split(con, rows, _ORDER, "host", paths) is None
     assert not any(p.exists() for p in paths)
     assert copy_split(con, _ROWS, _ORDER, "not_a_table", paths) is None
+    many = [tmp_path / f"m{i}.parquet" for i in range(MAX_TRACES + 1)]  # one pass costs less
+    assert copy_split(con, _ROWS, _ORDER, "host", many) is None
+    assert not any(p.exists() for p in many)
 
 
 def test_missing_declared_columns_are_typed_nulls(tmp_path: Path):
@@ -75,3 +82,28 @@ def test_a_file_that_cannot_be_written_is_an_os_error(tmp_path: Path):
     paths = [tmp_path / "missing" / f"{i}.parquet" for i in range(3)]
     with pytest.raises(OSError, match="missing"):
         copy_split(con, _ROWS, _ORDER, "host", paths)
+
+
+def test_an_export_of_many_traces_takes_the_arrow_route_with_the_same_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    export = _two_gpus().write(tmp_path / "dp.sqlite")
+
+    def parse(folder: str):
+        scratch = tmp_path / folder
+        scratch.mkdir()
+        ctx = ParseContext(name="dp", single=False, trace_id=lambda k: f"id-{k}", scratch=scratch)
+        return parse_nsys_file(export, "dp", ctx)
+
+    copied = parse("copied")
+    monkeypatch.setattr(copyout, "MAX_TRACES", 1)  # 2 traces: more than the COPYs' limit
+    streamed = parse("streamed")
+    for mine, theirs in zip(copied, streamed, strict=True):
+        for name in ("host", "ranges"):
+            a, b = getattr(mine.canonical, name), getattr(theirs.canonical, name)
+            assert a.path.parent.name == "copied" and b.path.parent.name == "streamed"
+            assert "duckdb" in pq.ParquetFile(a.path).metadata.created_by.lower()
+            assert "arrow" in pq.ParquetFile(b.path).metadata.created_by.lower()
+            assert pq.read_table(a.path).equals(pq.read_table(b.path))
+            assert (a.num_rows, a.bounds) == (b.num_rows, b.bounds) and a.num_rows > 0
+        assert mine.canonical.names.equals(theirs.canonical.names)
