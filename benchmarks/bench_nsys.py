@@ -1,6 +1,6 @@
 """Whole-process load speed and memory on Nsight Systems SQLite exports: stallscope against nsys-ai.
 
-    python benchmarks/bench_nsys.py [FILE.sqlite ...] [--runs 3] [--peer-python PY]
+    python benchmarks/bench_nsys.py [FILE.sqlite ...] [--runs 3] [--peer-python PY] [--base CMD]
 
 Each run starts a fresh process, as a user would:
 
@@ -16,7 +16,8 @@ Each run starts a fresh process, as a user would:
   load (``NSYS_AI_ALWAYS_BUILD_NVTX_KERNEL_MAP=1``), which its default defers
   to the first NVTX query and which stallscope builds at ingest.
 
-Start-up and imports count. Wall time is measured around the child process;
+``--base CMD`` times a second stallscope (the code before a change, say) in the
+same rounds, so that before and after see the same load. Start-up and imports count. Wall time is measured around the child process;
 CPU time (user + system, all threads) and peak RSS are the child's own
 ``ru_utime + ru_stime`` and ``ru_maxrss`` (from ``os.wait4``). Runs of the tools
 alternate, so a busy machine slows all alike; the table gives the median wall
@@ -42,6 +43,7 @@ Default inputs: ``benchmarks/data/nsys/*.sqlite`` (see docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -181,6 +183,7 @@ class Row:
     path: Path
     ours: Runs
     peers: dict[str, Runs]  # peer mode -> runs
+    base: Runs | None = None  # another stallscope (``--base``: before a change), if asked
     events: int = 0  # host + GPU events over the traces stallscope wrote
     traces: int = 0
 
@@ -188,7 +191,13 @@ class Row:
 def measure(path: Path, args: argparse.Namespace, peer: str | None, modes: list[str]) -> Row:
     """Alternate the tools ``args.runs`` times on ``path``; a failing tool is recorded, not fatal."""
     row = Row(path, Runs(), {mode: Runs() for mode in modes} if peer else {})
+    row.base = Runs() if args.base else None
     for i in range(args.runs):
+        if row.base is not None and row.base.error is None:
+            try:
+                bench_stallscope(path, row.base, stallscope_cmd(args.base))
+            except RuntimeError as exc:
+                row.base.error = _last_line(str(exc))
         if row.ours.error is None:
             try:
                 metas = bench_stallscope(path, row.ours, stallscope_cmd(args.stallscope))
@@ -202,7 +211,9 @@ def measure(path: Path, args: argparse.Namespace, peer: str | None, modes: list[
                     bench_peer(peer, path, runs, build_map=mode == "map")
                 except RuntimeError as exc:
                     runs.error = _last_line(str(exc))
-        said = [f"stallscope {_said(row.ours)}"] + [
+        said = [f"stallscope {_said(row.ours)}"]
+        said += [f"base {_said(row.base)}"] if row.base is not None else []
+        said += [
             f"nsys-ai{'' if m == 'default' else ' +map'} {_said(r)}" for m, r in row.peers.items()
         ]
         print(f"  {path.name} run {i + 1}: " + "; ".join(said), file=sys.stderr)
@@ -231,11 +242,11 @@ def table(rows: list[Row]) -> list[str]:
     for row in rows:
         mb = row.path.stat().st_size / 1e6
         peers = row.peers or {"-": Runs(error="skipped")}
-        for mode, theirs in peers.items():
-            ours = row.ours
+        sides = [("", row.ours)] + ([(" (base)", row.base)] if row.base is not None else [])
+        for (side, ours), (mode, theirs) in itertools.product(sides, peers.items()):
             label = {"default": "nsys-ai", "map": "nsys-ai +map"}.get(mode, "-")
             cells = [
-                row.path.name,
+                row.path.name + side,
                 f"{mb:.1f}",
                 f"{row.events:,}" if row.events else "-",
                 label,
@@ -322,6 +333,13 @@ def main() -> int:
         choices=("default", "map", "both"),
         default="default",
         help="nsys-ai as installed (default), with its NVTX->kernel map built at load (map), or both",
+    )
+    parser.add_argument(
+        "--base",
+        default=None,
+        metavar="CMD",
+        help="another stallscope to time in the same rounds (e.g. the code before a change,"
+        " as --stallscope); its rows are marked (base)",
     )
     parser.add_argument(
         "--stallscope",

@@ -10,6 +10,7 @@ nothing per event passes through Python. The caller decides the traces
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,18 @@ import pyarrow.compute as pc
 from stallscope.ingest.canonical import CanonicalTrace
 from stallscope.ingest.comm import MACROS_SQL
 from stallscope.ingest.formats import TableReader, table_readers
+from stallscope.ingest.nsys.copyout import copy_split
 from stallscope.ingest.nsys.ranks import payload_fields
 from stallscope.ingest.nsys.sql import (
     COLLECTIVES_OUT_SQL,
     CORR_DEV_SQL,
     ENCLOSE_SQL,
     GPU_OUT_SQL,
+    HOST_ORDER,
     HOST_OUT_SQL,
     PREPARE_END_SQL,
     PREPARE_STEPS,
+    RANGES_ORDER,
     RANGES_OUT_SQL,
     THREADS_OUT_SQL,
 )
@@ -43,6 +47,9 @@ from stallscope.ingest.streamed import WrittenTable, write_split
 # thread of their process launched (NVIDIA's nvtx_gpu_proj_* rules).
 _RANGE_SCOPES = (((59, 70), ("gp", "tid")), ((60, 71), ("gp",)))
 _MAX_PACKED = 1 << 62
+# The range join is done by slices of about this many launch points (at most _MAX_SLICES).
+_SLICE_POINTS = 150_000
+_MAX_SLICES = 8
 
 
 @functools.cache
@@ -65,14 +72,16 @@ class NsysCanonical:
         caller's dict), which keeps no reference to them.
         """
         self.con = duckdb.connect(config={"threads": duckdb_threads()})
-        steps = [(name, sql, raw.pop(name)) for name, sql in PREPARE_STEPS]
+        steps = [(name, sql, after, raw.pop(name)) for name, sql, after in PREPARE_STEPS]
         for name, table in raw.items():
             self.con.register(name, _loaded(table))
         self.con.execute(MACROS_SQL)
         self.further = [r for r in further_readers() if r.raw in raw]  # tables they were read for
-        for name, sql, source in steps:
+        for name, sql, after, source in steps:
             self._prepare(name, sql, source)
             del source
+            if after:
+                self.con.execute(after)
         del steps
         self.con.execute(PREPARE_END_SQL)
         self._pairs()
@@ -122,18 +131,60 @@ class NsysCanonical:
             if keys_n * span < _MAX_PACKED:
                 band = f"rk.ki * {span} - {t0}"
                 con.execute(
-                    "INSERT INTO pairs SELECT r.nvtx_id, l.gid FROM ("
+                    "CREATE OR REPLACE TEMP TABLE pk_ranges AS "
                     + ranges.format(p=f"{band} + nv.start_ns", q=f"{band} + nv.end_ns")
-                    + ") r JOIN ("
-                    + points.format(p=f"{band} + lp.launch_ns")
-                    + ") l ON l.pt >= r.ps AND l.pt < r.pe"
                 )
+                con.execute(
+                    "CREATE OR REPLACE TEMP TABLE pk_points AS "
+                    + points.format(p=f"{band} + lp.launch_ns")
+                )
+                self._sliced_join()
             else:  # times too far apart to pack: an equality join (slower, same result)
                 keys_eq = " AND ".join(f"l.{k} = r.{k}" for k in keys)
                 con.execute(
                     f"INSERT INTO pairs SELECT r.nvtx_id, l.gid FROM (SELECT * FROM nv WHERE {where}) r "
                     f"JOIN launch_points l ON {keys_eq} AND l.launch_ns >= r.start_ns AND l.launch_ns < r.end_ns"
                 )
+
+    def _sliced_join(self) -> None:
+        """``pairs`` += (range, point) of ``pk_ranges`` (``ps``, ``pe``) x ``pk_points``
+        (``pt``) where ``ps <= pt < pe``, by slices of the points' values.
+
+        Each point falls in one slice and each range joins the slices it
+        overlaps, so every pair is found once; the inequality join of a slice
+        holds a part of the tables instead of both whole (the ingest's peak
+        memory was this join's).
+        """
+        con = self.con
+        points = con.execute("SELECT count(*) FROM pk_points").fetchall()[0][0]
+        slices = max(1, min(_MAX_SLICES, -(-points // _SLICE_POINTS)))
+        cuts: list = []
+        if slices > 1:
+            quantiles = ", ".join(str(i / slices) for i in range(1, slices))
+            cuts = sorted(
+                {
+                    row[0]
+                    for row in con.execute(
+                        f"SELECT unnest(quantile_disc(pt, [{quantiles}])) FROM pk_points"
+                    ).fetchall()
+                }
+            )
+        bounds = [None, *cuts, None]
+        for lo, hi in itertools.pairwise(bounds):
+            on_points = (
+                " AND ".join([f"pt >= {lo}"] * (lo is not None) + [f"pt < {hi}"] * (hi is not None))
+                or "true"
+            )
+            on_ranges = (
+                " AND ".join([f"pe > {lo}"] * (lo is not None) + [f"ps < {hi}"] * (hi is not None))
+                or "true"
+            )
+            con.execute(
+                f"INSERT INTO pairs SELECT r.nvtx_id, l.gid FROM "
+                f"(SELECT * FROM pk_ranges WHERE {on_ranges}) r JOIN "
+                f"(SELECT * FROM pk_points WHERE {on_points}) l ON l.pt >= r.ps AND l.pt < r.pe"
+            )
+        con.execute("DROP TABLE pk_ranges; DROP TABLE pk_points")
 
     # -- what the caller needs to decide traces and ranks -------------------------------
     def unit_rows(self) -> list[tuple[int, int, int]]:
@@ -203,22 +254,30 @@ class NsysCanonical:
             drop(done)
             return rows
 
-        def streamed(sql: str, table: str, *done: str) -> list[pa.Table | WrittenTable]:
-            """``sql``'s rows written per trace into ``scratch`` (else as ``rows_of``)."""
+        def streamed(sql: str, order: str, table: str, *done: str) -> list[pa.Table | WrittenTable]:
+            """``sql``'s rows (``ORDER BY order``) written per trace into ``scratch`` by DuckDB
+            (``copyout``; else streamed through Arrow, ``streamed.write_split``); without
+            ``scratch``, as ``rows_of``."""
+            ordered = f"{sql} ORDER BY {order}"
             if scratch is None:
-                return rows_of(sql, *done)
-            reader = _reader(con.sql(sql))
+                return rows_of(ordered, *done)
             paths = [scratch / f".nsys-{u['trace_id']}-{table}.parquet" for u in units]
-            written = write_split(reader, table, paths)
-            rows = written if written is not None else _split(reader.read_all(), n)
+            written = copy_split(con, sql, order, table, paths)
+            if written is None:
+                reader = _reader(con.sql(ordered))
+                written = write_split(reader, table, paths)
+                if written is None:
+                    written = _split(reader.read_all(), n)
             drop(done)
-            return rows
+            return written
 
-        gpu = rows_of(GPU_OUT_SQL)
-        collectives = rows_of(COLLECTIVES_OUT_SQL, "nccl_of")
+        # The tables written to files first: the Arrow rows of gpu and collectives are not
+        # held while DuckDB sorts and writes them (the ingest's peak memory).
         further = {r.table: rows_of(r.out_sql) for r in self.further}  # while api etc. are there
-        host = streamed(HOST_OUT_SQL, "host", "g", "api", "os", "corr_dev")
-        ranges = streamed(RANGES_OUT_SQL, "ranges", "nv", "proj")
+        host = streamed(HOST_OUT_SQL, HOST_ORDER, "host", "api", "os", "corr_dev")
+        ranges = streamed(RANGES_OUT_SQL, RANGES_ORDER, "ranges", "nv", "proj")
+        gpu = rows_of(GPU_OUT_SQL)
+        collectives = rows_of(COLLECTIVES_OUT_SQL, "nccl_of", "g")
         threads = rows_of(THREADS_OUT_SQL)
         names = con.sql("SELECT name_id, name FROM names ORDER BY name_id").to_arrow_table()
         out = []

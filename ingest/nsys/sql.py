@@ -107,7 +107,7 @@ FROM osrt o LEFT JOIN strings s ON s.id = o.name_id
 WHERE o."end" >= o.start AND (o.start <> 0 OR o."end" <> 0);
 """
 
-PREPARE_NVTX_SQL = rf"""
+PREPARE_NVTX_SQL = r"""
 -- What is still needed from the raw table once it is released.
 CREATE TEMP TABLE thread_marks AS
 SELECT n.gp, coalesce(n.text, s.value) AS text FROM nvtx n LEFT JOIN strings s ON s.id = n.text_id
@@ -130,7 +130,10 @@ LEFT JOIN strings s ON s.id = n.text_id
 LEFT JOIN strings js ON js.id = n.json_id
 LEFT JOIN dom d ON d.gp = n.gp AND d.domain_id = n.domain_id
 WHERE n.event_type IN (59, 60, 70, 71) AND n."end" >= n.start;
+"""
 
+# Once the raw NVTX table is released (``nv0`` holds what is left of it).
+PREPARE_NV_SQL = rf"""
 -- The step regexes run once per distinct range name, not once per range.
 CREATE TEMP TABLE nv_names AS
 SELECT name, regexp_matches(name, '{PROFILER_STEP_REGEX}') AS is_ps,
@@ -166,13 +169,14 @@ CREATE TEMP TABLE stats AS
 SELECT a.dropped, n.open_ranges, a.graphs FROM act_stats a, nvtx_stats n;
 """
 
-# (raw table, the SQL that turns it into prepared tables), in order: each step may
-# use the prepared tables of the steps before it and the small raw tables.
+# (raw table, the SQL that turns it into prepared tables, the SQL run once the raw
+# table is released), in order: each step may use the prepared tables of the steps
+# before it and the small raw tables.
 PREPARE_STEPS = (
-    ("runtime", PREPARE_API_SQL),
-    ("act", PREPARE_GPU_SQL),
-    ("osrt", PREPARE_OS_SQL),
-    ("nvtx", PREPARE_NVTX_SQL),
+    ("runtime", PREPARE_API_SQL, ""),
+    ("act", PREPARE_GPU_SQL, ""),
+    ("osrt", PREPARE_OS_SQL, ""),
+    ("nvtx", PREPARE_NVTX_SQL, PREPARE_NV_SQL),
 )
 
 # For the host rows of processes split by GPU: the GPU of each correlated call.
@@ -245,8 +249,8 @@ SELECT u.tix, u.trace_id, {_PID.format(t="h")} AS pid, h.tid, h.kind, h.start_ns
   nm.name_id, h.correlation, CAST(NULL AS BIGINT) AS external_id
 FROM h {_UNIT_JOIN.format(t="h", dev="dev")}
 JOIN names nm ON nm.name = h.name
-ORDER BY u.tix, pid, h.tid, h.start_ns, h.end_ns DESC, h.kind, nm.name_id, h.correlation
 """
+HOST_ORDER = "u.tix, pid, h.tid, h.start_ns, h.end_ns DESC, h.kind, nm.name_id, h.correlation"
 
 RANGES_OUT_SQL = f"""
 WITH r AS (
@@ -263,8 +267,9 @@ SELECT u.tix, u.trace_id, r.kind, nm.name_id, r.domain,
   r.tid, r.device, r.stream, r.start_ns, r.end_ns, r.step, CAST(NULL AS BIGINT) AS external_id
 FROM r {_UNIT_JOIN.format(t="r", dev="device")}
 JOIN names nm ON nm.name = r.name
-ORDER BY u.tix, r.start_ns, r.nvtx_id, r.projected, r.device, r.stream
-"""  # ``projected``: a range's own row first, then its GPU projections (``kind DESC``, by integer)
+"""
+# ``projected``: a range's own row first, then its GPU projections (``kind DESC``, by integer)
+RANGES_ORDER = "u.tix, r.start_ns, r.nvtx_id, r.projected, r.device, r.stream"
 
 COLLECTIVES_OUT_SQL = f"""
 SELECT u.tix, u.trace_id, u.rank, g.device, g.stream,
