@@ -36,8 +36,9 @@ PART_LOADED_TABLES = ("gpu", "host", "names", "ranges")
 # DuckDB settings of a job's database while its rank parts are analyzed (JobData.rank_phase).
 # A rank's tables are a few thousand rows in one row group: no query of a part runs in
 # parallel, and a thread pool only adds hand-offs; and the optimizer passes below, which
-# pay off on large inputs, cost ~9 % of a part's instructions (callgrind, docs/benchmarks.md)
-# for plans no faster on rows this few. Only performance settings: results are the same.
+# pay off on large inputs, cost ~12 % of a part's instructions (callgrind, docs/benchmarks.md)
+# for plans no faster on rows this few (statistics propagation stays: without it a part
+# costs more). Only performance settings: results are the same.
 RANK_PHASE_SETTINGS = {
     "threads": "1",
     "disabled_optimizers": ",".join(
@@ -47,7 +48,7 @@ RANK_PHASE_SETTINGS = {
             "common_aggregate", "cte_filter_pusher", "filter_pullup", "regex_range",
             "top_n_window_elimination", "window_self_join", "aggregate_reuse",
             "self_join_aggregate", "partial_aggregate_pushdown", "projection_placement",
-            "redundant_order_keys",
+            "redundant_order_keys", "join_order",
         )
     ),
 }  # fmt: skip
