@@ -106,8 +106,9 @@ class JobData:
         cursor of this job's database) when it is first queried; its other
         tables are temporary views over the rank's files. Each has its own cache and is closed when the next one
         is asked for (or the loop ends), so at most one rank's rows and derived
-        data are held at a time. A job of one rank yields itself (its views,
-        left open, its cache kept).
+        data are held at a time. While the loop runs, this job's database has
+        :data:`RANK_PHASE_SETTINGS` (:meth:`rank_phase`). A job of one rank yields itself
+        (its views, left open, its cache kept; its settings unchanged).
         """
         if len(self._groups) <= 1:
             yield self
