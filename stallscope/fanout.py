@@ -99,13 +99,14 @@ def rank_task(
         out = []
         try:
             job_settings.apply(whole, overrides)
-            for group in groups:
-                part = JobData(store, group, parent=whole, load=True)
-                try:
-                    out.append({s.id: s.run(part, s.params((overrides or {}).get(s.id)))
-                                for s in specs})  # fmt: skip
-                finally:
-                    part.close()
+            with whole.rank_phase():
+                for group in groups:
+                    part = JobData(store, group, parent=whole, load=True)
+                    try:
+                        out.append({s.id: s.run(part, s.params((overrides or {}).get(s.id)))
+                                    for s in specs})  # fmt: skip
+                    finally:
+                        part.close()
         except duckdb.Error as exc:
             raise reading_error(store, refs, exc) from None
         finally:

@@ -19,6 +19,7 @@ part.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
 
@@ -31,6 +32,26 @@ from stallscope.store import Store, TraceRef, may_hold
 # rank (gpu ~24 queries, host and names ~12, ranges ~9); the others (devices, memory: one or
 # two; the rest: none) stay views over the rank's files, cheaper to create than to load.
 PART_LOADED_TABLES = ("gpu", "host", "names", "ranges")
+
+# DuckDB settings of a job's database while its rank parts are analyzed (JobData.rank_phase).
+# A rank's tables are a few thousand rows in one row group: no query of a part runs in
+# parallel, and a thread pool only adds hand-offs; and the optimizer passes below, which
+# pay off on large inputs, cost ~12 % of a part's instructions (callgrind, docs/benchmarks.md)
+# for plans no faster on rows this few (statistics propagation stays: without it a part
+# costs more). Only performance settings: results are the same.
+RANK_PHASE_SETTINGS = {
+    "threads": "1",
+    "disabled_optimizers": ",".join(
+        (
+            "compressed_materialization", "late_materialization", "common_subplan",
+            "join_filter_pushdown", "build_side_probe_side", "common_subexpressions",
+            "common_aggregate", "cte_filter_pusher", "filter_pullup", "regex_range",
+            "top_n_window_elimination", "window_self_join", "aggregate_reuse",
+            "self_join_aggregate", "partial_aggregate_pushdown", "projection_placement",
+            "redundant_order_keys", "join_order",
+        )
+    ),
+}  # fmt: skip
 
 
 class JobData:
@@ -85,18 +106,39 @@ class JobData:
         cursor of this job's database) when it is first queried; its other
         tables are temporary views over the rank's files. Each has its own cache and is closed when the next one
         is asked for (or the loop ends), so at most one rank's rows and derived
-        data are held at a time. A job of one rank yields itself (its views,
-        left open, its cache kept).
+        data are held at a time. While the loop runs, this job's database has
+        :data:`RANK_PHASE_SETTINGS` (:meth:`rank_phase`). A job of one rank yields itself
+        (its views, left open, its cache kept; its settings unchanged).
         """
         if len(self._groups) <= 1:
             yield self
             return
-        for group in self._groups:
-            part = JobData(self.store, group, parent=self, load=True)
-            try:
-                yield part
-            finally:
-                part.close()
+        with self.rank_phase():
+            for group in self._groups:
+                part = JobData(self.store, group, parent=self, load=True)
+                try:
+                    yield part
+                finally:
+                    part.close()
+
+    @contextmanager
+    def rank_phase(self) -> Iterator[None]:
+        """While in this block, this job's database runs with :data:`RANK_PHASE_SETTINGS`
+        (one thread, fewer optimizer passes: for the many small queries of its rank parts);
+        the settings it had are put back at the end. Changes performance only, never a
+        result. Use it around the analysis of rank parts, not of the whole job."""
+        con = self.con
+        names = list(RANK_PHASE_SETTINGS)
+        before = con.execute(
+            "SELECT " + ", ".join(f"current_setting('{name}')" for name in names)
+        ).fetchall()[0]
+        try:
+            for name, value in RANK_PHASE_SETTINGS.items():
+                con.execute(f"SET {name} = '{value}'")
+            yield
+        finally:
+            for name, value in zip(names, before, strict=True):
+                con.execute(f"SET {name} = '{value}'")
 
     def part_of(self, trace_id: str) -> JobData:
         """The part of ``trace_id``'s rank, for a few queries: views over that rank's files only.

@@ -455,9 +455,10 @@ class Store:
                 con.execute(
                     f"CREATE {kind} {table} AS SELECT * FROM read_parquet([{listing}], union_by_name = {by_name})"
                 )
-            else:
+            else:  # a view over no rows (a cursor's: no temporary table to fill, ~4x cheaper)
+                kind = view if cursor_of is None else "TEMP VIEW"
                 con.execute(
-                    f"CREATE {view} {table} AS SELECT * FROM {EMPTY_SELECTS[table]} WHERE false"
+                    f"CREATE {kind} {table} AS SELECT * FROM {EMPTY_SELECTS[table]} WHERE false"
                 )
         if cursor_of is None:  # a table of the database, which its cursors' catalogs filter
             create_catalog(con, [r.meta for r in refs], temp=False)

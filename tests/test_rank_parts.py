@@ -145,6 +145,29 @@ def test_parts_read_one_rank_and_are_freed(store, tmp_path):
     assert "con" not in part.__dict__ and "con" not in third.__dict__
 
 
+def test_rank_parts_run_on_one_thread_and_the_settings_come_back(store, tmp_path):
+    """While its rank parts are analyzed the job's database runs with RANK_PHASE_SETTINGS
+    (one thread, fewer optimizer passes); the settings it had come back after the loop, and
+    after an error inside a ``rank_phase`` block."""
+    (res,) = ingest_paths(store, replicated(2, tmp_path / "job"))
+    job = JobData(store, store.traces(res.job_id))
+    setting = "SELECT current_setting('threads'), current_setting('disabled_optimizers')"
+    job.sql("SET threads = 3")
+    before = job.sql(setting).fetchall()
+    assert before == [(3, "")]
+    for part in job.rank_parts():
+        threads, disabled = part.sql(setting).fetchall()[0]
+        assert (
+            threads == 1 and "join_order" in disabled and "statistics_propagation" not in disabled
+        )
+    assert job.sql(setting).fetchall() == before
+    with pytest.raises(RuntimeError), job.rank_phase():
+        assert job.sql(setting).fetchall()[0][0] == 1
+        raise RuntimeError("an analyzer failed")
+    assert job.sql(setting).fetchall() == before
+    job.close()
+
+
 def test_a_one_rank_job_is_its_own_part(store):
     (res,) = ingest_paths(store, [str(SAMPLES / "kineto" / "healthy")])
     job = JobData(store, store.traces(res.job_id))
