@@ -39,19 +39,24 @@ PART_LOADED_TABLES = ("gpu", "host", "names", "ranges")
 # pay off on large inputs, cost ~12 % of a part's instructions (callgrind, docs/benchmarks.md)
 # for plans no faster on rows this few (statistics propagation stays: without it a part
 # costs more). Only performance settings: results are the same.
-RANK_PHASE_SETTINGS = {
-    "threads": "1",
-    "disabled_optimizers": ",".join(
-        (
-            "compressed_materialization", "late_materialization", "common_subplan",
-            "join_filter_pushdown", "build_side_probe_side", "common_subexpressions",
-            "common_aggregate", "cte_filter_pusher", "filter_pullup", "regex_range",
-            "top_n_window_elimination", "window_self_join", "aggregate_reuse",
-            "self_join_aggregate", "partial_aggregate_pushdown", "projection_placement",
-            "redundant_order_keys", "join_order",
-        )
-    ),
-}  # fmt: skip
+RANK_PHASE_THREADS = 1
+RANK_PHASE_DISABLED_PASSES = (
+    "compressed_materialization", "late_materialization", "common_subplan",
+    "join_filter_pushdown", "build_side_probe_side", "common_subexpressions",
+    "common_aggregate", "cte_filter_pusher", "filter_pullup", "regex_range",
+    "top_n_window_elimination", "window_self_join", "aggregate_reuse",
+    "self_join_aggregate", "partial_aggregate_pushdown", "projection_placement",
+    "redundant_order_keys", "join_order",
+)  # fmt: skip
+
+
+def rank_phase_settings(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """The settings :meth:`JobData.rank_phase` gives ``con``: one thread, and those of
+    :data:`RANK_PHASE_DISABLED_PASSES` this DuckDB has (a pass it does not know would make
+    ``SET disabled_optimizers`` fail; older and newer versions name other passes)."""
+    known = {row[0] for row in con.execute("SELECT name FROM duckdb_optimizers()").fetchall()}
+    passes = [name for name in RANK_PHASE_DISABLED_PASSES if name in known]
+    return {"threads": str(RANK_PHASE_THREADS), "disabled_optimizers": ",".join(passes)}
 
 
 class JobData:
@@ -107,7 +112,7 @@ class JobData:
         tables are temporary views over the rank's files. Each has its own cache and is closed when the next one
         is asked for (or the loop ends), so at most one rank's rows and derived
         data are held at a time. While the loop runs, this job's database has
-        :data:`RANK_PHASE_SETTINGS` (:meth:`rank_phase`). A job of one rank yields itself
+        :func:`rank_phase_settings` (:meth:`rank_phase`). A job of one rank yields itself
         (its views, left open, its cache kept; its settings unchanged).
         """
         if len(self._groups) <= 1:
@@ -123,17 +128,18 @@ class JobData:
 
     @contextmanager
     def rank_phase(self) -> Iterator[None]:
-        """While in this block, this job's database runs with :data:`RANK_PHASE_SETTINGS`
+        """While in this block, this job's database runs with :func:`rank_phase_settings`
         (one thread, fewer optimizer passes: for the many small queries of its rank parts);
         the settings it had are put back at the end. Changes performance only, never a
         result. Use it around the analysis of rank parts, not of the whole job."""
         con = self.con
-        names = list(RANK_PHASE_SETTINGS)
+        settings = rank_phase_settings(con)
+        names = list(settings)
         before = con.execute(
             "SELECT " + ", ".join(f"current_setting('{name}')" for name in names)
         ).fetchall()[0]
         try:
-            for name, value in RANK_PHASE_SETTINGS.items():
+            for name, value in settings.items():
                 con.execute(f"SET {name} = '{value}'")
             yield
         finally:

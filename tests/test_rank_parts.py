@@ -146,7 +146,7 @@ def test_parts_read_one_rank_and_are_freed(store, tmp_path):
 
 
 def test_rank_parts_run_on_one_thread_and_the_settings_come_back(store, tmp_path):
-    """While its rank parts are analyzed the job's database runs with RANK_PHASE_SETTINGS
+    """While its rank parts are analyzed the job's database runs with rank_phase_settings
     (one thread, fewer optimizer passes); the settings it had come back after the loop, and
     after an error inside a ``rank_phase`` block."""
     (res,) = ingest_paths(store, replicated(2, tmp_path / "job"))
@@ -165,6 +165,23 @@ def test_rank_parts_run_on_one_thread_and_the_settings_come_back(store, tmp_path
         assert job.sql(setting).fetchall()[0][0] == 1
         raise RuntimeError("an analyzer failed")
     assert job.sql(setting).fetchall() == before
+    job.close()
+
+
+def test_rank_phase_skips_passes_this_duckdb_does_not_know(store, tmp_path, monkeypatch):
+    """pyproject allows older DuckDBs, which lack some passes (and newer ones may rename
+    them): an unknown name must not make ``SET disabled_optimizers`` fail the analysis."""
+    from stallscope import jobdata
+
+    monkeypatch.setattr(
+        jobdata, "RANK_PHASE_DISABLED_PASSES", ("no_such_pass", "join_order", "later_pass")
+    )
+    (res,) = ingest_paths(store, replicated(2, tmp_path / "job"))
+    job = JobData(store, store.traces(res.job_id))
+    with job.rank_phase():
+        assert job.sql("SELECT current_setting('disabled_optimizers')").fetchone()[0] == (
+            "join_order"
+        )
     job.close()
 
 
