@@ -57,7 +57,9 @@ from pathlib import Path
 from benchlib import Runs, find_python, machine, run_child, stallscope_cmd
 
 HERE = Path(__file__).resolve().parent
-TARGET_RATIO = 5.0
+# Issue #15: at least as fast as nsys-ai whole-process, with no more peak memory (the 5x of
+# the earlier Nsight issue was left blocked: below Python's start-up on sub-second exports).
+TARGET_RATIO = 1.0
 MAP_ENV = "NSYS_AI_ALWAYS_BUILD_NVTX_KERNEL_MAP"
 # Runs in the peer's Python: the timed load, then a check that it really built its
 # cache (its fallbacks, direct SQLite or raw sqlite3, would time something else).
@@ -295,7 +297,8 @@ def verdicts(rows: list[Row]) -> list[str]:
             out.append(
                 f"{row.path.name} vs {name}: throughput {ratio:.2f}x (target >= {TARGET_RATIO:.0f}x:"
                 f" {'met' if ratio >= TARGET_RATIO else 'NOT met'}); peak RSS {ours.peak:.0f} MB"
-                f" vs {theirs.peak:.0f} MB"
+                f" vs {theirs.peak:.0f} MB (target: no more:"
+                f" {'met' if ours.peak <= theirs.peak else 'NOT met'})"
             )
     return out
 
