@@ -83,6 +83,18 @@ def _two_gpus() -> NsysBuilder:
     return b
 
 
+def _assert_written_as_held(streamed, held, scratch: Path) -> None:
+    """``streamed``'s host and ranges are files in ``scratch`` holding exactly ``held``'s rows
+    (not empty), as the ingest would conform them."""
+    for name in ("host", "ranges"):
+        table = getattr(streamed.canonical, name)
+        assert isinstance(table, WrittenTable)
+        assert table.path.parent == scratch
+        expected = conform(name, getattr(held.canonical, name))
+        assert expected.num_rows > 0
+        assert pq.read_table(table.path).equals(expected)
+
+
 def test_nsys_streamed_tables_equal_the_materialised_ones(tmp_path: Path):
     export = _two_gpus().write(tmp_path / "dp.sqlite")
     scratch = tmp_path / "scratch"
@@ -95,13 +107,7 @@ def test_nsys_streamed_tables_equal_the_materialised_ones(tmp_path: Path):
     streamed, held = parse(scratch), parse(None)
     assert len(streamed) == len(held) == 2
     for mine, theirs in zip(streamed, held, strict=True):
-        for name in ("host", "ranges"):
-            table = getattr(mine.canonical, name)
-            assert isinstance(table, WrittenTable)
-            assert table.path.parent == scratch
-            expected = conform(name, getattr(theirs.canonical, name))
-            assert expected.num_rows > 0
-            assert pq.read_table(table.path).equals(expected)
+        _assert_written_as_held(mine, theirs, scratch)
         assert mine.canonical.names.equals(theirs.canonical.names)
         assert mine.canonical.event_count == theirs.canonical.event_count
         assert mine.warnings == theirs.warnings
@@ -144,13 +150,7 @@ def test_kineto_streamed_tables_equal_the_materialised_ones(tmp_path: Path):
         return parse_kineto(source, source.read(), ctx)
 
     [streamed], [held] = parse(scratch), parse(None)
-    for name in ("host", "ranges"):
-        table = getattr(streamed.canonical, name)
-        assert isinstance(table, WrittenTable)
-        assert table.path.parent == scratch
-        expected = conform(name, getattr(held.canonical, name))
-        assert expected.num_rows > 0
-        assert pq.read_table(table.path).equals(expected)
+    _assert_written_as_held(streamed, held, scratch)
     host = pq.read_table(streamed.canonical.host.path)
     ids = held.canonical.names.to_pydict()
     names = dict(zip(ids["name_id"], ids["name"], strict=True))

@@ -104,8 +104,10 @@ class Args(msgspec.Struct, gc=False):
     input_dims_old: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input dims")
 
 
-class Event(msgspec.Struct, gc=False):
-    ph: Any = None
+class _EventBody(msgspec.Struct, gc=False):
+    """The fields the canonical SQL reads of an event, less ``ph`` (which :class:`Event` adds
+    as a field and the tagged classes tell by their class)."""
+
     cat: Any = None
     name: Any = None
     pid: Any = None
@@ -113,6 +115,13 @@ class Event(msgspec.Struct, gc=False):
     ts: msgspec.Raw = msgspec.Raw(b"")
     dur: msgspec.Raw = msgspec.Raw(b"")
     args: Args | None = None
+
+
+class Event(_EventBody, gc=False):
+    """Any event, ``ph`` read as a field (the last: ``astuple`` gives the body's fields, then
+    ``ph``)."""
+
+    ph: Any = None
 
 
 class _NoArgsRead(msgspec.Struct, gc=False):
@@ -120,17 +129,8 @@ class _NoArgsRead(msgspec.Struct, gc=False):
     value decoded."""
 
 
-class _ReadEvent(msgspec.Struct, tag_field="ph", gc=False):
-    """An event the canonical SQL reads (``ph`` ``X`` or ``M``, the subclasses' tags): the
-    fields of :class:`Event` less ``ph``, which the class tells."""
-
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: msgspec.Raw = msgspec.Raw(b"")
-    dur: msgspec.Raw = msgspec.Raw(b"")
-    args: Args | None = None
+class _ReadEvent(_EventBody, tag_field="ph", gc=False):
+    """An event the canonical SQL reads (``ph`` ``X`` or ``M``, the subclasses' tags)."""
 
 
 class _OtherEvent(msgspec.Struct, tag_field="ph", gc=False):
@@ -517,8 +517,8 @@ def _to_batch(events: list[Event], shapes: bool = True) -> Batches:
         fields: tuple[Sequence[Any], ...] = ((),) * 8
     else:
         fields = tuple(zip(*map(astuple, events), strict=True))
-    ph = phases if not others.num_rows else _str_col(fields[0])
-    return (*_read_batches(ph, fields[1:], shapes), others)
+    ph = phases if not others.num_rows else _str_col(fields[-1])
+    return (*_read_batches(ph, fields[:-1], shapes), others)
 
 
 _READ_CLASSES = (_Complete, _Metadata)
