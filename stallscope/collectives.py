@@ -125,6 +125,15 @@ def job_ops(job: JobData) -> dict[str, np.ndarray]:
     return job.cache["job_ops"]
 
 
+def seed_job_ops(job: JobData, table) -> None:
+    """Give :func:`job_ops` the operations a caller already read as an Arrow table of
+    :data:`JOB_OPS_SQL`'s rows (the rank card at ingest), so that it does not run the query
+    again; a table it cannot use (runs not contiguous) leaves :func:`job_ops` to read."""
+    columns = _ops_columns(table)
+    if columns is not None:
+        job.cache["job_ops"] = columns
+
+
 def _ops_columns(table) -> dict[str, np.ndarray] | None:
     """:func:`job_ops`'s columns from an Arrow table of :data:`JOB_OPS_SQL`'s rows, or None
     when ``table`` is None or its (trace, device) runs are not contiguous."""

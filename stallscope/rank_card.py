@@ -203,7 +203,7 @@ def write_card(folder: Path, trace_id: str) -> None:
     import duckdb
     import pyarrow.parquet as pq
 
-    from stallscope.collectives import JOB_OPS_SQL, _ops_columns
+    from stallscope.collectives import JOB_OPS_SQL, seed_job_ops
     from stallscope.jobdata import JobData
     from stallscope.rank_compare import COMPARE_FILE, build_rows
     from stallscope.store import Store, TraceRef
@@ -213,9 +213,7 @@ def write_card(folder: Path, trace_id: str) -> None:
         ops = rank.relation(JOB_OPS_SQL).to_arrow_table()
         # The card's collective steps read the same operations (collectives.job_ops): the
         # query runs once (it ran twice: 15-25 % of the card's CPU).
-        columns = _ops_columns(ops)
-        if columns is not None:
-            rank.cache["job_ops"] = columns
+        seed_job_ops(rank, ops)
         table = build_card(rank, trace_id)
         compared = build_rows(rank, trace_id)
     except (duckdb.Error, ValueError, TypeError):
