@@ -228,3 +228,26 @@ def linked_sync(
     corr = trace._corr  # the correlation sync() just used
     trace.runtime(api, host_start, host_dur, corr=corr, pid=pid, tid=tid, cat=cat)
     return corr
+
+
+# One ``[memory]`` allocation instant event (``%`` its ts in µs and its allocated bytes).
+MEMORY_EVENT = (
+    '{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 2,'
+    ' "ts": %d.5, "args": {"Total Reserved": 4096, "Total Allocated": %d, "Bytes": 512,'
+    ' "Addr": 77, "Device Id": 0, "Device Type": 1}}'
+)
+
+
+def many_ops_trace(events: int = 3000, memory_every: int = 0) -> KinetoTrace:
+    """A one-step trace of ``events`` operators on three threads, a kernel every third
+    operator and, with ``memory_every``, a ``[memory]`` event every that many operators:
+    enough events to be cut into several pieces."""
+    t = KinetoTrace(rank=0, world_size=1)
+    for i in range(events):
+        t.cpu_op(f"aten::op{i % 7}", i * 1000, 500, pid=100, tid=100 + i % 3)
+        if i % 3 == 0:
+            t.kernel(f"kernel_{i % 5}", i * 1000 + 100, 300, grid=(i % 9 + 1, 1, 1))
+        if memory_every and i % memory_every == 0:
+            t.events.append(MEMORY_EVENT % (i, 1000 + i))
+    t.step(1, 0, events * 1000)
+    return t

@@ -11,19 +11,13 @@ import pytest
 from stallscope.ingest import startup
 from stallscope.ingest.kineto import decode as kineto_decode
 from stallscope.ingest.kineto import pieces as kineto_pieces
-from tests.kineto_builder import KinetoTrace
+from tests.kineto_builder import many_ops_trace
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="workers are forked")
 
 
 def _trace(events: int = 3000) -> bytes:
-    t = KinetoTrace(rank=0, world_size=1)
-    for i in range(events):
-        t.cpu_op(f"aten::op{i % 7}", i * 1000, 500, pid=100, tid=100 + i % 3)
-        if i % 3 == 0:
-            t.kernel(f"kernel_{i % 5}", i * 1000 + 100, 300, grid=(i % 9 + 1, 1, 1))
-    t.step(1, 0, events * 1000)
-    return t.render().encode()
+    return many_ops_trace(events).render().encode()
 
 
 @pytest.fixture

@@ -17,25 +17,11 @@ from stallscope.ingest.kineto import stream as kineto_stream
 from stallscope.ingest.kineto.memory import memory_table
 from stallscope.ingest.kineto.parse import further_readers
 from stallscope.ingest.reader import expand_path
-from tests.kineto_builder import KinetoTrace
-
-MEMORY_EVENT = (
-    '{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 2,'
-    ' "ts": %d.5, "args": {"Total Reserved": 4096, "Total Allocated": %d, "Bytes": 512,'
-    ' "Addr": 77, "Device Id": 0, "Device Type": 1}}'
-)
+from tests.kineto_builder import KinetoTrace, many_ops_trace
 
 
 def _trace(events: int = 3000) -> KinetoTrace:
-    t = KinetoTrace(rank=0, world_size=1)
-    for i in range(events):
-        t.cpu_op(f"aten::op{i % 7}", i * 1000, 500, pid=100, tid=100 + i % 3)
-        if i % 3 == 0:
-            t.kernel(f"kernel_{i % 5}", i * 1000 + 100, 300, grid=(i % 9 + 1, 1, 1))
-        if i % 50 == 0:
-            t.events.append(MEMORY_EVENT % (i, 1000 + i))
-    t.step(1, 0, events * 1000)
-    return t
+    return many_ops_trace(events, memory_every=50)
 
 
 def _blocks(data: bytes, size: int = 5000):
