@@ -51,6 +51,7 @@ from stallscope.critical_path import (
 )
 from stallscope.idle import CAUSES, DATALOADER_REGEX, attribute_idle
 from stallscope.jobdata import JobData
+from stallscope.kernel_tally import KernelTally, group_kernels
 from stallscope.rank_card import card_rows
 from stallscope.report_types import CriticalPathSegment, CriticalPathStep
 
@@ -486,18 +487,16 @@ def _kernel_excess(tl: Timeline, part: int, ref: int, step: int, b: int, rb: int
     when the name's most common grid differs between the ranks (other shapes),
     as a slower GPU when it is the same. Columnar (numpy) over the step's kernels.
     """
-    s_code, s_dur, s_grid = _kernels_before(tl, part, step, b)
-    r_code, r_dur, r_grid = _kernels_before(tl, ref, step, rb)
+    mine, theirs = _tally(tl, part, step, b), _tally(tl, ref, step, rb)
     names = tl.kernel_names
-    size = len(names)
-    n_s, t_s = np.bincount(s_code, minlength=size), np.bincount(s_code, s_dur, minlength=size)
-    n_r, t_r = np.bincount(r_code, minlength=size), np.bincount(r_code, r_dur, minlength=size)
+    n_s, t_s = mine.count, mine.total_ns
+    n_r, t_r = theirs.count, theirs.total_ns
     used = np.flatnonzero(n_s > 0)
     mean_s = t_s[used] / n_s[used]
     mean_r = np.where(n_r[used] > 0, t_r[used] / np.maximum(n_r[used], 1), mean_s)
     more = np.maximum(0, n_s[used] - n_r[used]) * mean_s
     longer = np.minimum(n_s[used], n_r[used]) * np.maximum(0, mean_s - mean_r)
-    same_grid = _mode_grid(s_code, s_grid, used) == _mode_grid(r_code, r_grid, used)
+    same_grid = mine.mode_grid(used) == theirs.mode_grid(used)
     extra = more + np.where(same_grid, 0, longer)
     slower = np.where(same_grid, longer, 0)
     rows = [
@@ -516,43 +515,29 @@ def _kernel_excess(tl: Timeline, part: int, ref: int, step: int, b: int, rb: int
     return {"extra_compute": int(extra.sum()), "slower_gpu": int(slower.sum()), "rows": rows}
 
 
-def _kernels_before(tl: Timeline, part: int, step: int, end: int):
-    """(name code, duration, grid) of ``part``'s compute kernels of ``step`` starting before ``end``."""
+def _tally(tl: Timeline, part: int, step: int, end: int) -> KernelTally:
+    """``part``'s compute kernels of ``step`` starting before ``end``, tallied per name
+    (:mod:`stallscope.kernel_tally`: grouped once per timeline, advanced per query)."""
     if None not in tl.kernels:  # group the compute kernels by (part, step) once, columnar
         o = tl.ops[tl.ops["is_kernel"] & ~tl.ops["is_comm"]]
-        p_, st_ = o["part"].to_numpy(np.int64), o["step"].to_numpy(np.int64)
-        start_ = o["start_ns"].to_numpy(np.int64)
-        order = np.lexsort((start_, st_, p_))
-        p_, st_, start_ = p_[order], st_[order], start_[order]
-        code_ = o["name_code"].to_numpy(np.int64)[order]
-        dur_ = (o["end_ns"].to_numpy(np.int64) - o["start_ns"].to_numpy(np.int64))[order]
-        grid_ = o["grid"].to_numpy(np.int64)[order]
-        cut = np.flatnonzero(np.r_[True, (p_[1:] != p_[:-1]) | (st_[1:] != st_[:-1]), True])
-        cut = cut if p_.size else cut[:0]  # no compute kernels at all
-        for lo, hi in zip(cut[:-1], cut[1:], strict=True):  # per (part, step)
-            tl.kernels[(int(p_[lo]), int(st_[lo]))] = (
-                start_[lo:hi],
-                code_[lo:hi],
-                dur_[lo:hi],
-                grid_[lo:hi],
+        start = o["start_ns"].to_numpy(np.int64)
+        tl.kernels.update(
+            group_kernels(
+                o["part"].to_numpy(np.int64),
+                o["step"].to_numpy(np.int64),
+                start,
+                o["name_code"].to_numpy(np.int64),
+                o["end_ns"].to_numpy(np.int64) - start,
+                o["grid"].to_numpy(np.int64),
+                len(tl.kernel_names),
             )
+        )
         tl.kernels[None] = True
-    empty = np.zeros(0, dtype=np.int64)
-    start, code, dur, grid = tl.kernels.get((part, step), (empty, empty, empty, empty))
-    k = int(np.searchsorted(start, end, side="left"))
-    return code[:k], dur[:k], grid[:k]
-
-
-def _mode_grid(code: np.ndarray, grid: np.ndarray, used: np.ndarray) -> np.ndarray:
-    """Most common grid per name code in ``used`` (−1 where the name has no kernel)."""
-    out = np.full(used.size, -1, dtype=np.int64)
-    if code.size == 0:
-        return out
-    pairs, counts = np.unique(np.stack([code, grid]), axis=1, return_counts=True)
-    order = np.lexsort((-counts, pairs[0]))  # per code, the most frequent grid first
-    first = order[np.r_[True, pairs[0][order][1:] != pairs[0][order][:-1]]]
-    best = dict(zip(pairs[0][first].tolist(), pairs[1][first].tolist(), strict=True))
-    return np.array([best.get(c, -1) for c in used.tolist()], dtype=np.int64)
+    tally = tl.kernels.get((part, step))
+    if tally is None:
+        empty = np.zeros(0, dtype=np.int64)
+        tally = KernelTally(empty, empty, empty, empty, len(tl.kernel_names))
+    return tally.advance(end)
 
 
 def saving_if_on_time(tl: Timeline, cuts: list[Compression]) -> dict:
