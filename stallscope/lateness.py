@@ -457,8 +457,9 @@ def _idle_by_cause(job: JobData, tl: Timeline, part: int, a: int, b: int) -> dic
     if not idle.per_gap.size:
         return out
     s = tl.skew[part]
-    lo = max(0, int(np.searchsorted(idle.gap_ends - s, a, side="right")))
-    hi = int(np.searchsorted(idle.gap_starts - s, b, side="left"))
+    # searched on the rank's own clock: shifting the gaps to the common one copies them all
+    lo = max(0, int(np.searchsorted(idle.gap_ends, a + s, side="right")))
+    hi = int(np.searchsorted(idle.gap_starts, b + s, side="left"))
     gs, ge = idle.gap_starts[lo:hi] - s, idle.gap_ends[lo:hi] - s
     share = covered_length((np.array([a]), np.array([b])), gs, ge) / np.maximum(ge - gs, 1)
     sums = (idle.per_gap[lo:hi] * share[:, None]).sum(axis=0)

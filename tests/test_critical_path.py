@@ -5,7 +5,9 @@ Times in ms (``MS`` = 1 ms in ns).
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from stallscope.critical_path import (
     Compression,
@@ -95,6 +97,30 @@ def test_compress_times_maps_inside_and_after():
         pd.Series([0, 10, 30, 50, 70, 30]).to_numpy(), pd.Series([1, 1, 1, 1, 1, 0]).to_numpy(), cut
     )
     assert got.tolist() == [0, 10, 20, 30, 50, 30]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compress_times_of_many_cuts_is_the_sum_of_each_cuts_shift(seed):
+    """Disjoint cuts (one sorted search) and overlapping ones (cut by cut) both give, per
+    time, the sum of what each cut alone moves it: checked against the plain formula."""
+    rng = np.random.default_rng(seed)
+    edges = np.sort(rng.choice(np.arange(1, 100_000), 60, replace=False))
+    disjoint = [
+        Compression(0, int(a), int(b), int(rng.integers(0, b - a)))
+        for a, b in zip(edges[::2], edges[1::2], strict=True)
+    ]
+    overlapping = [*disjoint, Compression(0, 10, 90_000, 5)]
+    times = np.r_[rng.integers(-1, 100_100, 3_000), edges, edges + 1, edges - 1]
+    parts = np.zeros(times.size, dtype=np.int64)
+    for cuts in (disjoint, overlapping):
+        want = times.copy()
+        for c in cuts:
+            length, t = c.end_ns - c.start_ns, times
+            inside = (t > c.start_ns) & (t < c.end_ns) & (t >= 0)
+            want[(t >= c.end_ns)] -= length - c.new_len_ns
+            share = np.round((t[inside] - c.start_ns) / length * c.new_len_ns).astype(np.int64)
+            want[inside] -= (t[inside] - c.start_ns) - share
+        assert compress_times(times, parts, cuts).tolist() == want.tolist()
 
 
 def test_critical_path_runs_through_the_late_rank():
