@@ -24,7 +24,10 @@ import numpy as np
 class KernelTally:
     """Tallies of the kernels (sorted by start, ns) of one (participant, step) before an end.
 
-    ``start``, ``code``, ``dur``, ``grid``: the step's compute kernels in start
+    ``count`` (launches) and ``total_ns`` (summed duration) are indexed by name code and
+    exist once :meth:`advance` has been called (``names`` entries each: a job holds
+    one tally per participant and step, and only the straggler's and its references'
+    are ever queried). ``start``, ``code``, ``dur``, ``grid``: the step's compute kernels in start
     order (int64; ``code`` indexes a job-wide name list of ``names`` entries).
     """
 
@@ -38,7 +41,7 @@ class KernelTally:
     ) -> None:
         self._start, self._code, self._dur, self._grid = start, code, dur, grid
         self._names = names
-        self._reset()
+        self.upto_index = -1  # the tallies are made on the first query: most groups get none
 
     def _reset(self) -> None:
         self.upto_index = 0
@@ -50,7 +53,7 @@ class KernelTally:
     def advance(self, end: int) -> KernelTally:
         """Take in the kernels starting before ``end`` (ns); returns self."""
         k = int(np.searchsorted(self._start, end, side="left"))
-        if k < self.upto_index:
+        if k < self.upto_index or self.upto_index < 0:
             self._reset()
         lo, self.upto_index = self.upto_index, k
         if k > lo:
