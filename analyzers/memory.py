@@ -652,19 +652,30 @@ def step_churn(job: JobData, trace: str, mem: DeviceMemory) -> list[dict[str, An
     changed = np.zeros(mem.ts_ns.size, dtype=bool)
     if mem.reserved is not None and mem.reserved.size > 1:
         changed[1:] = np.diff(mem.reserved) != 0
+    lows, highs = steps["start_ns"], steps["end_ns"]
+    changes = counts_within(mem.ts_ns[changed], lows, highs)
+    driver = counts_within(calls, lows, highs)
     out = []
-    for step, lo, hi in zip(steps["step"], steps["start_ns"], steps["end_ns"], strict=True):
-        inside = (mem.ts_ns >= lo) & (mem.ts_ns <= hi)
+    for i, (step, lo, hi) in enumerate(zip(steps["step"], lows, highs, strict=True)):
         out.append(
             {
                 "step": None if step is None or step != step else int(step),
                 "start_ns": int(lo),
                 "end_ns": int(hi),
-                "reserved_changes": int((changed & inside).sum()),
-                "driver_calls": int(((calls >= lo) & (calls <= hi)).sum()),
+                "reserved_changes": int(changes[i]),
+                "driver_calls": int(driver[i]),
             }
         )
     return out
+
+
+def counts_within(times: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
+    """How many of ``times`` (ns) lie in each closed range ``[lows[i], highs[i]]`` (0 for a
+    reversed one). One sort and two sorted searches: a mask over every time per step cost
+    times x steps, the square of a trace's length when its steps are kept."""
+    t = np.sort(np.asarray(times, dtype=np.int64))
+    n = np.searchsorted(t, highs, side="right") - np.searchsorted(t, lows, side="left")
+    return np.maximum(n, 0)
 
 
 def _mb(value: int | None) -> str:

@@ -204,9 +204,10 @@ def _device_rows(job: JobData, where: Where, steps: dict, dev: dict) -> list[Ste
     idle = _idle_per_step(attribution, steps, dev, owner)
     edges = (attribution.span_start, attribution.span_end)
     rows = []
+    rows_of = rows_by_step(owner, steps["step"].size)
     for index, number in enumerate(steps["step"].tolist()):
-        mine = owner == index
-        if not mine.any() and not idle[index].any():
+        mine = rows_of[index]
+        if not mine.size and not idle[index].any():
             continue
         busy = _busy(dev, mine, edges)
         rows.append(
@@ -287,8 +288,19 @@ def _idle_per_step(attribution, steps: dict, dev: dict, owner: np.ndarray) -> np
     return idle
 
 
+def rows_by_step(owner: np.ndarray, n: int) -> list[np.ndarray]:
+    """Per step index in [0, n): the rows (operations) whose ``owner`` it is, in row order.
+
+    One stable sort for all steps: a mask over every operation per step cost
+    operations x steps, the square of a trace's length when its steps are kept.
+    """
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], np.arange(n + 1), side="left")
+    return [order[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 def _busy(dev: dict, mine: np.ndarray, edges: tuple[int, int]) -> dict[str, int]:
-    """GPU ns of the operations ``mine`` (one step's), clipped to the measured span."""
+    """GPU ns of the operations ``mine`` (one step's rows), clipped to the measured span."""
     lo, hi = edges
     starts, ends = np.clip(dev["start_ns"][mine], lo, hi), np.clip(dev["end_ns"][mine], lo, hi)
     kernel = dev["kind"][mine] == "kernel"

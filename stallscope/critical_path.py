@@ -636,7 +636,7 @@ def critical_path(
     floor = int(start[mine].min())
     is_comm, names, bindings = ix.is_comm, ix.names, ix.bindings
     prevs, deps = ix.prevs, ix.deps
-    comm_rows, ends_of = ix.comm_rows, ix.ends_of
+    comm_rows = ix.comm_rows
     segs: list[tuple[int, str, int, int, str]] = []  # part, kind, start, end, name
     i = int(mine[np.argmax(end[mine])])
     seen = 0
@@ -667,9 +667,7 @@ def critical_path(
         b = bindings[i]
         nxt = int(prevs[i]) if b == _STREAM else int(deps[i]) if b == _DEP else -1
         if b == _LAUNCH or (b == _NONE and s > floor):
-            by_end = ends_of.get(int(part[i]))
-            k = int(np.searchsorted(end[by_end], s, side="right")) - 1 if by_end is not None else -1
-            nxt = int(by_end[k]) if k >= 0 else -1
+            nxt = ix.last_ended_by(int(part[i]), s)
             lo = max(int(end[nxt]), floor) if nxt >= 0 else floor
             cs = (capture_start or {}).get(int(part[i]), lo)
             if s > lo:
@@ -697,7 +695,7 @@ def critical_path(
 class PathIndex:
     """:func:`critical_path`'s view of a :func:`dependencies` table, built once for many
     steps: its columns as arrays, the rows of each collective instance, per part its op
-    indices sorted by end, each part's rank. ``names[i]``: op ``i``'s name (a categorical
+    indices sorted by end and those ends, each part's rank. ``names[i]``: op ``i``'s name (a categorical
     ``name`` column is read through its codes: no string per op)."""
 
     def __init__(self, g: pd.DataFrame):
@@ -722,6 +720,17 @@ class PathIndex:
         self.ends_of = {
             int(part[by_end[lo]]): by_end[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)
         } if part.size else {}  # fmt: skip
+        # their ends, sorted once: gathering them per query cost the part's ops per path step
+        self.sorted_ends_of = {p: end[rows] for p, rows in self.ends_of.items()}
+
+    def last_ended_by(self, part: int, t: int) -> int:
+        """The op of ``part`` that ended last at or before ``t`` (ns; ties: the highest row),
+        −1 if none. One sorted search of the part's ends."""
+        ends = self.sorted_ends_of.get(part)
+        if ends is None:
+            return -1
+        k = int(np.searchsorted(ends, t, side="right")) - 1
+        return int(self.ends_of[part][k]) if k >= 0 else -1
 
 
 class _Names:

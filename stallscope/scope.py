@@ -21,13 +21,20 @@ import numpy as np
 from stallscope import intervals
 from stallscope.jobdata import JobData
 
-_SCOPE_SQL = """
-SELECT min(g.start_ns), max(g.end_ns)
+# The device's GPU operations with the start of their launch call (their own start without
+# one); a NULL start or end becomes a bound that min/max pass over, as SQL's min/max skip NULL.
+_NO_START, _NO_END = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+_LAUNCHED_SQL = f"""
+SELECT coalesce(h.start_ns, g.start_ns) AS launch_ns,
+       coalesce(g.start_ns, {_NO_START}) AS start_ns, coalesce(g.end_ns, {_NO_END}) AS end_ns
 FROM gpu g
 LEFT JOIN host h ON h.trace_id = g.trace_id AND h.correlation = g.correlation AND h.kind IN ('runtime', 'driver')
-JOIN ranges r ON r.trace_id = g.trace_id AND r.kind = 'step'
-  AND coalesce(h.start_ns, g.start_ns) >= r.start_ns AND coalesce(h.start_ns, g.start_ns) < r.end_ns
 WHERE g.trace_id = ? AND g.device = ? AND g.kind IN ('kernel', 'memcpy', 'memset')
+  AND coalesce(h.start_ns, g.start_ns) IS NOT NULL
+"""
+_STEPS_SQL = """
+SELECT start_ns, end_ns FROM ranges
+WHERE trace_id = ? AND kind = 'step' AND start_ns IS NOT NULL AND end_ns IS NOT NULL
 """
 
 
@@ -45,12 +52,37 @@ def step_scope(job: JobData, trace_id: str, device: int) -> tuple[int, int] | No
     """[start, end) of the device's steps (see the module docstring), or None (cached)."""
     key = ("scope", trace_id, device)
     if key not in job.cache:
-        row = job.sql(_SCOPE_SQL, [trace_id, device]).fetchone()
-        if row is None or row[0] is None:
-            job.cache[key] = None
-        else:
-            job.cache[key] = _widen(job, trace_id, device, int(row[0]), int(row[1]))
+        work = launched_in_steps(job, trace_id, device)
+        job.cache[key] = None if work is None else _widen(job, trace_id, device, *work)
     return job.cache[key]
+
+
+def launched_in_steps(job: JobData, trace_id: str, device: int) -> tuple[int, int | None] | None:
+    """First start and last end (ns) of the device's GPU operations launched inside a step
+    range (by their launch call's start; without one, their own start), None if none was
+    (NULL times skipped, as SQL's min and max do).
+
+    The step ranges are merged once and each launch looked up in them by a sorted search:
+    a join of the operations with the ranges on the trace costs operations x steps, the
+    square of the trace's length when every step is kept.
+    """
+    steps = job.numpy(_STEPS_SQL, [trace_id])
+    if steps["start_ns"].size == 0:
+        return None
+    ops = job.numpy(_LAUNCHED_SQL, [trace_id, device])
+    inside = in_ranges(steps["start_ns"], steps["end_ns"], ops["launch_ns"])
+    lo = int(ops["start_ns"][inside].min()) if inside.any() else _NO_START
+    hi = int(ops["end_ns"][inside].max()) if inside.any() else _NO_END
+    return None if lo == _NO_START else (lo, None if hi == _NO_END else hi)
+
+
+def in_ranges(starts: np.ndarray, ends: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Whether each point (ns) lies in at least one of the ranges ``[starts, ends)`` (any
+    ranges: overlapping, empty or reversed ones too)."""
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    keep = ends > starts  # an empty or reversed range holds no point
+    points = np.asarray(points, dtype=np.int64)
+    return intervals.covers(intervals.union(starts[keep], ends[keep]), points)
 
 
 def _widen(job: JobData, trace_id: str, device: int, lo: int, hi: int) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from stallscope.critical_path import (
     compress_times,
     critical_path,
     dependencies,
+    path_index,
     replay,
     saving,
 )
@@ -121,6 +122,26 @@ def test_compress_times_of_many_cuts_is_the_sum_of_each_cuts_shift(seed):
             share = np.round((t[inside] - c.start_ns) / length * c.new_len_ns).astype(np.int64)
             want[inside] -= (t[inside] - c.start_ns) - share
         assert compress_times(times, parts, cuts).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_path_index_finds_the_op_that_ended_last_by_a_time(seed):
+    """last_ended_by (one search of ends sorted once) against a plain scan of the part's ops:
+    the latest end at or before t, ties to the highest row, -1 when none."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    ends = rng.integers(1, 60, n)  # ms, many ties on purpose
+    starts = ends - rng.integers(0, 5, n)
+    parts = rng.integers(0, 3, n)
+    ops = pd.DataFrame([op(int(parts[i]), 7, int(starts[i]), int(ends[i])) for i in range(n)])
+    g = dependencies(ops)  # rows in its own order: the index's rows are g's
+    ix = path_index(g)
+    part, end = g["part"].to_numpy(), g["end_ns"].to_numpy()
+    for p in (0, 1, 2, 5):  # 5: no such part
+        for t in [*rng.integers(-1, 62, 40).tolist(), *ends[:20].tolist()]:
+            rows = np.flatnonzero((part == p) & (end <= t * MS))
+            want = max(rows.tolist(), key=lambda i: (end[i], i), default=-1)
+            assert ix.last_ended_by(p, t * MS) == want
 
 
 def test_critical_path_runs_through_the_late_rank():

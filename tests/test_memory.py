@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pytest
 
 from stallscope.analyzers import memory as analyzer
@@ -565,3 +566,16 @@ def test_memory_page_on_a_report_without_memory_tables(page_jobs, monkeypatch):
     assert not at.exception
     assert any("before the memory tables" in i.value for i in at.info)
     assert "memory peak" in at.subheader[0].value and not at.get("plotly_chart")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counts_within_is_a_mask_per_range(seed):
+    """counts_within (one sort, sorted searches) against a mask over every time per range:
+    closed ranges, ties on both edges, reversed ranges, unsorted times."""
+    rng = np.random.default_rng(seed)
+    times = rng.integers(0, 1_000, 400)
+    lows = np.r_[rng.integers(-10, 1_000, 40), times[:10]]
+    highs = np.r_[lows[:40] + rng.integers(-30, 300, 40), times[10:20]]
+    got = analyzer.counts_within(times, lows, highs)
+    want = [int(((times >= a) & (times <= b)).sum()) for a, b in zip(lows, highs, strict=True)]
+    assert got.tolist() == want

@@ -234,3 +234,16 @@ def test_run_is_measure_then_speak(store, tmp_path):
     assert result.findings == [table, jitter] and jitter.evidence["key"] == "jitter"
     assert step_breakdown.metrics(m) == result.metrics
     assert result.tables.steps == m.rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rows_by_step_are_each_steps_mask_in_row_order(seed):
+    """rows_by_step (one stable sort) against a mask over every operation per step;
+    -1 (outside every step) and steps owning nothing included."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 30))
+    owner = rng.integers(-1, n, 500)
+    got = step_breakdown.rows_by_step(owner, n)
+    assert len(got) == n
+    for index in range(n):
+        assert got[index].tolist() == np.flatnonzero(owner == index).tolist()
