@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import shutil
@@ -216,11 +215,8 @@ def measure(cmd: list[str], world: int, work: Path, args, row: dict, save) -> di
 
 
 def fit(rows: list[dict], value) -> float:
-    xs = [math.log(r["ranks"]) for r in rows]
-    ys = [math.log(max(value(r), 1e-6)) for r in rows]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else math.nan
+    """The fitted exponent of ``value(row)`` against the rank count."""
+    return benchlib.loglog_slope([r["ranks"] for r in rows], [max(value(r), 1e-6) for r in rows])
 
 
 def main() -> int:

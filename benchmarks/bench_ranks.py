@@ -32,7 +32,6 @@ import argparse
 import copy
 import gzip
 import json
-import math
 import shutil
 import subprocess
 import sys
@@ -169,11 +168,7 @@ def measure(
 
 def fit_exponent(rows: list[dict]) -> float:
     """Least-squares slope of log(CPU-s) against log(N)."""
-    xs = [math.log(r["ranks"]) for r in rows]
-    ys = [math.log(r["cpu_s"]) for r in rows]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else math.nan
+    return benchlib.loglog_slope([r["ranks"] for r in rows], [r["cpu_s"] for r in rows])
 
 
 def print_table(rows: list[dict]) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import tempfile
@@ -34,15 +33,6 @@ import benchlib
 
 HERE = Path(__file__).resolve().parent
 CORPUS_SRC = HERE.parent.parent / "shared" / "corpus" / "nsys-ai" / "mfu_2gpu_before.sqlite"
-
-
-def fit_exponent(points: list[tuple[float, float]]) -> float:
-    """Least-squares slope of log(y) against log(x)."""
-    xs = [math.log(x) for x, _ in points]
-    ys = [math.log(y) for _, y in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else math.nan
 
 
 def build_job(src: Path, copies: int, work: Path, cmd: list[str]) -> tuple[Path, str, int]:
@@ -115,7 +105,7 @@ def main() -> int:
     for name, pts in points.items():
         if len(pts) > 1:
             print(
-                f"{name}: fitted exponent of analysis CPU-s vs trace length: {fit_exponent(pts):.2f}"
+                f"{name}: fitted exponent of analysis CPU-s vs trace length: {benchlib.loglog_slope(*zip(*pts, strict=True)):.2f}"
             )
     return 1 if differ else 0
 

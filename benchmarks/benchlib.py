@@ -6,6 +6,7 @@ folder is on ``sys.path``).
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import shlex
@@ -123,6 +124,15 @@ def _pss_kb(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def loglog_slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of log(y) against log(x): the fitted exponent of y ~ x^k
+    (1 = linear); NaN when the x are all equal."""
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    sxx = sum((x - mx) ** 2 for x in lx)
+    return sum((x - mx) * (y - my) for x, y in zip(lx, ly, strict=True)) / sxx if sxx else math.nan
 
 
 def stallscope_cmd(choice: str | None = None) -> list[str]:
